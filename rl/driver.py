@@ -1,0 +1,289 @@
+"""The training loop: sample, score, advantages, learn, sync, log; evaluation before and after.
+
+Reads top to bottom like nanochat's chat_rl.py. Departures from the GRPO paper (Shao et al. 2024), on purpose:
+- one optimizer step per rollout batch by default (`algorithm.updates_per_step`), so the clipped ratio only
+  corrects the train-inference mismatch (behaviour logprobs come from the rollout engine, not the learner);
+- the KL penalty to the reference policy is off by default (kl_coef 0), as in DAPO and Dr.GRPO;
+- outcome rewards only (one scalar per completion), broadcast to every completion token.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rl import algorithms
+from rl.config import ClusterMode, TrainConfig
+from rl.metrics import MetricsLogger
+from rl.runtime import Runtime
+from rl.types import PromptRollout, Sampling, TrainSample
+
+log = logging.getLogger(__name__)
+
+RewardFn = Callable[..., list[float]]
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+
+class PromptData:
+    """Tokenised prompts (chat template applied once, here) and a seeded, repeating order."""
+
+    def __init__(self, items: list[dict], tokenizer: Any, *, max_prompt_tokens: int, use_chat_template: bool, seed: int):
+        self.items, self.prompt_ids, self.dropped = [], [], 0
+        for it in items:
+            ids = encode_prompt(tokenizer, it["messages"], use_chat_template)
+            if len(ids) > max_prompt_tokens:  # dropped and counted, never truncated (that would cut the question)
+                self.dropped += 1
+                continue
+            self.items.append(it)
+            self.prompt_ids.append(ids)
+        self._rng = random.Random(seed)
+        self._order: list[int] = []
+        self.cursor = 0  # prompts served so far
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def next_batch(self, n: int) -> list[int]:
+        idx = []
+        while len(idx) < n:
+            if not self._order:
+                self._order = list(range(len(self.items)))
+                self._rng.shuffle(self._order)
+            idx.append(self._order.pop())
+            self.cursor += 1
+        return idx
+
+
+def encode_prompt(tokenizer: Any, messages: list[dict], use_chat_template: bool) -> list[int]:
+    if use_chat_template:
+        enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+    return tokenizer("\n".join(m["content"] for m in messages))["input_ids"]
+
+
+# ------------------------------------------------------------------------------------------------ steps
+
+
+def score(reward_fn: RewardFn, rollouts: list[PromptRollout], items: list[dict]) -> list[float]:
+    """One reward per completion, in rollout order (prompt by prompt, G completions each)."""
+    texts, answers, metas = [], [], []
+    for r, it in zip(rollouts, items):
+        for c in r.completions:
+            texts.append(c.text)
+            answers.append(it["answer"])
+            metas.append(it.get("metadata", {}))
+    return [float(x) for x in reward_fn(texts, answer=answers, metadata=metas)]
+
+
+def build_samples(rollouts: list[PromptRollout], advantages: torch.Tensor) -> list[TrainSample]:
+    samples, k = [], 0
+    for r in rollouts:
+        for c in r.completions:
+            samples.append(TrainSample(r.prompt_ids, c.token_ids, c.logprobs, float(advantages[k])))
+            k += 1
+    return samples
+
+
+def rollout_metrics(rollouts: list[PromptRollout], rewards: list[float], adv: torch.Tensor, group_size: int) -> dict:
+    lengths = [len(c.token_ids) for r in rollouts for c in r.completions]
+    truncated = [c.finish_reason == "length" for r in rollouts for c in r.completions]
+    rw = torch.tensor(rewards).view(-1, group_size)
+    return {
+        "reward/mean": float(rw.mean()),
+        "reward/std": float(rw.std()) if rw.numel() > 1 else 0.0,
+        "reward/group_best_mean": float(rw.max(dim=1).values.mean()),
+        "response/length_mean": float(np.mean(lengths)),
+        "response/length_max": float(max(lengths)),
+        "response/truncated_frac": float(np.mean(truncated)),
+        "adv/mean": float(adv.mean()),
+        "adv/std": float(adv.std()) if adv.numel() > 1 else 0.0,
+        "adv/zero_group_frac": float((rw.std(dim=1) == 0).float().mean()),
+    }
+
+
+def evaluate(runtime: Runtime, data: PromptData, reward_fn: RewardFn, max_tokens: int) -> dict[str, float]:
+    """Greedy accuracy (mean reward) on the held-out prompts."""
+    if len(data) == 0:
+        return {}
+    t0 = time.perf_counter()
+    rollouts = runtime.generate(data.prompt_ids, Sampling(n=1, temperature=0.0, max_tokens=max_tokens))
+    rewards = score(reward_fn, rollouts, data.items)
+    lengths = [len(r.completions[0].token_ids) for r in rollouts]
+    return {
+        "eval/accuracy": float(np.mean(rewards)),
+        "eval/length_mean": float(np.mean(lengths)),
+        "eval/n": float(len(rewards)),
+        "time/eval_s": time.perf_counter() - t0,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ loop
+
+
+def train(cfg: TrainConfig, runtime: Runtime, tokenizer: Any, env: Any, reward_fn: RewardFn,
+          logger: MetricsLogger, probe_threshold: float = 0.1) -> dict[str, float]:
+    """Run cfg.steps RL steps on `runtime`; return a summary (eval accuracy before/after, timings)."""
+    seed_everything(cfg.seed)
+    m, a = cfg.model, cfg.algorithm
+    train_data = PromptData(env.train_items(), tokenizer, max_prompt_tokens=m.max_prompt_tokens,
+                            use_chat_template=m.use_chat_template, seed=cfg.seed)
+    eval_data = PromptData(env.eval_items()[: cfg.eval_size], tokenizer, max_prompt_tokens=m.max_prompt_tokens,
+                           use_chat_template=m.use_chat_template, seed=cfg.seed)
+    if len(train_data) == 0:
+        raise ValueError(f"no training prompts left: {train_data.dropped} were longer than model.max_prompt_tokens={m.max_prompt_tokens}")
+    advantage_fn = algorithms.get_advantage(a.advantage)
+    sampling = Sampling(n=a.group_size, temperature=a.temperature, top_p=a.top_p, max_tokens=m.max_new_tokens)
+    probe_prompts = train_data.prompt_ids[:2]
+    probe_sampling = Sampling(n=2, temperature=a.temperature, top_p=a.top_p, max_tokens=16)
+
+    summary: dict[str, float] = {"data/train_prompts": len(train_data), "data/dropped_long_prompts": train_data.dropped + eval_data.dropped}
+    before = evaluate(runtime, eval_data, reward_fn, m.max_new_tokens) if cfg.eval_size else {}
+    if before:
+        logger.log(0, before)
+        logger.console(0, before)
+        summary["eval/accuracy_before"] = before["eval/accuracy"]
+
+    t_run = time.perf_counter()
+    for step in range(1, cfg.steps + 1):
+        t_step = time.perf_counter()
+        idx = train_data.next_batch(cfg.prompts_per_step)
+        items = [train_data.items[i] for i in idx]
+
+        t0 = time.perf_counter()
+        rollouts = runtime.generate([train_data.prompt_ids[i] for i in idx], sampling)
+        t_rollout = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        rewards = score(reward_fn, rollouts, items)
+        t_reward = time.perf_counter() - t0
+
+        adv = advantage_fn(torch.tensor(rewards, dtype=torch.float32), a.group_size,
+                           std_normalize=a.std_normalize, eps=a.adv_eps)
+        samples = build_samples(rollouts, adv)
+        metrics = rollout_metrics(rollouts, rewards, adv, a.group_size)
+
+        metrics.update(runtime.train_step(samples))
+        metrics.update(runtime.sync())
+        diff = runtime.probe(probe_prompts, probe_sampling)
+        metrics["sync/logprob_abs_diff"] = diff
+        if diff > probe_threshold:
+            raise RuntimeError(
+                f"adapter sync check failed at step {step}: mean |logp_learner - logp_actor| = {diff:.4f} > "
+                f"{probe_threshold} (sync_probe_threshold): the actor is not running the learner's adapter"
+            )
+
+        gen_tokens = sum(len(c.token_ids) for r in rollouts for c in r.completions)
+        metrics.update({
+            "time/rollout_s": t_rollout,
+            "time/reward_s": t_reward,
+            "time/step_s": time.perf_counter() - t_step,
+            "perf/rollout_tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
+            "data/cursor": float(train_data.cursor),
+        })
+        if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
+            metrics.update(evaluate(runtime, eval_data, reward_fn, m.max_new_tokens))
+        logger.log(step, metrics)
+        logger.console(step, metrics)
+        summary["reward/last"] = metrics["reward/mean"]
+
+    summary["time/train_s"] = time.perf_counter() - t_run
+    after = evaluate(runtime, eval_data, reward_fn, m.max_new_tokens) if cfg.eval_size else {}
+    if after:
+        logger.log(cfg.steps, after)
+        summary["eval/accuracy_after"] = after["eval/accuracy"]
+    return summary
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ------------------------------------------------------------------------------------------------ building
+
+
+def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[[], None]]:
+    """Create the roles (in-process or as Ray actors); returns the runtime and a function that tears it down."""
+    from rl.learner import PeftLearner
+    from rl.rollout import cpu_threads_env
+
+    m, a, c = cfg.model, cfg.algorithm, cfg.cluster
+    rollout_cls, rollout_kwargs = rollout_role(cfg, model_path)
+    learner_kwargs = dict(
+        lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout, lora_targets=list(m.lora_targets),
+        dtype=m.learner_dtype.value, lr=a.lr, weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm,
+        policy_loss=a.policy_loss, loss_agg=a.loss_agg, clip_low=a.clip_low, clip_high=a.clip_high,
+        kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, temperature=a.temperature,
+        micro_batch_size=cfg.micro_batch_size, seed=cfg.seed, num_threads=c.learner_threads,
+        trust_remote_code=m.trust_remote_code,
+    )
+    actor_env = {} if c.use_gpu else cpu_threads_env(c.actor_threads)
+    if c.mode == ClusterMode.local:
+        import os
+
+        from rl.runtime import LocalGroup
+
+        os.environ.update(actor_env)
+        learner = PeftLearner(model_path, **learner_kwargs)
+        rollout = rollout_cls(model_path, **rollout_kwargs)
+        runtime = Runtime(LocalGroup([rollout]), LocalGroup([learner]))
+        return runtime, runtime.close
+
+    from rl import placement
+
+    started = placement.start_ray(c.address, c.ray_num_cpus, {})
+    try:
+        runtime = placement.build_ray_runtime(
+            rollout_cls=rollout_cls, rollout_kwargs={"model_path": model_path, **rollout_kwargs},
+            learner_cls=PeftLearner, learner_kwargs={"model_path": model_path, **learner_kwargs},
+            num_actors=c.num_actors, num_learners=c.num_learners, use_gpu=c.use_gpu,
+            gpus_per_actor=c.gpus_per_actor, gpus_per_learner=c.gpus_per_learner,
+            cpus_per_actor=c.cpus_per_actor, cpus_per_learner=c.cpus_per_learner,
+            strategy=c.placement_strategy, actor_env=actor_env,
+        )
+    except BaseException:
+        placement.stop_ray(started)
+        raise
+
+    def teardown() -> None:
+        runtime.close()
+        placement.stop_ray(started)
+
+    return runtime, teardown
+
+
+def rollout_role(cfg: TrainConfig, model_path: str) -> tuple[type, dict]:
+    m, c = cfg.model, cfg.cluster
+    if c.rollout_backend.value == "hf":
+        from rl.hf_rollout import HFRollout
+
+        return HFRollout, dict(dtype=m.dtype.value, seed=cfg.seed, trust_remote_code=m.trust_remote_code)
+    from rl.rollout import VLLMRollout
+
+    lora_mode = c.lora_mode if c.lora_mode != "auto" else ("native" if c.use_gpu else "merged")
+    return VLLMRollout, dict(
+        lora_mode=lora_mode, max_lora_rank=m.lora_rank, dtype=m.dtype.value,
+        max_model_len=m.max_prompt_tokens + m.max_new_tokens, seed=cfg.seed,
+        gpu_memory_utilization=c.gpu_memory_utilization, enforce_eager=c.enforce_eager,
+        tensor_parallel_size=max(1, int(c.gpus_per_actor)) if c.use_gpu else 1,
+        trust_remote_code=m.trust_remote_code,
+    )
+
+
+def config_dict(cfg: TrainConfig) -> dict:
+    return asdict(cfg)
+
+
+def summary_path(run_dir: Path) -> Path:
+    return Path(run_dir) / "summary.json"

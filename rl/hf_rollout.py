@@ -1,0 +1,68 @@
+"""transformers `generate` as a rollout engine (`cluster.rollout_backend=hf`): slow, for debugging and for
+machines without vLLM. Same interface as rl.rollout.VLLMRollout; the adapter is loaded into a PEFT model."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rl.types import Adapter, Completion, PromptRollout, Sampling
+
+
+class HFRollout:
+    def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0, trust_remote_code: bool = False):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=getattr(torch, dtype) if dtype != "auto" else "auto", trust_remote_code=trust_remote_code
+        ).to(self.device).eval()
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.seed = seed
+        self.version = 0
+        self.eos = self.model.generation_config.eos_token_id
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def load_adapter(self, adapter: Adapter) -> dict:
+        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+        from safetensors.torch import load
+
+        t0 = time.perf_counter()
+        if not hasattr(self.model, "peft_config"):
+            cfg = {k: v for k, v in adapter.config.items() if k in LoraConfig.__dataclass_fields__}
+            self.model = get_peft_model(self.model, LoraConfig(**cfg)).eval()
+        set_peft_model_state_dict(self.model, load(adapter.weights))
+        self.version = adapter.version
+        return {"seconds": time.perf_counter() - t0, "bytes": adapter.nbytes}
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
+        out = []
+        eos = set(self.eos if isinstance(self.eos, list) else [self.eos])
+        for prompt in prompts:
+            ids = torch.tensor([prompt] * sampling.n, device=self.device)
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator)))
+            greedy = sampling.temperature == 0
+            gen = self.model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=sampling.max_tokens,
+                do_sample=not greedy, temperature=None if greedy else sampling.temperature,
+                top_p=None if greedy else sampling.top_p, top_k=None, pad_token_id=self.pad,
+                output_scores=True, return_dict_in_generate=True,
+            )
+            new = gen.sequences[:, len(prompt):]
+            logps = torch.stack(gen.scores, 1).float().log_softmax(-1)  # processed scores: what was sampled from
+            comps = []
+            for row, lp in zip(new, logps):
+                toks = row.tolist()
+                n = next((i + 1 for i, t in enumerate(toks) if t in eos), len(toks))
+                toks = toks[:n]
+                lps = lp[torch.arange(n), row[:n]].tolist()
+                reason = "stop" if toks and toks[-1] in eos else "length"
+                comps.append(Completion(toks, lps, reason, self.tokenizer.decode(toks, skip_special_tokens=True)))
+            out.append(PromptRollout(list(prompt), comps, self.version))
+        return out
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,60 @@
+"""Metrics sinks: metrics.jsonl (always), one console line per step, and optionally Weights & Biases.
+
+Only the driver logs; actors and learners return plain dicts. Keys are `/`-namespaced (reward/mean, time/sync_s).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # JSON has no NaN/inf; keep the information as a string
+    return v
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: Path, *, kind: str = "jsonl", wandb_mode: str = "offline", project: str = "rlft",
+                 name: str | None = None, group: str | None = None, tags: list[str] | None = None,
+                 config: dict | None = None, console_every: int = 1, total_steps: int = 0):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._file = self.path.open("a", buffering=1)  # line-buffered: every step is on disk when logged
+        self.console_every = console_every
+        self.total_steps = total_steps
+        self._wandb = None
+        if kind == "wandb" and wandb_mode != "disabled":
+            import wandb
+
+            self._wandb = wandb.init(project=project, name=name, group=group, tags=list(tags or []),
+                                     config=config, mode=wandb_mode, dir=str(self.run_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+
+    def console(self, step: int, metrics: dict[str, float]) -> None:
+        if step % self.console_every and step != self.total_steps:
+            return
+        keys = [("reward/mean", "reward", "{:.3f}"), ("eval/accuracy", "eval_acc", "{:.3f}"),
+                ("response/length_mean", "len", "{:.1f}"), ("train/loss", "loss", "{:+.4f}"),
+                ("policy/approx_kl", "kl", "{:.4f}"), ("sync/logprob_abs_diff", "probe", "{:.4f}"),
+                ("time/step_s", "step_s", "{:.1f}"), ("time/rollout_s", "gen_s", "{:.1f}"),
+                ("time/learn_s", "learn_s", "{:.1f}"), ("time/sync_s", "sync_s", "{:.2f}")]
+        parts = [f"step {step}/{self.total_steps}"]
+        parts += [f"{label} {fmt.format(metrics[k])}" for k, label, fmt in keys if k in metrics]
+        print(" | ".join(parts), file=sys.stdout, flush=True)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None

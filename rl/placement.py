@@ -1,0 +1,176 @@
+"""Ray: start or join a cluster, place the roles, wrap the plain role classes as actors.
+
+The only module that imports ray. Resources are given at the call site (`ray.remote(num_cpus=...)(Cls)`),
+never hard-coded on the classes. One function (`place_roles`) decides placement and logs the map.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rl.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+class RayStartError(RuntimeError):
+    pass
+
+
+class RayGroup:
+    """Members are Ray actor handles; calls run concurrently and are gathered in member order."""
+
+    def __init__(self, handles: list[Any], pg: Any = None):
+        self.handles = handles
+        self.pg = pg
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def call(self, method: str, args: list[tuple]) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(h, method).remote(*a) for h, a in zip(self.handles, args)])
+
+    def broadcast(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        refs = [ray.put(a) for a in args]  # one copy in the object store, shared by every member
+        return ray.get([getattr(h, method).remote(*refs) for h in self.handles])
+
+    def close(self) -> None:
+        import ray
+
+        for h in self.handles:
+            try:
+                ray.get(h.close.remote(), timeout=60)
+            except Exception:  # the actor may already be gone; kill it regardless
+                pass
+            ray.kill(h)
+        self.handles = []
+
+
+@dataclass
+class RolePlan:
+    role: str  # "actor" or "learner"
+    index: int
+    resources: dict[str, float]
+
+
+def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str]) -> bool:
+    """Start a local Ray (address None) or join one; returns True when this process started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    runtime_env = {"env_vars": {"PYTHONPATH": REPO_ROOT, **env_vars}}
+    try:
+        if address is None:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env, log_to_driver=True,
+                     configure_logging=False)
+            return True
+        ray.init(address=address, runtime_env=runtime_env, configure_logging=False)
+        return False
+    except Exception as e:  # noqa: BLE001 - reported as one line with the key to change
+        where = "a local Ray (cluster.address=null)" if address is None else f"cluster.address={address!r}"
+        raise RayStartError(f"could not start or join Ray at {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+
+def place_roles(num_actors: int, num_learners: int, *, use_gpu: bool, gpus_per_actor: float,
+                gpus_per_learner: float, cpus_per_actor: float, cpus_per_learner: float,
+                strategy: str) -> tuple[Any, list[RolePlan]]:
+    """Build one placement group with a bundle per role; log and return the bundle -> role map."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    plans = []
+    for i in range(num_actors):
+        res = {"CPU": cpus_per_actor, **({"GPU": gpus_per_actor} if use_gpu else {})}
+        plans.append(RolePlan("actor", i, res))
+    for i in range(num_learners):
+        res = {"CPU": cpus_per_learner, **({"GPU": gpus_per_learner} if use_gpu else {})}
+        plans.append(RolePlan("learner", i, res))
+    need_cpu = sum(p.resources["CPU"] for p in plans)
+    need_gpu = sum(p.resources.get("GPU", 0) for p in plans)
+    have = ray.cluster_resources()
+    if need_cpu > have.get("CPU", 0) or need_gpu > have.get("GPU", 0):
+        raise RayStartError(
+            f"the roles need {need_cpu:g} CPU and {need_gpu:g} GPU but Ray has {have.get('CPU', 0):g} CPU and "
+            f"{have.get('GPU', 0):g} GPU: lower cluster.num_actors/num_learners or cluster.cpus_per_actor/"
+            f"cpus_per_learner/gpus_per_actor/gpus_per_learner, or set cluster.ray_num_cpus"
+        )
+    pg = placement_group([p.resources for p in plans], strategy=strategy)
+    try:
+        ray.get(pg.ready(), timeout=120)
+    except Exception as e:
+        raise RayStartError(f"placement group {[p.resources for p in plans]} ({strategy}) was not ready in 120 s: {e}") from e
+    for b, p in enumerate(plans):
+        log.info("placement: bundle %d -> %s %d %s", b, p.role, p.index, p.resources)
+    return pg, plans
+
+
+def build_ray_runtime(
+    *,
+    rollout_cls: type,
+    rollout_kwargs: dict,
+    learner_cls: type,
+    learner_kwargs: dict,
+    num_actors: int,
+    num_learners: int,
+    use_gpu: bool,
+    gpus_per_actor: float,
+    gpus_per_learner: float,
+    cpus_per_actor: float,
+    cpus_per_learner: float,
+    strategy: str,
+    actor_env: dict[str, str],
+) -> Runtime:
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg, plans = place_roles(num_actors, num_learners, use_gpu=use_gpu, gpus_per_actor=gpus_per_actor,
+                            gpus_per_learner=gpus_per_learner, cpus_per_actor=cpus_per_actor,
+                            cpus_per_learner=cpus_per_learner, strategy=strategy)
+    handles: dict[str, list] = {"actor": [], "learner": []}
+    for b, p in enumerate(plans):
+        cls, kwargs = (rollout_cls, rollout_kwargs) if p.role == "actor" else (learner_cls, learner_kwargs)
+        opts = dict(
+            num_cpus=p.resources["CPU"],
+            num_gpus=p.resources.get("GPU", 0),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=b),
+            runtime_env={"env_vars": dict(actor_env) if p.role == "actor" else {}},
+        )
+        handles[p.role].append(ray.remote(**opts)(cls).remote(**kwargs))
+    # surface constructor errors (model load, engine start) here, with the role named
+    for role, hs in handles.items():
+        for i, h in enumerate(hs):
+            try:
+                ray.get(h.__ray_ready__.remote())
+            except Exception as e:
+                for hh in handles["actor"] + handles["learner"]:
+                    ray.kill(hh)
+                raise RuntimeError(f"{role} {i} failed to start: {_first_line(e)}") from e
+    return Runtime(RayGroup(handles["actor"], pg), RayGroup(handles["learner"], pg))
+
+
+def stop_ray(started_here: bool) -> None:
+    import ray
+
+    if started_here and ray.is_initialized():
+        ray.shutdown()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    cause = [line for line in text if "Error" in line]
+    return (cause[-1] if cause else (text[0] if text else type(e).__name__)).strip()
+
+
+def ray_env_for_cpu_threads() -> dict[str, str]:
+    return {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}

@@ -1,0 +1,122 @@
+"""The roles of a run (rollout actors, learners) behind one small interface, with or without Ray.
+
+`Runtime` holds two groups of role objects and splits work among them; a group is either a list of plain
+objects called in this process (`LocalGroup`, cluster.mode=local) or Ray actor handles (`rl/placement.py`).
+The logic (sharding prompts, publishing the adapter, checking versions) is written once, here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from rl.types import PromptRollout, Sampling, TrainSample
+
+
+class Group(Protocol):
+    def __len__(self) -> int: ...
+
+    def call(self, method: str, args: list[tuple]) -> list[Any]:
+        """Call `method(*args[i])` on member i, concurrently where possible; return results in member order."""
+
+    def broadcast(self, method: str, *args: Any) -> list[Any]:
+        """Call `method(*args)` on every member with the same (possibly large) arguments."""
+
+    def close(self) -> None: ...
+
+
+class LocalGroup:
+    """Members are plain objects in this process."""
+
+    def __init__(self, members: list[Any]):
+        self.members = members
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def call(self, method: str, args: list[tuple]) -> list[Any]:
+        return [getattr(m, method)(*a) for m, a in zip(self.members, args)]
+
+    def broadcast(self, method: str, *args: Any) -> list[Any]:
+        return [getattr(m, method)(*args) for m in self.members]
+
+    def close(self) -> None:
+        for m in self.members:
+            if hasattr(m, "close"):
+                m.close()
+
+
+def shard(items: list, n: int) -> list[list]:
+    """Split into n contiguous, nearly equal parts (earlier parts get the remainder)."""
+    k, r = divmod(len(items), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + k + (1 if i < r else 0)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
+class VersionMismatch(RuntimeError):
+    pass
+
+
+class Runtime:
+    def __init__(self, actors: Group, learners: Group):
+        self.actors, self.learners = actors, learners
+        self.version = 0  # adapter version the actors are expected to hold
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
+        """Sample on every actor (prompts sharded); fail fast if any actor used an unexpected adapter version."""
+        parts = shard(prompts, len(self.actors))
+        results = self.actors.call("generate", [(part, sampling) for part in parts])
+        out: list[PromptRollout] = []
+        for i, res in enumerate(results):
+            for r in res:
+                if r.adapter_version != self.version:
+                    raise VersionMismatch(
+                        f"rollout actor {i} generated with adapter version {r.adapter_version}, expected "
+                        f"{self.version}: the adapter sync did not reach it"
+                    )
+                r.actor = i
+                out.append(r)
+        return out
+
+    def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
+        if len(self.learners) != 1:
+            raise NotImplementedError("data-parallel learners are not implemented yet (cluster.num_learners must be 1)")
+        return self.learners.call("train_step", [(samples,)])[0]
+
+    def sync(self) -> dict[str, float]:
+        """Publish learner 0's adapter to every rollout actor as a new version."""
+        t0 = time.perf_counter()
+        adapter = self.learners.call("get_adapter", [()])[0]
+        loads = self.actors.broadcast("load_adapter", adapter)
+        self.version = adapter.version
+        return {
+            "time/sync_s": time.perf_counter() - t0,
+            "sync/adapter_mb": adapter.nbytes / 2**20,
+            "sync/actor_load_s": max(x["seconds"] for x in loads),
+            "sync/version": float(adapter.version),
+        }
+
+    def probe(self, prompts: list[list[int]], sampling: Sampling) -> float:
+        """Mean |logp_learner - logp_actor| over tokens each actor samples for fixed prompts (sync check)."""
+        per_actor = self.actors.broadcast("generate", prompts, sampling)
+        diffs = []
+        for rollouts in per_actor:
+            p_ids = [r.prompt_ids for r in rollouts for _ in r.completions]
+            c_ids = [c.token_ids for r in rollouts for c in r.completions]
+            actor_lp = [c.logprobs for r in rollouts for c in r.completions]
+            learner_lp = self.learners.call("sequence_logprobs", [(p_ids, c_ids)])[0]
+            for a, b in zip(actor_lp, learner_lp):
+                diffs.extend(abs(x - y) for x, y in zip(a, b))
+        return sum(diffs) / max(len(diffs), 1)
+
+    def close(self) -> None:
+        for group in (self.actors, self.learners):
+            try:
+                group.close()
+            except Exception:  # closing one role must not stop the other from being closed
+                pass
+

@@ -1,0 +1,56 @@
+"""Plain data that crosses process boundaries (Ray object store, pickling): no tensors, no config objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Sampling:
+    """How to sample completions for one generate call."""
+
+    n: int = 1  # completions per prompt
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    max_tokens: int = 64
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]  # sampled token ids, exactly as generated (never re-tokenised)
+    logprobs: list[float]  # behaviour logprob of each sampled token under the sampling policy
+    finish_reason: str  # "stop" (EOS / stop string) or "length" (hit max_tokens)
+    text: str
+
+
+@dataclass
+class PromptRollout:
+    prompt_ids: list[int]
+    completions: list[Completion]
+    adapter_version: int  # the LoRA version the actor generated with (0 = base model)
+    actor: int = 0  # index of the rollout actor that produced it
+
+
+@dataclass
+class Adapter:
+    """A LoRA adapter in PEFT format, as bytes: travels through Ray's object store, no shared filesystem."""
+
+    version: int
+    config: dict[str, Any]  # adapter_config.json contents
+    weights: bytes  # adapter_model.safetensors contents
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.weights)
+
+
+@dataclass
+class TrainSample:
+    """One completion ready for the learner."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    old_logprobs: list[float]  # behaviour logprobs from the rollout engine, one per completion token
+    advantage: float
+    loss_mask: list[int] = field(default_factory=list)  # per completion token (empty = all ones)

@@ -1,0 +1,94 @@
+"""vLLM worker extension: load a LoRA adapter version by merging it into the engine's base weights.
+
+vLLM's native LoRA path (`LoRARequest`) is exact and is the default on GPUs, but its CPU kernels cost about 3x
+the base model's decode speed on this machine (measured: 254 vs 22 tok/s on SmolLM2-135M, 128 samples). With
+`rollout.lora_mode=merged` the actor instead receives the same adapter bytes and computes
+W = W0 + (alpha / r) * B @ A for every targeted projection, then reloads those weights through vLLM's layerwise
+reload (which re-runs the CPU kernels' weight packing). Untargeted siblings of a fused layer (q/k/v in
+qkv_proj, gate/up in gate_up_proj) are sent with their base values so that every fused layer is complete.
+
+Loaded by vLLM inside its worker process (`LLM(worker_extension_cls="rl.vllm_ext.LoraMergeExtension")`) and
+called through `llm.collective_rpc("rlft_merge_adapter", args=(...))`; method names carry an `rlft_` prefix so
+they cannot clash with the worker's own.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import torch
+
+_PEFT_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.default)?\.weight$")
+# HF projection names grouped the way vLLM fuses them into one parameter (Llama/Qwen/Mistral families)
+_FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+_SIBLINGS = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
+
+
+def lora_deltas(config: dict, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """PEFT LoRA tensors -> {hf_module_name: delta W [out, in]} with PEFT's scaling (alpha / r or rsLoRA)."""
+    r, alpha = config["r"], config["lora_alpha"]
+    scale = alpha / (r**0.5) if config.get("use_rslora") else alpha / r
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in weights.items():
+        m = _PEFT_KEY.match(key)
+        if m is None:
+            raise ValueError(f"adapter tensor {key!r} is not a PEFT LoRA A/B weight")
+        pairs.setdefault(m["module"], {})[m["ab"]] = t
+    out = {}
+    for module, ab in pairs.items():
+        if set(ab) != {"A", "B"}:
+            raise ValueError(f"adapter module {module!r} has lora_{''.join(ab)} only")
+        out[module] = (ab["B"].float() @ ab["A"].float()) * scale
+    return out
+
+
+class LoraMergeExtension:
+    """Mixed into vLLM's worker class; `self` is the worker (has `model_runner`, `vllm_config`)."""
+
+    def _rlft_base(self) -> dict[str, torch.Tensor]:
+        base = getattr(self, "_rlft_base_weights", None)
+        if base is None:
+            from safetensors.torch import load_file
+
+            folder = Path(self.vllm_config.model_config.model)
+            if not folder.is_dir():
+                raise RuntimeError(f"lora_mode=merged needs a local model folder, got {folder}")
+            base = {}
+            for f in sorted(folder.glob("*.safetensors")):
+                for name, t in load_file(str(f)).items():
+                    if name.endswith("_proj.weight"):
+                        base[name] = t
+            self._rlft_base_weights = base
+        return base
+
+    def rlft_merge_adapter(self, config: dict, weights: bytes) -> dict:
+        """Set the weights to base + this adapter's delta (None weights = back to the base model)."""
+        from safetensors.torch import load as load_safetensors
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+        t0 = time.perf_counter()
+        base = self._rlft_base()
+        deltas = lora_deltas(config, load_safetensors(weights)) if weights else {}
+        names: set[str] = set()
+        for module in deltas:
+            prefix, _, proj = module.rpartition(".")
+            group = _FUSED.get(proj)
+            siblings = _SIBLINGS[group] if group else (proj,)
+            names.update(f"{prefix}.{s}.weight" for s in siblings)
+        if not deltas:  # back to the base: reload every projection that an earlier adapter may have changed
+            names = set(base)
+        payload = []
+        for name in sorted(names):
+            if name not in base:
+                raise KeyError(f"adapter targets {name}, which the base checkpoint does not have")
+            w0 = base[name]
+            delta = deltas.get(name.removesuffix(".weight"))
+            payload.append((name, w0 if delta is None else (w0.float() + delta).to(w0.dtype)))
+        model = self.model_runner.model
+        initialize_layerwise_reload(model)
+        model.load_weights(weights=payload)
+        finalize_layerwise_reload(model, self.vllm_config.model_config)
+        return {"tensors": len(payload), "seconds": time.perf_counter() - t0}
+

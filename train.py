@@ -1,0 +1,112 @@
+"""Train an LLM with RL on verifiable rewards: `python train.py [overrides]`, `python train.py -m ...` to sweep.
+
+Composes conf/train.yaml with Hydra, validates it into typed objects (rl/config.py), builds the environment,
+reward and roles, and hands them to rl/driver.py. No maths here. Heavy libraries (torch, vLLM, Ray) are imported
+only after the config is valid, so `--help` and `--cfg job` stay instant.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from rl.config import ConfigError, TrainConfig, register_configs
+
+CONF_DIR = str(Path(__file__).resolve().parent / "conf")
+log = logging.getLogger("train")
+
+register_configs()
+
+
+def fail(msg: str, code: int = 2) -> None:
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def precheck_overrides(argv: list[str]) -> None:
+    """Compose once before Hydra's own run, so a typo'd key or bad value fails with one line naming it."""
+    flags = {"-m", "--multirun", "--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve",
+             "--version", "--shell-completion", "-sc", "--experimental-rerun", "--config-path", "-cp",
+             "--config-name", "-cn", "--config-dir", "-cd", "-p", "--package"}
+    if any(a in flags or a.split("=")[0] in flags for a in argv):
+        return
+    overrides = [a for a in argv if not a.startswith("hydra.") and not a.startswith("+hydra.")]
+    from hydra import compose, initialize_config_dir
+
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose(config_name="train", overrides=overrides)
+            OmegaConf.to_object(cfg.copy())  # typed validation (__post_init__ checks)
+    except ConfigError as e:
+        fail(str(e))
+    except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf errors become one line
+        fail(one_line_config_error(e))
+
+
+def one_line_config_error(e: Exception) -> str:
+    text = str(e)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    full_key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
+    if "not in struct" in text or "Key '" in text and "not" in text:
+        key = full_key or lines[0]
+        return f"unknown config key '{key}': check its spelling (valid keys: python train.py --cfg job)"
+    if "Could not override" in text or "Value '" in text:
+        detail = next((ln for ln in lines if ln.startswith(("Value", "Invalid", "Could not load"))), lines[-1])
+        where = f" (key {full_key})" if full_key else ""
+        return f"{lines[0]} {detail}{where}"
+    if "Could not find" in text or "In 'train'" in text:
+        return " ".join(lines[:2])
+    return " ".join(lines[:2]) if lines else type(e).__name__
+
+
+def to_typed(cfg: DictConfig) -> TrainConfig:
+    try:
+        return OmegaConf.to_object(cfg)
+    except ConfigError as e:
+        fail(str(e))
+    except Exception as e:  # noqa: BLE001
+        fail(one_line_config_error(e))
+
+
+def build_target(node: DictConfig, key: str):
+    """Instantiate a `_target_` config node (env, reward) with a one-line error naming the key."""
+    from hydra.utils import instantiate
+
+    if "_target_" not in node:
+        fail(f"{key} has no _target_: pick one of conf/{key}/*.yaml or give {key}._target_=module.Callable")
+    try:
+        return instantiate(node, _convert_="all")
+    except Exception as e:  # noqa: BLE001
+        cause = e.__cause__ or e
+        fail(f"{key}: could not build {node._target_}: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}")
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(dcfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    cfg = to_typed(dcfg)
+    run_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
+    env = build_target(dcfg.env, "env")
+    reward = build_target(dcfg.reward, "reward")
+    from rl import app  # heavy imports start here
+
+    try:
+        summary = app.run(cfg, env=env, reward_fn=reward, resolved=OmegaConf.to_container(dcfg, resolve=True),
+                          run_dir=run_dir)
+    except ConfigError as e:
+        fail(str(e))
+    except app.UserFacingError as e:
+        fail(str(e), code=1)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary.get("eval/accuracy_after")
+
+
+if __name__ == "__main__":  # vLLM spawns processes: keep this guard
+    precheck_overrides(sys.argv[1:])
+    main()
