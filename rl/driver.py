@@ -9,11 +9,12 @@ Reads top to bottom like nanochat's chat_rl.py. Departures from the GRPO paper (
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from rl import algorithms
 from rl.config import ClusterMode, TrainConfig
 from rl.metrics import MetricsLogger
 from rl.runtime import Runtime
-from rl.types import PromptRollout, Sampling, TrainSample
+from rl.types import Adapter, PromptRollout, Sampling, TrainSample
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +185,7 @@ def train(cfg: TrainConfig, runtime: Runtime, tokenizer: Any, env: Any, reward_f
 
         gen_tokens = sum(len(c.token_ids) for r in rollouts for c in r.completions)
         metrics.update({
+            "actor/adapter_version": float(min(r.adapter_version for r in rollouts)),
             "time/rollout_s": t_rollout,
             "time/reward_s": t_reward,
             "time/step_s": time.perf_counter() - t_step,
@@ -197,11 +199,24 @@ def train(cfg: TrainConfig, runtime: Runtime, tokenizer: Any, env: Any, reward_f
         summary["reward/last"] = metrics["reward/mean"]
 
     summary["time/train_s"] = time.perf_counter() - t_run
+    save_adapter(runtime.adapter(), Path(logger.run_dir) / "adapter")
     after = evaluate(runtime, eval_data, reward_fn, m.max_new_tokens) if cfg.eval_size else {}
     if after:
         logger.log(cfg.steps, after)
         summary["eval/accuracy_after"] = after["eval/accuracy"]
     return summary
+
+
+def save_adapter(adapter: Adapter, folder: Path) -> None:
+    """Write the adapter in PEFT format (loadable by PeftModel.from_pretrained and vLLM's LoRA loader),
+    under a temporary name first, so an interrupted write never leaves a half-written adapter folder."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    (tmp / "adapter_config.json").write_text(json.dumps(adapter.config, indent=2, default=str))
+    (tmp / "adapter_model.safetensors").write_bytes(adapter.weights)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
 
 
 def seed_everything(seed: int) -> None:
@@ -280,10 +295,3 @@ def rollout_role(cfg: TrainConfig, model_path: str) -> tuple[type, dict]:
         trust_remote_code=m.trust_remote_code,
     )
 
-
-def config_dict(cfg: TrainConfig) -> dict:
-    return asdict(cfg)
-
-
-def summary_path(run_dir: Path) -> Path:
-    return Path(run_dir) / "summary.json"

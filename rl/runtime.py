@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from rl.types import PromptRollout, Sampling, TrainSample
+from rl.types import Adapter, PromptRollout, Sampling, TrainSample
 
 
 class Group(Protocol):
@@ -87,10 +87,14 @@ class Runtime:
             raise NotImplementedError("data-parallel learners are not implemented yet (cluster.num_learners must be 1)")
         return self.learners.call("train_step", [(samples,)])[0]
 
+    def adapter(self) -> Adapter:
+        """Learner 0's current adapter."""
+        return self.learners.call("get_adapter", [()])[0]
+
     def sync(self) -> dict[str, float]:
         """Publish learner 0's adapter to every rollout actor as a new version."""
         t0 = time.perf_counter()
-        adapter = self.learners.call("get_adapter", [()])[0]
+        adapter = self.adapter()
         loads = self.actors.broadcast("load_adapter", adapter)
         self.version = adapter.version
         return {

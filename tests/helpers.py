@@ -1,0 +1,51 @@
+"""Test-only building blocks: a tiny random model with the real SmolLM2 tokenizer, and simple rewards."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def build_tiny_model(out: Path, seed: int = 0) -> Path:
+    """A 2-layer random Llama (head_dim 64, as vLLM's CPU attention wants) with SmolLM2's tokenizer and chat
+    template, saved as an ordinary HF folder. About 7M parameters, most of them the 49152-token embedding."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from rl.models import embedded_gguf
+
+    if (out / "config.json").is_file():
+        return out
+    gguf = embedded_gguf("smollm2-135m-instruct")
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tok.bos_token, tok.eos_token, tok.pad_token = "<|im_start|>", "<|im_end|>", "<|im_end|>"
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, max_position_embeddings=1024, tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+class LengthReward:
+    """Reward = number of characters / 100, capped at 1: varies between samples of a random model, so the
+    advantages (and the LoRA gradient) are not zero."""
+
+    def __call__(self, completions, *, answer, **kwargs):
+        return [min(len(c) / 100.0, 1.0) for c in completions]
+
+
+def run_train(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run train.py as a user would; returns the finished process (stdout and stderr captured)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), HYDRA_FULL_ERROR="0")
+    return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
