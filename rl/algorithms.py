@@ -3,6 +3,15 @@
 Pure tensor maths: no Ray, no config objects. Every per-token tensor comes with its mask `[B, T]`
 (1 = a completion token that counts). Algorithms are YAML bundles (`conf/algorithm/*.yaml`) that pick entries of
 these registries by name; nothing in the code branches on the algorithm's name.
+
+Calling conventions (flat keyword arguments, so the caller can pass one set of knobs to any entry):
+- advantage estimator: `fn(rewards [B*G], group_size, **knobs) -> [B*G]`; knobs an estimator does not use are
+  ignored (`**_`), so `algorithm.advantage=X` is the only thing that changes between estimators.
+- policy loss: `fn(logp, old_logp, advantages, mask, *, agg, **knobs) -> (loss, metrics)`; `old_logp` are the
+  behaviour logprobs returned by the rollout engine. Shared knobs: `tis_cap`, `skip_threshold` (see
+  `importance_terms`).
+- aggregation: `fn(per_token [B, T], mask [B, T], **knobs) -> scalar`, with a `unit` attribute ("token" or
+  "seq") that tells the learner how to weight micro-batches so that gradient accumulation is exact.
 """
 
 from __future__ import annotations
@@ -60,47 +69,161 @@ def get_loss_agg(name: str):
 
 
 # ----------------------------------------------------------------------------------------------- advantages
+# Outcome rewards only: one scalar per completion, broadcast by the learner to every completion token.
+
+
+def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    if rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    return rewards.float().view(-1, group_size)  # [B, G]
 
 
 @register_advantage("grpo")
 def grpo_advantages(
-    rewards: torch.Tensor, group_size: int, *, std_normalize: bool = True, eps: float = 1e-6
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    std_normalize: bool = True,
+    std_unbiased: bool = True,
+    eps: float = 1e-6,
+    **_,
 ) -> torch.Tensor:
-    """GRPO outcome advantages (Shao et al. 2024, DeepSeekMath, section 4.1.2): A_i = (r_i - mean(r)) / std(r).
+    """GRPO outcome advantages (Shao et al. 2024, DeepSeekMath, section 4.1.2): A_i = (r_i - mean(r)) / (std(r) + eps).
 
     rewards: [B*G] ordered group by group (the G completions of a prompt are adjacent). Returns [B*G].
-    The std is the unbiased sample std (torch.std, as in the paper's reference and TRL); a uniform group gives 0.
+    std_unbiased: sample std (n-1, torch.std; as in the paper's reference code, TRL and verl) or population std (n).
+    std_normalize=False gives Dr.GRPO's centring only. A uniform group gives exactly 0.
     """
-    grouped = rewards.view(-1, group_size)  # [B, G]
+    grouped = _grouped(rewards, group_size)  # [B, G]
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if std_normalize:
-        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
+        centred = centred / (grouped.std(dim=1, keepdim=True, correction=1 if std_unbiased else 0) + eps)
     return centred.reshape(-1)
 
 
+@register_advantage("dr_grpo")
+def dr_grpo_advantages(rewards: torch.Tensor, group_size: int, **_) -> torch.Tensor:
+    """Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", eq. 3 / Appendix A): A_i = r_i - mean(r).
+
+    No division by the group std (which up-weights too easy / too hard prompts). [B*G] -> [B*G].
+    """
+    grouped = _grouped(rewards, group_size)  # [B, G]
+    return (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
+
+
+@register_advantage("rloo")
+def rloo_advantages(rewards: torch.Tensor, group_size: int, **_) -> torch.Tensor:
+    """RLOO (Kool et al. 2019; Ahmadian et al. 2024, "Back to Basics", eq. 6): A_i = r_i - mean_{j != i} r_j.
+
+    Computed as G / (G - 1) * (r_i - mean(r)), which is the same quantity. [B*G] -> [B*G]; needs G >= 2.
+    """
+    if group_size < 2:
+        raise ValueError("rloo needs group_size >= 2 (the leave-one-out baseline of a single sample is undefined)")
+    grouped = _grouped(rewards, group_size)  # [B, G]
+    return ((grouped - grouped.mean(dim=1, keepdim=True)) * group_size / (group_size - 1)).reshape(-1)
+
+
+@register_advantage("pg")
+def pg_advantages(rewards: torch.Tensor, group_size: int, *, pg_baseline: str = "none", **_) -> torch.Tensor:
+    """REINFORCE returns (Williams 1992, eq. 11, baseline b): A_i = r_i - b.
+
+    pg_baseline: "none" (b = 0, the plain estimator) or "group_mean" (b = mean of the prompt's G rewards; this
+    includes r_i itself, so it is slightly biased by a factor (G-1)/G, unlike rloo). [B*G] -> [B*G].
+    """
+    grouped = _grouped(rewards, group_size)  # [B, G]
+    if pg_baseline == "none":
+        return grouped.reshape(-1).clone()
+    if pg_baseline == "group_mean":
+        return (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
+    raise KeyError(f"algorithm.pg_baseline={pg_baseline!r} is not known; valid names: group_mean, none")
+
+
+@register_advantage("reinforce_pp")
+def reinforce_pp_advantages(
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    eps: float = 1e-6,
+    lengths: torch.Tensor | None = None,
+    **_,
+) -> torch.Tensor:
+    """REINFORCE++-baseline (Hu et al. 2025, arXiv 2501.03262, section 3, "REINFORCE++-Baseline"):
+    A'_i = r_i - mean_group(r), then whitened over the batch: A_i = (A'_i - mean(A')) / sqrt(var(A') + eps).
+
+    It divides by the batch std (an earlier seed multiplied by it). rewards: [B*G]; returns [B*G].
+    lengths: [B*G] completion token counts. When given, the batch statistics are over tokens (each completion
+    weighted by its length, unbiased variance over tokens), which is what the paper's token-level formulation and
+    verl compute; when None, over completions. Deviation: the paper also folds a k1 KL into the token rewards;
+    here KL is a separate loss term (algorithm.kl_coef).
+    """
+    grouped = _grouped(rewards, group_size)  # [B, G]
+    centred = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)  # [B*G]
+    w = torch.ones_like(centred) if lengths is None else lengths.to(centred.dtype)  # [B*G]
+    n = w.sum()
+    if n <= 1:
+        return centred - centred.mean() if n == 1 else centred
+    mean = (centred * w).sum() / n
+    var = ((centred - mean).pow(2) * w).sum() / (n - 1)
+    return (centred - mean) * torch.rsqrt(var + eps)
+
+
 # ----------------------------------------------------------------------------------------------- aggregation
+# `unit` tells the learner how to weight micro-batches: "token" by their share of unmasked tokens, "seq" by their
+# share of sequences with at least one unmasked token (fully masked sequences, e.g. truncated responses under
+# algorithm.filter_truncated_response, are excluded from the sequence count, as in verl).
+
+
+def _seq_mean(per_seq: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    has_tokens = (mask.sum(dim=1) > 0).to(per_seq.dtype)  # [B]
+    return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1)
 
 
 @register_loss_agg("token_mean")
-def agg_token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def agg_token_mean(per_token: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
     """Mean over every unmasked token of the batch (DAPO, Yu et al. 2025, eq. 8). per_token, mask: [B, T]."""
     return (per_token * mask).sum() / mask.sum().clamp(min=1)
 
 
-agg_token_mean.unit = "token"  # the learner weights micro-batches by their share of tokens
+agg_token_mean.unit = "token"
 
 
 @register_loss_agg("seq_mean_token_mean")
-def agg_seq_mean_token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def agg_seq_mean_token_mean(per_token: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
     """Mean over sequences of each sequence's token mean (GRPO, Shao et al. 2024, eq. 3). [B, T] -> scalar."""
     per_seq = (per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # [B]
-    return per_seq.mean()
+    return _seq_mean(per_seq, mask)
 
 
-agg_seq_mean_token_mean.unit = "seq"  # the learner weights micro-batches by their share of sequences
+agg_seq_mean_token_mean.unit = "seq"
 
 
-# ----------------------------------------------------------------------------------------------- KL
+@register_loss_agg("seq_mean_token_sum")
+def agg_seq_mean_token_sum(per_token: torch.Tensor, mask: torch.Tensor, **_) -> torch.Tensor:
+    """Mean over sequences of each sequence's token sum: the REINFORCE estimator of a sequence's log-likelihood
+    gradient (Williams 1992; Ahmadian et al. 2024, eq. 4). [B, T] -> scalar."""
+    return _seq_mean((per_token * mask).sum(dim=1), mask)
+
+
+agg_seq_mean_token_sum.unit = "seq"
+
+
+@register_loss_agg("seq_mean_token_sum_norm")
+def agg_seq_mean_token_sum_norm(
+    per_token: torch.Tensor, mask: torch.Tensor, *, norm_length: float = 1024.0, **_
+) -> torch.Tensor:
+    """Dr.GRPO (Liu et al. 2025, eq. 3 / Appendix A): token sums divided by a constant, the generation budget
+    `norm_length` (MAX_TOKENS), instead of each sequence's own length, then a mean over sequences. [B, T] -> scalar.
+
+    Deviation from verl's default (which divides by the padded width of the micro-batch): a constant keeps the
+    per-token weight equal across micro-batches and steps, which is the point of the method.
+    """
+    return agg_seq_mean_token_sum(per_token, mask) / norm_length
+
+
+agg_seq_mean_token_sum_norm.unit = "seq"
+
+
+# ----------------------------------------------------------------------------------------------- KL, entropy
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -118,7 +241,94 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> to
     raise KeyError(f"algorithm.kl_estimator={estimator!r} is not known; valid names: k1, k2, k3")
 
 
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the full next-token distribution, H = logsumexp(z) - sum softmax(z) z. logits [B, T, V] -> [B, T].
+
+    Used for the `policy/entropy` metric and the optional entropy bonus (Mnih et al. 2016, A3C, section 4;
+    Williams & Peng 1991). Temperature scaling, if any, is applied by the caller.
+    """
+    logits = logits.float()
+    return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+
+
 # ----------------------------------------------------------------------------------------------- losses
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x * mask).sum() / mask.sum().clamp(min=1))
+
+
+def importance_terms(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    tis_cap: float = 0.0,
+    skip_threshold: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
+    """The log importance ratio a surrogate clips, and a per-token weight (no gradient) on its loss. [B, T] each.
+
+    tis_cap <= 0: the ratio is pi_theta / pi_behaviour (behaviour logprobs from the rollout engine), so clipping
+      also bounds the train-inference mismatch; weight = 1.
+    tis_cap > 0: truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings you
+      off-policy RL training", eq. 3; Espeholt et al. 2018, IMPALA's truncated rho): the ratio is
+      pi_theta / sg(pi_theta) (value 1, the on-policy gradient) and weight = min(pi_learner / pi_behaviour, C).
+      This uses the learner's own logprobs as the proximal policy, which is exact while every rollout batch gets
+      one optimizer step (algorithm.updates_per_step = 1; the config enforces it).
+    skip_threshold > 0: sequences whose mean token ratio pi_learner / pi_behaviour exceeds it get weight 0 (the
+      ColossalChat seed documents this knob; here it is read). They still count in the loss normaliser.
+    """
+    with torch.no_grad():
+        behaviour_log_ratio = (logp - old_logp) * mask  # [B, T]
+        weight = torch.ones_like(logp)
+        metrics: Metrics = {}
+        if tis_cap > 0:
+            is_ratio = torch.exp(behaviour_log_ratio)
+            weight = torch.clamp(is_ratio, max=tis_cap)
+            metrics["policy/tis_clip_frac"] = _masked_mean((is_ratio > tis_cap).float(), mask)
+        if skip_threshold > 0:
+            seq_ratio = (torch.exp(behaviour_log_ratio) * mask).sum(1) / mask.sum(1).clamp(min=1)  # [B]
+            keep = (seq_ratio <= skip_threshold).to(logp.dtype)  # [B]
+            weight = weight * keep.unsqueeze(1)
+            metrics["policy/skipped_seq_frac"] = float(1 - keep.mean()) if keep.numel() else 0.0
+    log_ratio = (logp - logp.detach()) if tis_cap > 0 else (logp - old_logp) * mask
+    return log_ratio, weight, metrics
+
+
+def _ratio_metrics(ratio: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor) -> Metrics:
+    with torch.no_grad():
+        return {
+            "policy/ratio_mean": _masked_mean(ratio, mask),
+            "policy/ratio_max": float(ratio.masked_fill(mask == 0, float("-inf")).max()) if mask.any() else 1.0,
+            # KL(pi_old || pi) by k3 on tokens sampled from pi_old: (r - 1) - log r
+            "policy/approx_kl": _masked_mean(ratio - 1 - log_ratio, mask),
+        }
+
+
+@register_policy_loss("pg")
+def pg_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    agg: Callable[..., torch.Tensor],
+    tis_cap: float = 0.0,
+    skip_threshold: float = 0.0,
+    **_,
+) -> tuple[torch.Tensor, Metrics]:
+    """Vanilla policy gradient, per token -A * log pi(y_t) (Williams 1992, REINFORCE, eq. 11).
+
+    logp, old_logp, mask: [B, T]; advantages: [B]. On-policy by assumption: old_logp only enters through the
+    optional truncated-IS weight and skip_threshold (see `importance_terms`).
+    """
+    _, weight, metrics = importance_terms(logp, old_logp, mask, tis_cap=tis_cap, skip_threshold=skip_threshold)
+    per_token = -advantages.unsqueeze(1) * logp * weight  # [B, T]
+    loss = agg(per_token, mask)
+    with torch.no_grad():
+        log_ratio = (logp - old_logp) * mask
+        metrics.update(_ratio_metrics(torch.exp(log_ratio), log_ratio, mask))
+    return loss, metrics
 
 
 @register_policy_loss("clipped")
@@ -128,32 +338,109 @@ def clipped_surrogate_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    agg: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    agg: Callable[..., torch.Tensor],
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    dual_clip: float = 0.0,
+    tis_cap: float = 0.0,
+    skip_threshold: float = 0.0,
+    **_,
 ) -> tuple[torch.Tensor, Metrics]:
     """PPO clipped surrogate (Schulman et al. 2017, eq. 7) with separate low/high clips (DAPO clip-higher, eq. 10).
 
+    per token: -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A); r = exp(logp - old_logp).
+    dual_clip = c > 1 (Ye et al. 2020, arXiv 1912.09729, eq. 5): for A < 0 the loss is also capped at -c A, so
+    a huge ratio on a negative-advantage token cannot dominate. 0 disables it.
     logp, old_logp, mask: [B, T]; advantages: [B] (broadcast over tokens). old_logp are the behaviour logprobs
     returned by the rollout engine, so the ratio also corrects for the train-inference mismatch.
     """
-    log_ratio = (logp - old_logp) * mask
+    log_ratio, weight, metrics = importance_terms(
+        logp, old_logp, mask, tis_cap=tis_cap, skip_threshold=skip_threshold
+    )
     ratio = torch.exp(log_ratio)  # [B, T]
     adv = advantages.unsqueeze(1)  # [B, 1]
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * adv
-    per_token = -torch.minimum(unclipped, clipped)
-    loss = agg(per_token, mask)
+    unclipped = -ratio * adv
+    clipped = -torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * adv
+    per_token = torch.maximum(unclipped, clipped)
+    if dual_clip > 0:
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -dual_clip * adv), per_token)
+    loss = agg(per_token * weight, mask)
     with torch.no_grad():
-        n = mask.sum().clamp(min=1)
         low = ((ratio < 1 - clip_low) & (adv < 0)).float()
         high = ((ratio > 1 + clip_high) & (adv > 0)).float()
-        metrics = {
-            "policy/clip_frac_low": float((low * mask).sum() / n),
-            "policy/clip_frac_high": float((high * mask).sum() / n),
-            "policy/ratio_mean": float((ratio * mask).sum() / n),
-            "policy/ratio_max": float(ratio.masked_fill(mask == 0, float("-inf")).max()) if mask.any() else 1.0,
-            # KL(pi_old || pi) by k3 on tokens sampled from pi_old: (r - 1) - log r
-            "policy/approx_kl": float(((ratio - 1 - log_ratio) * mask).sum() / n),
-        }
+        metrics["policy/clip_frac_low"] = _masked_mean(low, mask)
+        metrics["policy/clip_frac_high"] = _masked_mean(high, mask)
+        if dual_clip > 0:
+            metrics["policy/dual_clip_frac"] = _masked_mean(((ratio > dual_clip) & (adv < 0)).float(), mask)
+        metrics.update(_ratio_metrics(ratio, log_ratio, mask))
+    return loss, metrics
+
+
+@register_policy_loss("gspo")
+def gspo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    agg: Callable[..., torch.Tensor],
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    skip_threshold: float = 0.0,
+    **_,
+) -> tuple[torch.Tensor, Metrics]:
+    """GSPO (Zheng et al. 2025, arXiv 2507.18071, eq. 5-7 and the token form GSPO-token, eq. 13-14).
+
+    Sequence ratio s_i = exp(mean_t log(pi/pi_old)) (length-normalised), clipped at [1 - clip_low, 1 + clip_high]:
+    per token -min(s_it A_i, clip(s_it) A_i) with s_it = sg[s_i] * pi_t / sg[pi_t], whose value is s_i and whose
+    gradient is the paper's. With `seq_mean_token_mean` aggregation this equals the paper's objective exactly.
+    Deliberate deviation (as verl): log s_it is clamped at 10 for numerical safety. Truncated IS does not apply
+    (the ratio is already sequence-level); skip_threshold does. logp, old_logp, mask: [B, T]; advantages: [B].
+    """
+    _, weight, metrics = importance_terms(logp, old_logp, mask, skip_threshold=skip_threshold)
+    token_log_ratio = (logp - old_logp) * mask  # [B, T]
+    seq_log_ratio = token_log_ratio.sum(1) / mask.sum(1).clamp(min=1)  # [B]
+    log_s = torch.clamp(logp - logp.detach() + seq_log_ratio.detach().unsqueeze(1), max=10.0)  # [B, T]
+    s = torch.exp(log_s)
+    adv = advantages.unsqueeze(1)  # [B, 1]
+    per_token = torch.maximum(-s * adv, -torch.clamp(s, 1 - clip_low, 1 + clip_high) * adv)
+    loss = agg(per_token * weight, mask)
+    with torch.no_grad():
+        seq_ratio = torch.exp(seq_log_ratio).unsqueeze(1).expand_as(mask)  # [B, T]
+        metrics["policy/clip_frac_low"] = _masked_mean(((seq_ratio < 1 - clip_low) & (adv < 0)).float(), mask)
+        metrics["policy/clip_frac_high"] = _masked_mean(((seq_ratio > 1 + clip_high) & (adv > 0)).float(), mask)
+        metrics.update(_ratio_metrics(torch.exp(token_log_ratio), token_log_ratio, mask))
+        metrics["policy/seq_ratio_mean"] = float(torch.exp(seq_log_ratio).mean()) if seq_log_ratio.numel() else 1.0
+    return loss, metrics
+
+
+@register_policy_loss("cispo")
+def cispo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    agg: Callable[..., torch.Tensor],
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    skip_threshold: float = 0.0,
+    **_,
+) -> tuple[torch.Tensor, Metrics]:
+    """CISPO (MiniMax 2025, "MiniMax-M1", arXiv 2506.13585, eq. 4-5): per token -sg(clip(r, 1-eL, 1+eH)) A log pi.
+
+    Clips the importance weight instead of the update, so clipped tokens still get a (bounded) gradient.
+    The paper sets no lower bound (eL large); here both bounds are knobs. logp, old_logp, mask: [B, T]; A: [B].
+    """
+    _, weight, metrics = importance_terms(logp, old_logp, mask, skip_threshold=skip_threshold)
+    log_ratio = (logp - old_logp) * mask
+    ratio = torch.exp(log_ratio)  # [B, T]
+    clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high).detach()
+    adv = advantages.unsqueeze(1)
+    per_token = -clipped * adv * logp
+    loss = agg(per_token * weight, mask)
+    with torch.no_grad():
+        metrics["policy/clip_frac_low"] = _masked_mean((ratio < 1 - clip_low).float(), mask)
+        metrics["policy/clip_frac_high"] = _masked_mean((ratio > 1 + clip_high).float(), mask)
+        metrics.update(_ratio_metrics(ratio, log_ratio, mask))
     return loss, metrics
