@@ -79,11 +79,26 @@ class AlgorithmConfig:
     loss_agg: str = "seq_mean_token_mean"  # token -> scalar aggregation, by registry name
     group_size: int = 8  # G: completions sampled per prompt
     std_normalize: bool = True  # grpo: divide group-centred rewards by the group std
-    adv_eps: float = 1e-6  # added to the std before dividing
+    std_unbiased: bool = True  # grpo: sample std (n-1, as TRL/verl) if true, population std (n) if false
+    pg_baseline: str = "none"  # pg advantage baseline: none (plain REINFORCE) | group_mean
+    adv_eps: float = 1e-6  # grpo: added to the std before dividing; reinforce_pp: added to the batch variance
     clip_low: float = 0.2  # ratio lower clip: 1 - clip_low
     clip_high: float = 0.2  # ratio upper clip: 1 + clip_high (DAPO clip-higher uses 0.28)
+    dual_clip: float = 0.0  # clipped loss: cap -A*ratio at -A*dual_clip for A < 0 (dual-clip PPO; > 1 enables, 0 off)
+    tis_cap: float = 0.0  # truncated importance sampling: weight tokens by min(pi_learner/pi_actor, tis_cap) (0 off)
+    skip_threshold: float = 0.0  # zero the loss of sequences whose mean pi_learner/pi_actor ratio exceeds this (0 off)
+    loss_agg_norm_length: int | None = None  # seq_mean_token_sum_norm divisor in tokens (null: model.max_new_tokens)
+    entropy_coef: float = 0.0  # entropy bonus weight: loss -= entropy_coef * agg(token entropy) (0 off; costs memory)
     kl_coef: float = 0.0  # weight of the KL penalty to the reference policy (0 disables; adapter off = reference)
     kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's estimators)
+    dynamic_sampling: bool = False  # DAPO: drop groups whose accuracy is outside filter_range, regenerate to fill
+    filter_range: list[float] = field(default_factory=lambda: [0.01, 0.99])  # [low, high] group mean reward to keep
+    dynamic_sampling_max_rounds: int = 4  # generate at most this many batches per step before training on fewer
+    overlong_penalty: bool = False  # DAPO soft overlong punishment (eq. 13) added to the reward
+    overlong_buffer: int | None = None  # L_cache in tokens (null: min(1024, model.max_new_tokens // 4))
+    overlong_penalty_factor: float = 1.0  # scale of the overlong penalty (reward units at full length)
+    filter_truncated_response: bool = False  # mask responses cut by max_new_tokens out of the loss
+    top_k: int | None = None  # keep only the k highest-reward completions per prompt for the learner (null: all G)
     lr: float = 1e-4  # AdamW learning rate for the LoRA parameters
     weight_decay: float = 0.0  # AdamW weight decay
     max_grad_norm: float = 1.0  # gradient clipping by global norm (<= 0 disables)
@@ -97,6 +112,30 @@ class AlgorithmConfig:
         _check(self.clip_low >= 0 and self.clip_high >= 0, "algorithm.clip_low/clip_high must be >= 0")
         _check(self.kl_estimator in ("k1", "k2", "k3"), f"algorithm.kl_estimator must be k1, k2 or k3 (got {self.kl_estimator!r})")
         _check(self.updates_per_step >= 1, f"algorithm.updates_per_step must be >= 1 (got {self.updates_per_step})")
+        _check(self.pg_baseline in ("none", "group_mean"), f"algorithm.pg_baseline must be none or group_mean (got {self.pg_baseline!r})")
+        _check(self.dual_clip == 0 or self.dual_clip > 1, f"algorithm.dual_clip must be 0 (off) or > 1 (got {self.dual_clip})")
+        _check(self.tis_cap >= 0 and self.skip_threshold >= 0, "algorithm.tis_cap and algorithm.skip_threshold must be >= 0 (0 disables)")
+        _check(
+            self.tis_cap == 0 or self.updates_per_step == 1,
+            "algorithm.tis_cap > 0 uses the learner's current logprobs as the proximal policy: set "
+            "algorithm.updates_per_step=1 or algorithm.tis_cap=0",
+        )
+        _check(self.entropy_coef >= 0, f"algorithm.entropy_coef must be >= 0 (got {self.entropy_coef})")
+        _check(self.kl_coef >= 0, f"algorithm.kl_coef must be >= 0 (got {self.kl_coef})")
+        _check(
+            len(self.filter_range) == 2 and self.filter_range[0] <= self.filter_range[1],
+            f"algorithm.filter_range must be [low, high] with low <= high (got {list(self.filter_range)})",
+        )
+        _check(self.dynamic_sampling_max_rounds >= 1, "algorithm.dynamic_sampling_max_rounds must be >= 1")
+        _check(self.overlong_buffer is None or self.overlong_buffer > 0, "algorithm.overlong_buffer must be > 0 or null")
+        _check(
+            self.loss_agg_norm_length is None or self.loss_agg_norm_length > 0,
+            "algorithm.loss_agg_norm_length must be > 0 or null (null: model.max_new_tokens)",
+        )
+        _check(
+            self.top_k is None or 1 <= self.top_k <= self.group_size,
+            f"algorithm.top_k={self.top_k} must be null or in [1, algorithm.group_size={self.group_size}]",
+        )
         _check(self.temperature > 0, f"algorithm.temperature must be > 0 (got {self.temperature})")
         _check(0 < self.top_p <= 1, f"algorithm.top_p must be in (0, 1] (got {self.top_p})")
 
