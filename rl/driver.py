@@ -3,7 +3,7 @@
 Reads top to bottom like nanochat's chat_rl.py. Departures from the GRPO paper (Shao et al. 2024), on purpose:
 - one optimizer step per rollout batch by default (`algorithm.updates_per_step`), so the clipped ratio only
   corrects the train-inference mismatch (behaviour logprobs come from the rollout engine, not the learner);
-- the KL penalty to the reference policy is off by default (kl_coef 0), as in DAPO and Dr.GRPO;
+- the KL penalty to the reference policy is set per bundle (grpo: 0.01 with k3, as in the paper; dapo, dr_grpo: 0);
 - outcome rewards only (one scalar per completion), broadcast to every completion token.
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl import algorithms
-from rl.config import ClusterMode, TrainConfig
+from rl import algorithms, filters
+from rl.config import AlgorithmConfig, ClusterMode, ConfigError, TrainConfig
 from rl.metrics import MetricsLogger
 from rl.runtime import Runtime
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample
@@ -86,13 +86,80 @@ def score(reward_fn: RewardFn, rollouts: list[PromptRollout], items: list[dict])
     return [float(x) for x in reward_fn(texts, answer=answers, metadata=metas)]
 
 
-def build_samples(rollouts: list[PromptRollout], advantages: torch.Tensor) -> list[TrainSample]:
-    samples, k = [], 0
-    for r in rollouts:
-        for c in r.completions:
-            samples.append(TrainSample(r.prompt_ids, c.token_ids, c.logprobs, float(advantages[k])))
-            k += 1
-    return samples
+def sample_batch(runtime: Runtime, data: PromptData, reward_fn: RewardFn, sampling: Sampling, n_prompts: int,
+                 filter_range: list[float] | None = None, max_rounds: int = 1) -> tuple[list[PromptRollout], list[float], dict]:
+    """Generate and score n_prompts groups of sampling.n completions; returns rollouts, task rewards, stats.
+
+    With `filter_range` (dynamic sampling, DAPO eq. 11) only groups whose accuracy lies in the range are kept, and
+    generation repeats, at most `max_rounds` batches, until n_prompts groups are kept. When the rounds run out it
+    trains on the groups it has (on the last batch if none was kept); `data/sample_utilization` shows the cost.
+    """
+    G = sampling.n
+    kept, kept_rewards = [], []
+    generated = gen_tokens = 0
+    t_rollout = t_reward = 0.0
+    for _ in range(max_rounds):
+        idx = data.next_batch(n_prompts)
+        t0 = time.perf_counter()
+        rollouts = runtime.generate([data.prompt_ids[i] for i in idx], sampling)
+        t_rollout += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rewards = score(reward_fn, rollouts, [data.items[i] for i in idx])
+        t_reward += time.perf_counter() - t0
+        generated += len(rollouts)
+        gen_tokens += sum(len(c.token_ids) for r in rollouts for c in r.completions)
+        keep = (filters.keep_groups_in_range(torch.tensor(rewards), G, *filter_range) if filter_range
+                else torch.ones(len(rollouts), dtype=torch.bool))
+        for g, r in enumerate(rollouts):
+            if keep[g]:
+                kept.append(r)
+                kept_rewards.extend(rewards[g * G : (g + 1) * G])
+        if len(kept) >= n_prompts:
+            break
+    if not kept:
+        kept, kept_rewards = rollouts, rewards
+    kept, kept_rewards = kept[:n_prompts], kept_rewards[: n_prompts * G]
+    stats = {
+        "data/sample_utilization": filters.sample_utilization(len(kept), generated),
+        "data/kept_groups": float(len(kept)),
+        "time/rollout_s": t_rollout,
+        "time/reward_s": t_reward,
+        "perf/rollout_tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
+    }
+    return kept, kept_rewards, stats
+
+
+def prepare_samples(rollouts: list[PromptRollout], rewards: list[float], a: AlgorithmConfig,
+                    max_new_tokens: int) -> tuple[list[TrainSample], torch.Tensor, dict]:
+    """Reward shaping -> advantages -> loss masks -> top-k: the learner's samples, the advantages [B*G], metrics.
+
+    Knobs the chosen advantage estimator does not use are ignored by it (see rl/algorithms.py)."""
+    completions = [c for r in rollouts for c in r.completions]
+    lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)  # [B*G]
+    shaped = torch.tensor(rewards, dtype=torch.float32)  # [B*G]
+    metrics: dict[str, float] = {}
+    if a.overlong_penalty:
+        buffer = a.overlong_buffer or filters.default_overlong_buffer(max_new_tokens)
+        if buffer > max_new_tokens:
+            raise ConfigError(f"algorithm.overlong_buffer={buffer} exceeds model.max_new_tokens={max_new_tokens}: lower it")
+        penalty = filters.overlong_penalty(lengths, max_new_tokens, buffer, a.overlong_penalty_factor)
+        shaped = shaped + penalty
+        metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
+    in_loss = (filters.truncated_mask([c.finish_reason for c in completions]) if a.filter_truncated_response
+               else [True] * len(completions))
+    adv = algorithms.get_advantage(a.advantage)(
+        shaped, a.group_size, std_normalize=a.std_normalize, std_unbiased=a.std_unbiased, pg_baseline=a.pg_baseline,
+        eps=a.adv_eps, lengths=lengths * torch.tensor(in_loss, dtype=torch.float32),
+    )
+    samples = [
+        TrainSample(r.prompt_ids, c.token_ids, c.logprobs, float(adv[k]), [] if in_loss[k] else [0] * len(c.token_ids))
+        for k, (r, c) in enumerate((r, c) for r in rollouts for c in r.completions)
+    ]
+    metrics["response/masked_truncated_frac"] = 1.0 - sum(in_loss) / max(len(in_loss), 1)
+    if a.top_k is not None and a.top_k < a.group_size:
+        samples = [samples[i] for i in filters.top_k_per_group(shaped, a.group_size, a.top_k).tolist()]
+    metrics["train/samples"] = float(len(samples))
+    return samples, adv, metrics
 
 
 def rollout_metrics(rollouts: list[PromptRollout], rewards: list[float], adv: torch.Tensor, group_size: int) -> dict:
@@ -142,7 +209,7 @@ def train(cfg: TrainConfig, runtime: Runtime, tokenizer: Any, env: Any, reward_f
                            use_chat_template=m.use_chat_template, seed=cfg.seed)
     if len(train_data) == 0:
         raise ValueError(f"no training prompts left: {train_data.dropped} were longer than model.max_prompt_tokens={m.max_prompt_tokens}")
-    advantage_fn = algorithms.get_advantage(a.advantage)
+    algorithms.get_advantage(a.advantage)  # fail before the first rollout on an unknown name
     sampling = Sampling(n=a.group_size, temperature=a.temperature, top_p=a.top_p, max_tokens=m.max_new_tokens)
     probe_prompts = train_data.prompt_ids[:2]
     probe_sampling = Sampling(n=2, temperature=a.temperature, top_p=a.top_p, max_tokens=16)
@@ -157,21 +224,13 @@ def train(cfg: TrainConfig, runtime: Runtime, tokenizer: Any, env: Any, reward_f
     t_run = time.perf_counter()
     for step in range(1, cfg.steps + 1):
         t_step = time.perf_counter()
-        idx = train_data.next_batch(cfg.prompts_per_step)
-        items = [train_data.items[i] for i in idx]
-
-        t0 = time.perf_counter()
-        rollouts = runtime.generate([train_data.prompt_ids[i] for i in idx], sampling)
-        t_rollout = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        rewards = score(reward_fn, rollouts, items)
-        t_reward = time.perf_counter() - t0
-
-        adv = advantage_fn(torch.tensor(rewards, dtype=torch.float32), a.group_size,
-                           std_normalize=a.std_normalize, eps=a.adv_eps)
-        samples = build_samples(rollouts, adv)
-        metrics = rollout_metrics(rollouts, rewards, adv, a.group_size)
+        rollouts, rewards, stats = sample_batch(
+            runtime, train_data, reward_fn, sampling, cfg.prompts_per_step,
+            filter_range=list(a.filter_range) if a.dynamic_sampling else None,
+            max_rounds=a.dynamic_sampling_max_rounds if a.dynamic_sampling else 1,
+        )
+        samples, adv, sample_metrics = prepare_samples(rollouts, rewards, a, m.max_new_tokens)
+        metrics = {**rollout_metrics(rollouts, rewards, adv, a.group_size), **stats, **sample_metrics}
 
         metrics.update(runtime.train_step(samples))
         metrics.update(runtime.sync())
@@ -183,13 +242,9 @@ def train(cfg: TrainConfig, runtime: Runtime, tokenizer: Any, env: Any, reward_f
                 f"{probe_threshold} (sync_probe_threshold): the actor is not running the learner's adapter"
             )
 
-        gen_tokens = sum(len(c.token_ids) for r in rollouts for c in r.completions)
         metrics.update({
             "actor/adapter_version": float(min(r.adapter_version for r in rollouts)),
-            "time/rollout_s": t_rollout,
-            "time/reward_s": t_reward,
             "time/step_s": time.perf_counter() - t_step,
-            "perf/rollout_tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
             "data/cursor": float(train_data.cursor),
         })
         if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
@@ -239,7 +294,8 @@ def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[
         lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout, lora_targets=list(m.lora_targets),
         dtype=m.learner_dtype.value, lr=a.lr, weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm,
         policy_loss=a.policy_loss, loss_agg=a.loss_agg, clip_low=a.clip_low, clip_high=a.clip_high,
-        kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, temperature=a.temperature,
+        dual_clip=a.dual_clip, tis_cap=a.tis_cap, skip_threshold=a.skip_threshold, entropy_coef=a.entropy_coef,
+        loss_agg_norm_length=a.loss_agg_norm_length or m.max_new_tokens, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, temperature=a.temperature,
         micro_batch_size=cfg.micro_batch_size, seed=cfg.seed, num_threads=c.learner_threads,
         trust_remote_code=m.trust_remote_code,
     )

@@ -7,6 +7,7 @@ The reference policy for a KL penalty is the same model with the adapter disable
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -48,6 +49,11 @@ class PeftLearner:
         loss_agg: str = "seq_mean_token_mean",
         clip_low: float = 0.2,
         clip_high: float = 0.2,
+        dual_clip: float = 0.0,
+        tis_cap: float = 0.0,
+        skip_threshold: float = 0.0,
+        loss_agg_norm_length: int = 1024,
+        entropy_coef: float = 0.0,
         kl_coef: float = 0.0,
         kl_estimator: str = "k3",
         temperature: float = 1.0,
@@ -76,9 +82,15 @@ class PeftLearner:
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
         self.loss_fn = algorithms.get_policy_loss(policy_loss)
-        self.agg_fn = algorithms.get_loss_agg(loss_agg)
-        self.loss_kwargs = {"clip_low": clip_low, "clip_high": clip_high}
+        agg = algorithms.get_loss_agg(loss_agg)
+        self.agg_fn = functools.partial(agg, norm_length=loss_agg_norm_length)
+        self.agg_unit = getattr(agg, "unit", "seq")
+        self.loss_kwargs = {
+            "clip_low": clip_low, "clip_high": clip_high, "dual_clip": dual_clip, "tis_cap": tis_cap,
+            "skip_threshold": skip_threshold,
+        }
         self.kl_coef, self.kl_estimator = kl_coef, kl_estimator
+        self.entropy_coef = entropy_coef
         self.max_grad_norm = max_grad_norm
         self.temperature = temperature
         self.micro_batch_size = micro_batch_size
@@ -111,6 +123,18 @@ class PeftLearner:
         logits = self.model(input_ids=input_ids, attention_mask=attn).logits[:, :-1]  # [B, L-1, V]
         return token_logprobs(logits, input_ids[:, 1:], self.temperature)
 
+    def _logprobs_entropy(self, input_ids, attn, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token logprobs and full-distribution entropies, [B, L-1] each. The entropy carries a gradient only
+        when `entropy_grad` (the bonus is on); otherwise it is computed row by row, so the metric adds one row's
+        [L-1, V] temporaries to the peak memory instead of the batch's."""
+        logits = self.model(input_ids=input_ids, attention_mask=attn).logits[:, :-1]  # [B, L-1, V]
+        logp = token_logprobs(logits, input_ids[:, 1:], self.temperature)
+        if entropy_grad:
+            return logp, algorithms.token_entropy(logits.float() / self.temperature)
+        with torch.no_grad():
+            entropy = torch.cat([algorithms.token_entropy(row.float() / self.temperature) for row in logits.split(1)])
+        return logp, entropy
+
     # ------------------------------------------------------------------------------------------------ training
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
@@ -118,10 +142,12 @@ class PeftLearner:
         t0 = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        n_seq = len(samples)
         n_tok = sum(sum(s.loss_mask) if s.loss_mask else len(s.completion_ids) for s in samples)
-        token_level = getattr(self.agg_fn, "unit", "seq") == "token"
-        if self.kl_coef == 0:
+        # sequences with no loss token (masked truncated responses) count in no normaliser, as in the aggregations
+        samples = [s for s in samples if (sum(s.loss_mask) if s.loss_mask else len(s.completion_ids)) > 0]
+        n_seq = len(samples)
+        token_level = self.agg_unit == "token"
+        if self.kl_coef == 0 and self.entropy_coef == 0:
             # A sample with advantage 0 adds exactly 0 to the policy loss and its gradient; it only counts in the
             # normaliser (n_seq / n_tok above, computed before this filter), so skipping its forward is exact.
             samples = [s for s in samples if s.advantage != 0.0]
@@ -131,8 +157,10 @@ class PeftLearner:
         for start in range(0, len(samples), self.micro_batch_size):
             mb = samples[start : start + self.micro_batch_size]
             input_ids, attn, mask, old, adv = self._collate(mb)
-            logp = self._logprobs(input_ids, attn)
+            logp, entropy = self._logprobs_entropy(input_ids, attn, entropy_grad=self.entropy_coef > 0)
             loss, metrics = self.loss_fn(logp, old, adv, mask, agg=self.agg_fn, **self.loss_kwargs)
+            if self.entropy_coef > 0:  # entropy bonus: maximise the aggregated token entropy
+                loss = loss - self.entropy_coef * self.agg_fn(entropy, mask)
             if self.kl_coef > 0:
                 with torch.no_grad(), self.model.disable_adapter():
                     ref = self._logprobs(input_ids, attn)
@@ -142,9 +170,10 @@ class PeftLearner:
             with torch.no_grad():
                 ent_proxy = -(logp * mask).sum() / mask.sum().clamp(min=1)  # mean -log p of sampled tokens
                 metrics["policy/neg_logp"] = float(ent_proxy)
+                metrics["policy/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
                 metrics["policy/train_infer_logp_diff"] = float(((logp - old).abs() * mask).sum() / mask.sum().clamp(min=1))
             # weight each micro-batch by its share of the unit the aggregation averages over
-            weight = float(mask.sum()) / max(n_tok, 1) if token_level else len(mb) / n_seq
+            weight = float(mask.sum()) / max(n_tok, 1) if token_level else len(mb) / max(n_seq, 1)
             (loss * weight).backward()
             total_loss += float(loss.detach()) * weight
             for k, v in metrics.items():
