@@ -1,0 +1,361 @@
+"""Advantage estimators, policy losses, aggregations and KL: hand-computed cases, invariants, gradients, and
+agreement with verl's implementation (tests/unit/verl_reference.py) on random inputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rl import algorithms as alg
+from tests.unit import verl_reference
+
+VERL = verl_reference.load()
+needs_verl = pytest.mark.skipif(VERL is None, reason="verl not installed (pip install --no-deps -r requirements-dev.txt)")
+
+ADVANTAGES = ["grpo", "dr_grpo", "rloo", "pg", "reinforce_pp"]
+LOSSES = ["pg", "clipped", "gspo", "cispo"]
+AGGS = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
+
+
+def approx(x, **kw):
+    return pytest.approx(x, abs=kw.pop("abs", 1e-5), **kw)
+
+
+def random_batch(B=6, T=7, seed=0, dtype=torch.float64):
+    """logp, old_logp [B, T] near each other; advantages [B]; mask [B, T] right-padded with unequal lengths."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g, dtype=dtype) * 3
+    logp = old + 0.3 * torch.randn(B, T, generator=g, dtype=dtype)
+    adv = torch.randn(B, generator=g, dtype=dtype)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).to(dtype)
+    return logp, old, adv, mask
+
+
+# ----------------------------------------------------------------------------------------------- registry
+
+
+def test_every_issue_entry_is_registered():
+    assert set(ADVANTAGES) <= set(alg.ADVANTAGE_ESTIMATORS)
+    assert set(LOSSES) <= set(alg.POLICY_LOSSES)
+    assert set(AGGS) <= set(alg.LOSS_AGGREGATIONS)
+    assert all(getattr(alg.get_loss_agg(n), "unit", None) in ("token", "seq") for n in AGGS)
+
+
+def test_unknown_name_lists_valid_names_and_duplicates_are_refused():
+    with pytest.raises(KeyError, match=r"algorithm.policy_loss='ppo' .*valid names: cispo, clipped, gspo, pg"):
+        alg.get_policy_loss("ppo")
+    with pytest.raises(ValueError, match="registered twice"):
+        alg.register_advantage("grpo")(lambda r, g, **_: r)
+    assert alg.get_advantage("grpo") is alg.grpo_advantages
+
+
+# ----------------------------------------------------------------------------------------------- advantages
+
+
+def test_grpo_hand_computed_unbiased_and_population_std():
+    r = torch.tensor([1.0, 0.0, 0.0])
+    s = math.sqrt(1 / 3)  # sample std of [1, 0, 0]
+    assert alg.grpo_advantages(r, 3, eps=0.0).tolist() == approx([2 / 3 / s, -1 / 3 / s, -1 / 3 / s])
+    p = math.sqrt(2 / 9)  # population std
+    assert alg.grpo_advantages(r, 3, std_unbiased=False, eps=0.0).tolist() == approx([2 / 3 / p, -1 / 3 / p, -1 / 3 / p])
+    assert alg.grpo_advantages(r, 3, std_normalize=False).tolist() == approx([2 / 3, -1 / 3, -1 / 3])
+
+
+def test_dr_grpo_rloo_pg_hand_computed():
+    r = torch.tensor([1.0, 0.0, 0.0, 3.0, 1.0, 2.0])
+    assert alg.dr_grpo_advantages(r, 3).tolist() == approx([2 / 3, -1 / 3, -1 / 3, 1, -1, 0])
+    # leave-one-out: 1 - mean(0, 0) = 1; 0 - mean(1, 0) = -0.5; 3 - mean(1, 2) = 1.5; 1 - 2.5; 2 - 2
+    assert alg.rloo_advantages(r, 3).tolist() == approx([1, -0.5, -0.5, 1.5, -1.5, 0])
+    assert alg.pg_advantages(r, 3).tolist() == approx(r.tolist())
+    assert alg.pg_advantages(r, 3, pg_baseline="group_mean").tolist() == approx([2 / 3, -1 / 3, -1 / 3, 1, -1, 0])
+    with pytest.raises(KeyError, match="pg_baseline"):
+        alg.pg_advantages(r, 3, pg_baseline="ema")
+
+
+def test_reinforce_pp_divides_by_the_batch_std():
+    r = torch.tensor([1.0, 0.0, 1.0, 1.0])  # centred per group: [0.5, -0.5, 0, 0], batch mean 0
+    var = (0.25 + 0.25) / 3  # unbiased over 4 completions
+    expected = [0.5 / math.sqrt(var), -0.5 / math.sqrt(var), 0.0, 0.0]
+    assert alg.reinforce_pp_advantages(r, 2, eps=0.0).tolist() == approx(expected)
+    # token weighting: a 3-token completion counts three times in the batch statistics
+    lengths = torch.tensor([3.0, 1.0, 1.0, 1.0])
+    c = torch.tensor([0.5, -0.5, 0.0, 0.0])
+    mean = (c * lengths).sum() / 6
+    std = math.sqrt(float(((c - mean) ** 2 * lengths).sum() / 5))
+    assert alg.reinforce_pp_advantages(r, 2, eps=0.0, lengths=lengths).tolist() == approx(((c - mean) / std).tolist())
+
+
+@pytest.mark.parametrize("name", ADVANTAGES)
+def test_uniform_reward_group_gives_zero_advantage(name):
+    r = torch.tensor([0.7, 0.7, 0.7, 0.7, 1.0, 0.0, 0.0, 1.0])
+    adv = alg.get_advantage(name)(r, 4, pg_baseline="group_mean", eps=1e-6)
+    assert adv.shape == (8,)
+    assert adv[:4].abs().max() == 0.0
+    assert adv[4:].abs().max() > 0.1
+
+
+@pytest.mark.parametrize("name", ADVANTAGES)
+def test_every_estimator_accepts_the_drivers_keyword_set(name):
+    kwargs = dict(std_normalize=True, std_unbiased=True, pg_baseline="none", eps=1e-6, lengths=torch.ones(4))
+    assert torch.isfinite(alg.get_advantage(name)(torch.tensor([1.0, 0.0, 0.5, 0.5]), 2, **kwargs)).all()
+
+
+# ----------------------------------------------------------------------------------------------- aggregation
+
+
+def test_token_mean_and_sequence_means_differ_on_unequal_lengths():
+    per_token = torch.tensor([[1.0, 9.0, 9.0, 9.0], [0.0, 0.0, 0.0, 9.0]])
+    mask = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+    assert float(alg.agg_token_mean(per_token, mask)) == approx(1 / 4)  # every token weighs the same
+    assert float(alg.agg_seq_mean_token_mean(per_token, mask)) == approx(1 / 2)  # every sequence weighs the same
+    assert float(alg.agg_seq_mean_token_sum(per_token, mask)) == approx(1 / 2)
+    assert float(alg.agg_seq_mean_token_sum_norm(per_token, mask, norm_length=8)) == approx(1 / 16)
+
+
+def test_fully_masked_sequences_are_not_counted():
+    per_token = torch.tensor([[2.0, 2.0], [5.0, 5.0]])
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    for name in ("seq_mean_token_mean", "token_mean"):
+        assert float(alg.get_loss_agg(name)(per_token, mask)) == approx(2.0)
+    assert float(alg.agg_seq_mean_token_sum(per_token, mask)) == approx(4.0)
+
+
+# ----------------------------------------------------------------------------------------------- KL, entropy
+
+
+def test_kl_estimators_hand_computed():
+    logp, ref = torch.tensor([0.0]), torch.tensor([math.log(0.5)])
+    lr = math.log(2)
+    assert float(alg.kl_penalty(logp, ref, "k1")) == approx(lr)
+    assert float(alg.kl_penalty(logp, ref, "k2")) == approx(lr**2 / 2)
+    assert float(alg.kl_penalty(logp, ref, "k3")) == approx(0.5 - 1 + lr)
+    assert float(alg.kl_penalty(ref, ref, "k3")) == 0.0
+    with pytest.raises(KeyError, match="kl_estimator"):
+        alg.kl_penalty(logp, ref, "k4")
+
+
+def test_token_entropy_matches_categorical():
+    logits = torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(1))
+    expected = torch.distributions.Categorical(logits=logits).entropy()
+    assert torch.allclose(alg.token_entropy(logits), expected, atol=1e-6)
+    assert torch.allclose(alg.token_entropy(torch.zeros(1, 1, 4)), torch.tensor([[math.log(4)]]))
+
+
+# ----------------------------------------------------------------------------------------------- losses
+
+
+def test_pg_loss_hand_computed():
+    logp = torch.tensor([[math.log(0.5), math.log(0.25)], [math.log(0.1), 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    adv = torch.tensor([1.0, -2.0])
+    loss, _ = alg.pg_loss(logp, logp, adv, mask, agg=alg.agg_token_mean)
+    expected = (-(math.log(0.5) + math.log(0.25)) + 2 * math.log(0.1)) / 3
+    assert float(loss.detach()) == approx(expected)
+
+
+def test_clipped_loss_hand_computed_and_clip_metrics():
+    old = torch.zeros(1, 3)
+    logp = torch.log(torch.tensor([[1.5, 1.1, 0.5]])).requires_grad_()  # ratios 1.5, 1.1, 0.5
+    loss, m = alg.clipped_surrogate_loss(logp, old, torch.tensor([2.0]), torch.ones(1, 3), agg=alg.agg_token_mean,
+                                         clip_low=0.2, clip_high=0.28)
+    # A > 0: min(r A, clip(r) A) = 1.28*2 (clipped), 1.1*2, 0.5*2 (unclipped below: min keeps r A)
+    assert float(loss.detach()) == approx(-(2.56 + 2.2 + 1.0) / 3)
+    loss.backward()
+    assert logp.grad[0, 0] == 0.0  # clipped above with A > 0: no gradient
+    assert float(logp.grad[0, 1]) == approx(-2 * 1.1 / 3)  # d(-r A / 3)/dlogp = -r A / 3
+    assert m["policy/clip_frac_high"] == approx(1 / 3) and m["policy/clip_frac_low"] == 0.0
+    assert m["policy/ratio_max"] == approx(1.5)
+
+
+def test_clipping_bounds_for_negative_advantage_and_dual_clip():
+    old = torch.zeros(1, 3)
+    logp = torch.log(torch.tensor([[0.5, 5.0, 1.0]])).requires_grad_()
+    adv, mask = torch.tensor([-1.0]), torch.ones(1, 3)
+    loss, m = alg.clipped_surrogate_loss(logp, old, adv, mask, agg=alg.agg_token_mean)
+    # A < 0: per token -min(r A, clip(r) A) = max(r, clip(r)) * |A|: 0.8 (clipped low), 5.0, 1.0
+    assert float(loss.detach()) == approx((0.8 + 5.0 + 1.0) / 3)
+    assert m["policy/clip_frac_low"] == approx(1 / 3)
+    loss.backward()
+    assert logp.grad[0, 0] == 0.0
+    logp.grad = None
+    loss, m = alg.clipped_surrogate_loss(logp, old, adv, mask, agg=alg.agg_token_mean, dual_clip=3.0)
+    assert float(loss.detach()) == approx((0.8 + 3.0 + 1.0) / 3)  # the 5x ratio is capped at c = 3
+    assert m["policy/dual_clip_frac"] == approx(1 / 3)
+    loss.backward()
+    assert logp.grad[0, 1] == 0.0 and logp.grad[0, 2] != 0.0
+
+
+def test_gspo_uses_the_length_normalised_sequence_ratio():
+    old = torch.zeros(2, 3)
+    logp = torch.tensor([[0.1, -0.1, 0.3], [0.2, 0.0, 0.0]]).requires_grad_()
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv = torch.tensor([1.0, -1.0])
+    loss, _ = alg.gspo_loss(logp, old, adv, mask, agg=alg.agg_seq_mean_token_mean, clip_low=0.5, clip_high=0.5)
+    s = [math.exp(0.3 / 3), math.exp(0.2 / 2)]  # exp(mean token log ratio) per sequence, inside the clip range
+    assert float(loss.detach()) == approx((-s[0] * 1 + s[1] * 1) / 2)
+    loss.backward()
+    # gradient of the GSPO-token objective: -A_i s_i / |y_i| per token, / B for the sequence mean
+    expected = torch.tensor([[-s[0] / 3 / 2] * 3, [s[1] / 2 / 2] * 2 + [0.0]])
+    assert torch.allclose(logp.grad, expected, atol=1e-6)
+    tight, _ = alg.gspo_loss(logp.detach(), old, adv, mask, agg=alg.agg_seq_mean_token_mean)
+    assert float(tight.detach()) == approx((-(1 + 4e-4) + s[1]) / 2)  # clipped at the paper's 1 + 4e-4 for A > 0
+
+
+def test_cispo_clips_the_weight_but_keeps_the_gradient():
+    old = torch.zeros(1, 2)
+    logp = torch.log(torch.tensor([[2.0, 1.0]])).requires_grad_()
+    loss, _ = alg.cispo_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 2), agg=alg.agg_token_mean)
+    assert float(loss.detach()) == approx(-(1.2 * math.log(2.0) + 0.0) / 2)
+    loss.backward()
+    assert logp.grad.flatten().tolist() == approx([-1.2 / 2, -1.0 / 2])  # the clipped token still learns, at weight 1.2
+
+
+@pytest.mark.parametrize("loss_name", LOSSES)
+@pytest.mark.parametrize("agg_name", AGGS)
+def test_masked_tokens_contribute_nothing_to_loss_or_gradient(loss_name, agg_name):
+    logp, old, adv, mask = random_batch()
+    loss_fn, agg = alg.get_policy_loss(loss_name), alg.get_loss_agg(agg_name)
+    garbage_logp = torch.where(mask > 0, logp, torch.full_like(logp, -50.0)).requires_grad_()
+    garbage_old = torch.where(mask > 0, old, torch.full_like(old, 30.0))
+    clean = logp.clone().requires_grad_()
+    kw = dict(agg=agg, clip_low=0.2, clip_high=0.28)
+    loss_a, _ = loss_fn(garbage_logp, garbage_old, adv, mask, **kw)
+    loss_b, _ = loss_fn(clean, old, adv, mask, **kw)
+    assert torch.isfinite(loss_a) and float(loss_a.detach()) == approx(float(loss_b.detach()), abs=1e-9)
+    loss_a.backward()
+    loss_b.backward()
+    assert garbage_logp.grad[mask == 0].abs().max() == 0.0
+    assert torch.allclose(garbage_logp.grad, clean.grad)
+    assert garbage_logp.grad[mask > 0].abs().max() > 0
+
+
+@pytest.mark.parametrize("loss_name", ["pg", "clipped", "gspo"])
+def test_loss_gradient_matches_finite_differences(loss_name):
+    """autograd's gradient against torch's numerical gradcheck on tiny float64 inputs (smooth region).
+    Not cispo: its stop-gradient on the weight makes its gradient differ from the derivative of its value on
+    purpose (checked by hand in test_cispo_clips_the_weight_but_keeps_the_gradient)."""
+    _, old, adv, mask = random_batch(B=2, T=3, seed=3)
+    logp = (old + 0.01 * torch.randn(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(4)))
+    fn = alg.get_policy_loss(loss_name)
+    # wide clips keep every token away from the clip kinks, where the derivative is not defined
+    assert torch.autograd.gradcheck(
+        lambda x: fn(x, old, adv, mask, agg=alg.agg_seq_mean_token_mean, clip_low=0.5, clip_high=0.5)[0],
+        (logp.requires_grad_(),),
+    )
+
+
+def test_on_policy_clipped_pg_and_cispo_share_the_policy_gradient():
+    """At ratio 1 (on-policy) PPO, CISPO and vanilla PG have the same gradient: -A grad log pi."""
+    logp, _, adv, mask = random_batch(seed=5)
+    grads = []
+    for name in ("pg", "clipped", "cispo"):
+        x = logp.clone().requires_grad_()
+        alg.get_policy_loss(name)(x, logp, adv, mask, agg=alg.agg_token_mean)[0].backward()
+        grads.append(x.grad)
+    assert torch.allclose(grads[0], grads[1]) and torch.allclose(grads[0], grads[2])
+
+
+def test_truncated_importance_sampling_weights_and_skip_threshold():
+    old = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5]]))
+    logp = torch.log(torch.tensor([[1.0, 0.5], [0.5, 0.5]])).requires_grad_()  # ratios 2, 1 | 1, 1
+    mask, adv = torch.ones(2, 2), torch.tensor([1.0, 1.0])
+    loss, m = alg.clipped_surrogate_loss(logp, old, adv, mask, agg=alg.agg_token_mean, tis_cap=1.5)
+    # ratio vs the learner itself is 1 (never clipped); the weight min(2, 1.5) = 1.5 corrects the mismatch
+    assert float(loss.detach()) == approx(-(1.5 + 1 + 1 + 1) / 4)
+    assert m["policy/tis_clip_frac"] == approx(1 / 4)
+    loss.backward()
+    assert logp.grad.flatten().tolist() == approx([-1.5 / 4, -1 / 4, -1 / 4, -1 / 4])
+    # skip_threshold: sequence 0 has mean ratio 1.5 > 1.2, so its loss is zeroed (it stays in the normaliser)
+    loss, m = alg.pg_loss(logp, old, adv, mask, agg=alg.agg_token_mean, skip_threshold=1.2)
+    assert float(loss.detach()) == approx(-2 * math.log(0.5) / 4)
+    assert m["policy/skipped_seq_frac"] == approx(0.5)
+
+
+# ----------------------------------------------------------------------------------------------- against verl
+
+
+def _verl_index(B, G):
+    return np.repeat(np.arange(B), G)
+
+
+def _token_rewards(rewards, mask):
+    """verl takes token-level rewards; an outcome reward sits on the last response token."""
+    last = mask.sum(1).long() - 1
+    out = torch.zeros_like(mask)
+    out[torch.arange(len(rewards)), last] = rewards.to(mask.dtype)
+    return out
+
+
+@needs_verl
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_advantages_agree_with_verl(seed):
+    B, G, T = 5, 4, 6
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randint(0, 3, (B * G,), generator=g).double() / 2  # ties and uniform groups happen
+    rewards[:G] = 1.0  # one uniform group for sure
+    _, _, _, mask = random_batch(B=B * G, T=T, seed=seed)
+    tr, idx = _token_rewards(rewards, mask), _verl_index(B, G)
+
+    def ours(a):
+        return a.unsqueeze(1) * mask
+
+    ref, _ = VERL.compute_grpo_outcome_advantage(tr.clone(), mask, idx, epsilon=1e-6, norm_adv_by_std_in_grpo=True)
+    assert torch.allclose(ours(alg.grpo_advantages(rewards, G, eps=1e-6)), ref, atol=1e-6)
+    ref, _ = VERL.compute_grpo_outcome_advantage(tr.clone(), mask, idx, norm_adv_by_std_in_grpo=False)
+    assert torch.allclose(ours(alg.dr_grpo_advantages(rewards, G)), ref, atol=1e-6)
+    ref, _ = VERL.compute_rloo_outcome_advantage(tr.clone(), mask, idx)
+    assert torch.allclose(ours(alg.rloo_advantages(rewards, G)), ref, atol=1e-6)
+    ref, _ = VERL.compute_reinforce_plus_plus_baseline_outcome_advantage(tr.clone(), mask, idx)
+    got = alg.reinforce_pp_advantages(rewards, G, eps=1e-8, lengths=mask.sum(1))
+    assert torch.allclose(ours(got), ref, atol=1e-6)
+
+
+@needs_verl
+@pytest.mark.parametrize("agg_name", AGGS)
+def test_aggregations_agree_with_verl(agg_name):
+    logp, _, _, mask = random_batch(seed=7)
+    mask[2] = 0  # a fully masked sequence (a masked truncated response)
+    mode = agg_name.replace("_", "-")
+    ours = alg.get_loss_agg(agg_name)(logp, mask, norm_length=11)
+    ref = VERL.agg_loss(logp, mask, mode, loss_scale_factor=11)
+    assert float(ours) == pytest.approx(float(ref), abs=1e-6)
+
+
+def _verl_loss(fn, logp, old, adv, mask, mode, **cfg):
+    return fn(old, logp, adv.unsqueeze(1).expand_as(mask), mask, loss_agg_mode=mode,
+              config=verl_reference.ActorConfig(**cfg))[0]
+
+
+@needs_verl
+@pytest.mark.parametrize("agg_name", ["token_mean", "seq_mean_token_mean"])
+@pytest.mark.parametrize(("ours_name", "verl_name", "knobs", "cfg"), [
+    ("clipped", "compute_policy_loss_vanilla", dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0),
+     dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)),
+    ("clipped", "compute_policy_loss_vanilla", dict(clip_low=0.1, clip_high=0.1),
+     dict(clip_ratio=0.1, clip_ratio_c=1e9)),  # a huge c switches verl's always-on dual clip off
+    ("gspo", "compute_policy_loss_gspo", dict(clip_low=0.05, clip_high=0.08), dict(clip_ratio_low=0.05, clip_ratio_high=0.08)),
+    ("cispo", "compute_policy_loss_cispo", dict(clip_low=0.2, clip_high=0.28), dict(clip_ratio_low=0.2, clip_ratio_high=0.28)),
+])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_policy_losses_and_gradients_agree_with_verl(ours_name, verl_name, knobs, cfg, agg_name, seed):
+    logp, old, adv, mask = random_batch(seed=seed)
+    adv = adv * 2  # some tokens in every clip region
+    mine = logp.clone().requires_grad_()
+    theirs = logp.clone().requires_grad_()
+    loss, _ = alg.get_policy_loss(ours_name)(mine, old, adv, mask, agg=alg.get_loss_agg(agg_name), **knobs)
+    ref = _verl_loss(getattr(VERL, verl_name), theirs, old, adv, mask, agg_name.replace("_", "-"), **cfg)
+    assert float(loss.detach()) == pytest.approx(float(ref.detach()), abs=1e-6)
+    loss.backward()
+    ref.backward()
+    assert torch.allclose(mine.grad, theirs.grad, atol=1e-6)
+
+
+@needs_verl
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_estimators_agree_with_verl(estimator):
+    logp, ref, _, _ = random_batch(seed=9)
+    assert torch.allclose(alg.kl_penalty(logp, ref, estimator), VERL.kl_penalty(logp, ref, estimator), atol=1e-6)
