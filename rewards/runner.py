@@ -1,0 +1,201 @@
+"""Run a reward safely: a hard per-sample timeout, scoring in worker processes, and error counting.
+
+Every reward config wraps its reward in `RewardRunner` (conf/reward/*.yaml), so no reward can crash or stall a
+run: an exception, a non-finite score or a sample past `timeout_s` scores 0 and is counted; the driver logs the
+counts as `reward/errors` and `reward/timeouts` (`pop_metrics`).
+
+Workers are spawned (not forked: the driver holds Ray and torch threads) on the first call and reused. A worker
+stuck on one sample (math-verify/sympy can hang on adversarial strings) is killed and replaced; the other
+workers keep going. With `workers=0` scoring runs in this process and the timeout is math-verify's own
+(signal-based, main thread only); a plain Python reward that hangs then hangs the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from rewards.combine import load_callable, score_sample
+
+log = logging.getLogger(__name__)
+_MAX_LOGGED = 5  # errors logged with their message; later ones are only counted
+
+
+def _worker_loop(conn: Connection, reward: Callable) -> None:
+    from rewards.math import RewardTimeout
+
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            return
+        if msg is None:
+            return
+        idx, completion, answer, extra = msg
+        try:
+            conn.send((idx, score_sample(reward, completion, answer, extra), None, ""))
+        except RewardTimeout as e:
+            conn.send((idx, 0.0, "timeout", str(e)))
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which counts it
+            conn.send((idx, 0.0, "error", f"{type(e).__name__}: {e}"[:300]))
+
+
+class _Worker:
+    def __init__(self, ctx: Any, reward: Callable):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_loop, args=(child, reward), daemon=True, name="reward-worker")
+        self.proc.start()
+        child.close()
+        self.job: int | None = None  # sample index in flight
+        self.answered = 0  # samples scored by this worker
+        self.deadline = math.inf
+
+    def stop(self, kill: bool = False) -> None:
+        if not kill:
+            try:
+                self.conn.send(None)
+            except (OSError, ValueError):
+                kill = True
+        self.proc.join(timeout=0 if kill else 2)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=5)
+        self.conn.close()
+
+
+class RewardRunner:
+    """Wrap `reward` (an object or a dotted path to a callable) for safe, parallel scoring.
+
+    workers: worker processes (0 = score in this process). timeout_s: hard limit per sample in a worker.
+    Call it like any reward; `pop_metrics()` returns and resets the error and timeout counts. When workers
+    die before scoring anything (they cannot start), scoring falls back to this process, with a warning.
+    """
+
+    def __init__(self, reward: Any, workers: int = 2, timeout_s: float = 10.0, start_method: str = "spawn"):
+        if workers < 0:
+            raise ValueError(f"reward.workers must be >= 0 (got {workers}); 0 scores in the driver process")
+        if timeout_s <= 0:
+            raise ValueError(f"reward.timeout_s must be > 0 (got {timeout_s})")
+        self.reward = load_callable(reward)
+        self.workers, self.timeout_s, self.start_method = workers, timeout_s, start_method
+        self.errors = self.timeouts = 0
+        self._logged = 0
+        self._pool: list[_Worker] = []
+
+    # a runner can be pickled (e.g. sent to a Ray actor); its worker processes stay behind
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_pool": []}
+
+    def __call__(self, completions: list[str], *, answer: list[Any], **kwargs) -> list[float]:
+        n = len(completions)
+        if len(answer) != n:
+            raise ValueError(f"reward got {n} completions but {len(answer)} answers")
+        extras = [{k: (v[i] if isinstance(v, list | tuple) and len(v) == n else v) for k, v in kwargs.items()}
+                  for i in range(n)]
+        if self.workers == 0:
+            return [self._in_process(completions[i], answer[i], extras[i]) for i in range(n)]
+        return self._in_workers(completions, answer, extras)
+
+    def pop_metrics(self) -> dict[str, float]:
+        out = {"reward/errors": float(self.errors), "reward/timeouts": float(self.timeouts)}
+        self.errors = self.timeouts = 0
+        return out
+
+    def close(self) -> None:
+        for w in self._pool:
+            w.stop()
+        self._pool = []
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # ---------------------------------------------------------------------------------------------- internals
+
+    def _record(self, kind: str | None, msg: str, score: float) -> float:
+        if kind is None and not math.isfinite(score):
+            kind, msg = "error", f"non-finite score {score}"
+        if kind is None:
+            return score
+        if kind == "timeout":
+            self.timeouts += 1
+        else:
+            self.errors += 1
+        if self._logged < _MAX_LOGGED:
+            self._logged += 1
+            log.warning("reward %s (scored 0, counted in reward/%ss): %s", kind, kind, msg)
+        return 0.0
+
+    def _in_process(self, completion: str, answer: Any, extra: dict) -> float:
+        from rewards.math import RewardTimeout
+
+        try:
+            return self._record(None, "", score_sample(self.reward, completion, answer, extra))
+        except RewardTimeout as e:
+            return self._record("timeout", str(e), 0.0)
+        except Exception as e:  # noqa: BLE001
+            return self._record("error", f"{type(e).__name__}: {e}"[:300], 0.0)
+
+    def _start_pool(self) -> None:
+        ctx = mp.get_context(self.start_method)
+        while len(self._pool) < self.workers:
+            self._pool.append(_Worker(ctx, self.reward))
+
+    def _in_workers(self, completions: list[str], answer: list[Any], extras: list[dict]) -> list[float]:
+        self._start_pool()
+        scores = [0.0] * len(completions)
+        todo = list(range(len(completions)))[::-1]
+        busy: dict[Connection, _Worker] = {}
+        while todo or busy:
+            for w in self._pool:
+                if w.job is None and todo:
+                    i = todo.pop()
+                    w.conn.send((i, completions[i], answer[i], extras[i]))
+                    w.job, w.deadline = i, time.monotonic() + self.timeout_s
+                    busy[w.conn] = w
+            if not busy:
+                continue
+            wait_s = max(0.0, min(w.deadline for w in busy.values()) - time.monotonic())
+            for conn in wait(list(busy), timeout=wait_s):
+                w = busy.pop(conn)
+                try:
+                    i, score, kind, msg = conn.recv()
+                except (EOFError, OSError):  # the worker died (e.g. out of memory): replace it
+                    if not w.answered:  # it never started: score here instead of respawning forever
+                        return self._fall_back(w, busy, todo, completions, answer, extras, scores)
+                    scores[w.job] = self._record("error", "reward worker exited", 0.0)
+                    self._replace(w)
+                    continue
+                scores[i] = self._record(kind, msg, float(score))
+                w.job = None
+                w.answered += 1
+            now = time.monotonic()
+            for conn, w in list(busy.items()):
+                if w.deadline <= now:
+                    del busy[conn]
+                    scores[w.job] = self._record("timeout", f"sample took over {self.timeout_s}s; worker replaced", 0.0)
+                    self._replace(w)
+        return scores
+
+    def _fall_back(self, dead: _Worker, busy: dict, todo: list[int], completions: list[str], answer: list[Any],
+                   extras: list[dict], scores: list[float]) -> list[float]:
+        log.warning("reward workers exited before scoring anything (exit code %s); scoring in this process "
+                    "(reward.workers=0)", dead.proc.exitcode)
+        pending = [dead.job, *(w.job for w in busy.values()), *todo]
+        self.close()
+        self.workers = 0
+        for i in pending:
+            scores[i] = self._in_process(completions[i], answer[i], extras[i])
+        return scores
+
+    def _replace(self, w: _Worker) -> None:
+        w.stop(kill=True)
+        self._pool.remove(w)
+        self._start_pool()
