@@ -116,11 +116,12 @@ def sample_batch(runtime: Runtime, data: PromptData, reward_fn: RewardFn, sampli
                 kept_rewards.extend(rewards[g * G : (g + 1) * G])
         if len(kept) >= n_prompts:
             break
+    utilization = filters.sample_utilization(min(len(kept), n_prompts), generated)
     if not kept:
         kept, kept_rewards = rollouts, rewards
     kept, kept_rewards = kept[:n_prompts], kept_rewards[: n_prompts * G]
     stats = {
-        "data/sample_utilization": filters.sample_utilization(len(kept), generated),
+        "data/sample_utilization": utilization,
         "data/kept_groups": float(len(kept)),
         "time/rollout_s": t_rollout,
         "time/reward_s": t_reward,

@@ -1,0 +1,106 @@
+"""Filters and reward shaping (rl/filters.py) and how the driver applies them (prepare_samples, sample_batch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl import filters
+from rl.config import AlgorithmConfig
+from rl.driver import PromptData, prepare_samples, sample_batch
+from rl.types import Completion, PromptRollout
+
+
+def test_overlong_penalty_follows_dapo_eq13():
+    lengths = torch.tensor([10, 15, 16, 18, 20, 25])
+    # L_max = 20, L_cache = 5: free up to 15, then (15 - |y|) / 5, -1 at and beyond 20
+    assert filters.overlong_penalty(lengths, 20, 5).tolist() == pytest.approx([0, 0, -0.2, -0.6, -1, -1])
+    assert filters.overlong_penalty(lengths, 20, 5, factor=0.5).tolist() == pytest.approx([0, 0, -0.1, -0.3, -0.5, -0.5])
+    with pytest.raises(ValueError, match="buffer"):
+        filters.overlong_penalty(lengths, 20, 21)
+
+
+def test_default_overlong_buffer_is_min_1024_quarter():
+    assert filters.default_overlong_buffer(64) == 16
+    assert filters.default_overlong_buffer(20480) == 1024
+    assert filters.default_overlong_buffer(2) == 1
+
+
+def test_dynamic_sampling_drops_all_correct_and_all_wrong_groups():
+    rewards = torch.tensor([1.0, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0])
+    assert filters.keep_groups_in_range(rewards, 4, 0.01, 0.99).tolist() == [False, False, True]
+    assert filters.keep_groups_in_range(rewards, 4, 0.0, 1.0).tolist() == [True, True, True]
+
+
+def test_truncated_mask_and_sample_utilization():
+    assert filters.truncated_mask(["stop", "length", "stop"]) == [True, False, True]
+    assert filters.sample_utilization(3, 12) == 0.25
+    assert filters.sample_utilization(0, 0) == 0.0
+
+
+def test_top_k_per_group_keeps_best_with_stable_ties():
+    rewards = torch.tensor([0.0, 1.0, 0.5, 1.0, 0.2, 0.2, 0.2, 0.9])
+    assert filters.top_k_per_group(rewards, 4, 2).tolist() == [1, 3, 7, 4]
+    with pytest.raises(ValueError, match="top_k"):
+        filters.top_k_per_group(rewards, 4, 5)
+
+
+# ----------------------------------------------------------------------------------------------- driver plumbing
+
+
+def rollout(lengths_and_reasons, version=0):
+    comps = [Completion(list(range(n)), [-0.5] * n, reason, f"t{n}") for n, reason in lengths_and_reasons]
+    return PromptRollout([7, 8], comps, adapter_version=version)
+
+
+def test_prepare_samples_shapes_rewards_masks_truncated_and_selects_top_k():
+    cfg = AlgorithmConfig(group_size=4, advantage="dr_grpo", overlong_penalty=True, overlong_buffer=4,
+                          filter_truncated_response=True, top_k=2)
+    rollouts = [rollout([(2, "stop"), (6, "stop"), (8, "length"), (3, "stop")])]
+    samples, adv, metrics = prepare_samples(rollouts, [1.0, 1.0, 0.0, 0.0], cfg, max_new_tokens=8)
+    shaped = torch.tensor([1.0, 1.0 - 0.5, 0.0 - 1.0, 0.0])  # L_max 8, L_cache 4: length 6 -> -0.5, 8 -> -1
+    assert adv.tolist() == pytest.approx((shaped - shaped.mean()).tolist())
+    assert metrics["response/masked_truncated_frac"] == 0.25
+    assert [len(s.completion_ids) for s in samples] == [2, 6]  # the two best shaped rewards, statistics from all 4
+    assert all(s.loss_mask == [] for s in samples)
+    cfg.top_k = None
+    samples, _, _ = prepare_samples(rollouts, [1.0, 1.0, 0.0, 0.0], cfg, max_new_tokens=8)
+    assert samples[2].loss_mask == [0] * 8 and samples[0].loss_mask == []
+
+
+class FakeTokenizer:
+    def __call__(self, text):
+        return {"input_ids": [1, 2, 3]}
+
+
+class FakeRuntime:
+    """Returns scripted groups: each call hands out the next batch of per-prompt completion texts."""
+
+    def __init__(self, batches):
+        self.batches, self.calls = list(batches), 0
+
+    def generate(self, prompts, sampling):
+        texts = self.batches[self.calls]
+        self.calls += 1
+        assert len(texts) == len(prompts)
+        return [PromptRollout(p, [Completion([5], [-0.1], "stop", t) for t in group], 0) for p, group in zip(prompts, texts)]
+
+
+def test_dynamic_sampling_generates_until_the_batch_is_full():
+    items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": "yes"} for i in range(4)]
+    data = PromptData(items, FakeTokenizer(), max_prompt_tokens=10, use_chat_template=False, seed=0)
+    right, wrong = ["yes", "yes"], ["no", "no"]
+    runtime = FakeRuntime([[right, ["yes", "no"]], [wrong, ["no", "yes"]], [right, right]])
+
+    def reward(texts, *, answer, **_):
+        return [float(t == a) for t, a in zip(texts, answer)]
+
+    from rl.types import Sampling
+
+    rollouts, rewards, stats = sample_batch(runtime, data, reward, Sampling(n=2), 2, filter_range=[0.01, 0.99], max_rounds=3)
+    assert runtime.calls == 2  # the second batch filled the two slots
+    assert rewards == [1.0, 0.0, 0.0, 1.0]
+    assert stats["data/sample_utilization"] == 0.5 and stats["data/kept_groups"] == 2
+    runtime = FakeRuntime([[right, right]])
+    rollouts, rewards, stats = sample_batch(runtime, data, reward, Sampling(n=2), 2, filter_range=[0.01, 0.99], max_rounds=1)
+    assert len(rollouts) == 2 and stats["data/sample_utilization"] == 0.0  # nothing kept: trains on the last batch
