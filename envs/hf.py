@@ -1,0 +1,140 @@
+"""Rows from Hugging Face datasets or local files, mapped to environment items.
+
+A source is a local file (.jsonl, .json, .parquet) or a Hub id (`openai/gsm8k`, loaded with `datasets`, imported
+only then). Field mapping: the prompt comes from `messages` (seed format), `problem`, `question` or `prompt`;
+the ground truth from `gt_answer`, `answer` or `solution`; GSM8K's `#### N` and a solution's last `\\boxed{}`
+are reduced to the final answer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envs.jsonl import read_jsonl, seed_messages
+from envs.templates import PromptTemplate
+
+PROMPT_FIELDS = ("messages", "problem", "question", "prompt")
+ANSWER_FIELDS = ("gt_answer", "answer", "solution")
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+@dataclass
+class Source:
+    """One dataset. path: local file or Hub id; name: Hub config (e.g. `main` for openai/gsm8k); split: Hub split;
+    prompt_field / answer_field: null = the first present of PROMPT_FIELDS / ANSWER_FIELDS;
+    answer_format: auto | gsm8k (text after `####`) | boxed (last \\boxed{}) | raw; limit: first N rows."""
+
+    path: str
+    split: str = "train"
+    name: str | None = None
+    prompt_field: str | None = None
+    answer_field: str | None = None
+    answer_format: str = "auto"
+    limit: int | None = None
+
+    @classmethod
+    def of(cls, spec: str | dict[str, Any], where: str) -> Source:
+        if isinstance(spec, str):
+            return cls(path=spec)
+        if not isinstance(spec, dict) or "path" not in spec:
+            raise ValueError(f"{where}: a source is a path / Hub id or a mapping with a 'path' key (got {spec!r})")
+        unknown = set(spec) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"{where}: unknown source key(s) {sorted(unknown)}; valid: {list(cls.__dataclass_fields__)}")
+        src = cls(**spec)
+        if src.answer_format not in ("auto", "gsm8k", "boxed", "raw"):
+            raise ValueError(f"{where}.answer_format={src.answer_format!r} is not known; valid: auto, gsm8k, boxed, raw")
+        return src
+
+    @property
+    def is_local(self) -> bool:
+        return self.path.endswith(LOCAL_SUFFIXES) or Path(self.path).exists()
+
+
+def load_rows(src: Source, strict: bool = True) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+    """([(where, row)], skipped) where `where` names the file and line (or Hub row) for error messages."""
+    if src.is_local:
+        path = Path(src.path)
+        if not path.is_file():
+            raise ValueError(f"{path}: no such file")
+        if path.suffix == ".parquet":
+            try:
+                import pyarrow.parquet as pq
+            except ImportError:
+                raise ValueError(f"{path}: reading parquet needs pyarrow (pip install pyarrow), or convert it to jsonl") from None
+            rows = [(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
+            return rows[: src.limit], 0
+        if path.suffix == ".json" and path.read_text(encoding="utf-8").lstrip().startswith("["):
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError as e:
+                raise ValueError(f"{path}: {e}") from None
+            return [(f"{path} item {i}", r) for i, r in enumerate(data)][: src.limit], 0
+        rows, skipped = read_jsonl(path, strict=strict)
+        return [(f"{path}:{n}", r) for n, r in rows][: src.limit], skipped
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(f"env source {src.path!r} is a Hugging Face Hub id and needs the `datasets` package "
+                         "(pip install datasets), or give a local .jsonl/.json/.parquet path") from None
+    ds = datasets.load_dataset(src.path, src.name, split=src.split)
+    if src.limit is not None:
+        ds = ds.select(range(min(src.limit, len(ds))))
+    return [(f"{src.path}[{src.split}] row {i}", dict(r)) for i, r in enumerate(ds)], 0
+
+
+def final_answer(value: Any, fmt: str, where: str, field: str) -> str:
+    """The ground-truth answer string of one row."""
+    from rewards.math import last_boxed
+
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # AMC stores 142.0
+    if value is None or isinstance(value, dict | list):
+        raise ValueError(f"{where}: '{field}' must be a string or a number (got {type(value).__name__})")
+    text = str(value).strip()
+    if fmt == "gsm8k" or (fmt == "auto" and "####" in text):
+        if "####" not in text:
+            raise ValueError(f"{where}: '{field}' has no '#### <answer>' line (answer_format=gsm8k)")
+        text = text.rsplit("####", 1)[1].strip().replace(",", "")
+    elif fmt == "boxed" or (fmt == "auto" and field == "solution"):
+        boxed = last_boxed(text)
+        if boxed is None:
+            raise ValueError(f"{where}: '{field}' has no \\boxed{{}} answer (answer_format=boxed)")
+        text = boxed.strip()
+    if not text:
+        raise ValueError(f"{where}: '{field}' is empty")
+    return text
+
+
+def _pick(row: dict[str, Any], wanted: str | None, candidates: tuple[str, ...], what: str, where: str) -> str:
+    if wanted is not None:
+        if wanted not in row:
+            raise ValueError(f"{where}: missing field '{wanted}' (the {what} field; row has {sorted(row)})")
+        return wanted
+    for name in candidates:
+        if name in row:
+            return name
+    raise ValueError(f"{where}: no {what} field (looked for {', '.join(candidates)}; row has {sorted(row)}); "
+                     f"set the source's {what}_field")
+
+
+def row_to_item(row: dict[str, Any], src: Source, template: PromptTemplate, where: str) -> dict[str, Any]:
+    """{messages, answer, metadata} for one row."""
+    prompt_field = _pick(row, src.prompt_field, PROMPT_FIELDS, "prompt", where)
+    answer_field = _pick(row, src.answer_field, ANSWER_FIELDS, "answer", where)
+    if prompt_field == "messages":
+        messages = template.messages(seed_messages(row, where))
+        question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+    else:
+        question = row[prompt_field]
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"{where}: '{prompt_field}' must be a non-empty string")
+        messages = template.messages(question)
+    metadata = {"source": src.path, "where": where, "question": question}
+    if "unique_id" in row:
+        metadata["unique_id"] = row["unique_id"]
+    return {"messages": messages, "answer": final_answer(row[answer_field], src.answer_format, where, answer_field),
+            "metadata": metadata}
