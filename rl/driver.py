@@ -188,12 +188,21 @@ def evaluate(runtime: Runtime, data: PromptData, reward_fn: RewardFn, max_tokens
     rollouts = runtime.generate(data.prompt_ids, Sampling(n=1, temperature=0.0, max_tokens=max_tokens))
     rewards = score(reward_fn, rollouts, data.items)
     lengths = [len(r.completions[0].token_ids) for r in rollouts]
-    return {
+    out = {
         "eval/accuracy": float(np.mean(rewards)),
         "eval/length_mean": float(np.mean(lengths)),
         "eval/n": float(len(rewards)),
         "time/eval_s": time.perf_counter() - t0,
     }
+    sets = [it.get("metadata", {}).get("eval_set") for it in data.items]  # named eval sets (envs/data.py)
+    for name in dict.fromkeys(s for s in sets if s):
+        out[f"eval/{name}/accuracy"] = float(np.mean([r for r, s in zip(rewards, sets) if s == name]))
+    return out
+
+
+def reward_counts(reward_fn: RewardFn) -> dict[str, float]:
+    """reward/errors and reward/timeouts since the last call, for rewards that count them (rewards/runner.py)."""
+    return reward_fn.pop_metrics() if hasattr(reward_fn, "pop_metrics") else {}
 
 
 # ------------------------------------------------------------------------------------------------ loop
@@ -231,7 +240,8 @@ def train(cfg: TrainConfig, runtime: Runtime, tokenizer: Any, env: Any, reward_f
             max_rounds=a.dynamic_sampling_max_rounds if a.dynamic_sampling else 1,
         )
         samples, adv, sample_metrics = prepare_samples(rollouts, rewards, a, m.max_new_tokens)
-        metrics = {**rollout_metrics(rollouts, rewards, adv, a.group_size), **stats, **sample_metrics}
+        metrics = {**rollout_metrics(rollouts, rewards, adv, a.group_size), **stats, **sample_metrics,
+                   **reward_counts(reward_fn)}
 
         metrics.update(runtime.train_step(samples))
         metrics.update(runtime.sync())
