@@ -14,6 +14,7 @@ they cannot clash with the worker's own.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from pathlib import Path
@@ -87,6 +88,9 @@ class LoraMergeExtension:
             delta = deltas.get(name.removesuffix(".weight"))
             payload.append((name, w0 if delta is None else (w0.float() + delta).to(w0.dtype)))
         model = self.model_runner.model
+        # Layers the adapter does not touch (norms, embeddings) keep their tensors; vLLM warns once per such
+        # layer ("Failed to load weights"), which is expected here and would flood the log every step.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         initialize_layerwise_reload(model)
         model.load_weights(weights=payload)
         finalize_layerwise_reload(model, self.vllm_config.model_config)
