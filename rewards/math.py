@@ -153,6 +153,16 @@ def answers_match(pred: str, gold: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
+def _boxes_agree(boxes: list[str], timeout_s: float, max_distinct: int = 4) -> bool:
+    """True when every boxed answer is the same answer as the last one (`18` and `18.0` agree)."""
+    distinct = list(dict.fromkeys(normalize_answer(b) for b in boxes))
+    if len(distinct) <= 1:
+        return True
+    if len(distinct) > max_distinct:  # a list of candidates: no need to parse them all
+        return False
+    return all(answers_match(b, boxes[-1], timeout_s) for b in boxes[:-1])
+
+
 # ------------------------------------------------------------------------------------------------ rewards
 
 
@@ -229,7 +239,7 @@ class BoxedReward(MathReward):
         found = boxed_contents(completion)
         if not found:
             return None
-        if self.multiple_boxed == "reject" and len({normalize_answer(b) for b in found}) > 1:
+        if self.multiple_boxed == "reject" and not _boxes_agree(found, self.timeout_s):
             return None
         return found[-1]
 
@@ -252,6 +262,6 @@ class ThinkAnswerReward(MathReward):
         if content is None:
             return None
         boxes = boxed_contents(content)
-        if len({normalize_answer(b) for b in boxes}) > 1:
+        if not _boxes_agree(boxes, self.timeout_s):
             return None
         return boxes[-1] if boxes else content.strip()

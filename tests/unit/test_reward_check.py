@@ -1,0 +1,40 @@
+"""The reward-hacking gate: every listed exploit is blocked by the shipped math rewards."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rewards.check import EXPLOITS, PROBLEMS, build_reward, run_check
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["boxed", "think_answer_tags", "seed_10_5_0", "boxed_format"])
+def test_gate_blocks_every_exploit(name):
+    reward = build_reward([f"reward={name}", "reward.workers=0"])
+    results, unjudged = run_check(reward)
+    assert unjudged == []
+    assert len(results) >= len(PROBLEMS) * (len(EXPLOITS) - 3)  # a few exploits do not apply to every problem
+    assert [r for r in results if not r.passed] == []
+
+
+def test_gate_catches_a_gameable_reward():
+    """A pure format reward gives a well-formed wrong answer full credit: the gate must say so."""
+    results, _ = run_check(build_reward(["reward=format_soft"]))
+    assert {r.exploit for r in results if not r.passed} >= {"format_only_filled", "wrong_value"}
+
+
+def test_check_command_exit_codes():
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    ok = subprocess.run([sys.executable, "-m", "rewards.check", "reward=boxed"], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "PASS" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "rewards.check", "reward=format_strict"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "FAIL" in bad.stdout
