@@ -209,6 +209,7 @@ class TrainConfig:
     steps: int = 20  # training steps (one rollout batch + update + adapter sync each)
     prompts_per_step: int = 8  # prompts per step; each gets algorithm.group_size completions
     micro_batch_size: int = 16  # sequences per learner forward/backward (gradient accumulation over the rest)
+    share_prompt_prefix: bool = True  # learner runs each prompt once per group and reuses its KV cache (exact, faster)
     eval_size: int = 64  # held-out prompts evaluated greedily before and after training (0 disables)
     eval_every: int = 0  # also evaluate every N steps (0: only before and after)
     sync_probe_threshold: float = 0.1  # fail when mean |logp_learner - logp_actor| on the sync probe exceeds this

@@ -307,7 +307,8 @@ def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[
         policy_loss=a.policy_loss, loss_agg=a.loss_agg, clip_low=a.clip_low, clip_high=a.clip_high,
         dual_clip=a.dual_clip, tis_cap=a.tis_cap, skip_threshold=a.skip_threshold, entropy_coef=a.entropy_coef,
         loss_agg_norm_length=a.loss_agg_norm_length or m.max_new_tokens, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, temperature=a.temperature,
-        micro_batch_size=cfg.micro_batch_size, seed=cfg.seed, num_threads=c.learner_threads,
+        micro_batch_size=cfg.micro_batch_size, share_prompt_prefix=cfg.share_prompt_prefix, seed=cfg.seed,
+        num_threads=c.learner_threads,
         trust_remote_code=m.trust_remote_code,
     )
     actor_env = {} if c.use_gpu else cpu_threads_env(c.actor_threads)

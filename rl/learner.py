@@ -58,6 +58,7 @@ class PeftLearner:
         kl_estimator: str = "k3",
         temperature: float = 1.0,
         micro_batch_size: int = 16,
+        share_prompt_prefix: bool = True,
         seed: int = 0,
         num_threads: int | None = None,
         trust_remote_code: bool = False,
@@ -94,46 +95,96 @@ class PeftLearner:
         self.max_grad_norm = max_grad_norm
         self.temperature = temperature
         self.micro_batch_size = micro_batch_size
+        self.share_prompt_prefix = share_prompt_prefix
         self.version = 0
         self.pad_id = 0
 
     # ------------------------------------------------------------------------------------------------ batching
 
-    def _collate(self, samples: list[TrainSample]):
-        """Right-padded [B, L] inputs; targets/masks aligned to the positions that predict completion tokens."""
-        seqs = [s.prompt_ids + s.completion_ids for s in samples]
-        L = max(len(x) for x in seqs)
+    def _completion_batch(self, samples: list[TrainSample]):
+        """Completion-aligned [B, C] targets, loss mask and behaviour logprobs (right-padded)."""
+        C = max(len(s.completion_ids) for s in samples)
         B = len(samples)
-        input_ids = torch.full((B, L), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, L), dtype=torch.long)
-        mask = torch.zeros((B, L - 1), dtype=torch.float32)  # position t predicts token t+1
-        old = torch.zeros((B, L - 1), dtype=torch.float32)
-        for i, (s, ids) in enumerate(zip(samples, seqs)):
-            input_ids[i, : len(ids)] = torch.tensor(ids)
-            attn[i, : len(ids)] = 1
-            p, c = len(s.prompt_ids), len(s.completion_ids)
-            m = torch.tensor(s.loss_mask, dtype=torch.float32) if s.loss_mask else torch.ones(c)
-            mask[i, p - 1 : p - 1 + c] = m
-            old[i, p - 1 : p - 1 + c] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+        targets = torch.full((B, C), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, C), dtype=torch.float32)
+        old = torch.zeros((B, C), dtype=torch.float32)
+        for i, s in enumerate(samples):
+            c = len(s.completion_ids)
+            targets[i, :c] = torch.tensor(s.completion_ids)
+            mask[i, :c] = torch.tensor(s.loss_mask, dtype=torch.float32) if s.loss_mask else 1.0
+            old[i, :c] = torch.tensor(s.old_logprobs, dtype=torch.float32)
         adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
         dev = self.device
-        return input_ids.to(dev), attn.to(dev), mask.to(dev), old.to(dev), adv.to(dev)
+        return targets.to(dev), mask.to(dev), old.to(dev), adv.to(dev)
 
-    def _logprobs(self, input_ids, attn) -> torch.Tensor:
-        logits = self.model(input_ids=input_ids, attention_mask=attn).logits[:, :-1]  # [B, L-1, V]
-        return token_logprobs(logits, input_ids[:, 1:], self.temperature)
+    def _shared_prefix_logits(self, samples: list[TrainSample]) -> tuple[torch.Tensor, int]:
+        """Logits predicting each completion token, [B, C, V], for samples that share one prompt.
 
-    def _logprobs_entropy(self, input_ids, attn, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token logprobs and full-distribution entropies, [B, L-1] each. The entropy carries a gradient only
-        when `entropy_grad` (the bonus is on); otherwise it is computed row by row, so the metric adds one row's
-        [L-1, V] temporaries to the peak memory instead of the batch's."""
-        logits = self.model(input_ids=input_ids, attention_mask=attn).logits[:, :-1]  # [B, L-1, V]
-        logp = token_logprobs(logits, input_ids[:, 1:], self.temperature)
-        if entropy_grad:
-            return logp, algorithms.token_entropy(logits.float() / self.temperature)
+        The prompt is run once and its KV cache repeated for the B completions (GRPO samples G completions per
+        prompt, and the prompt is usually the longer part): the same result as B full forwards up to float
+        rounding, with gradients flowing through the shared prompt states. Returns the logits and the number
+        of token positions computed."""
+        prompt = torch.tensor([samples[0].prompt_ids], device=self.device)  # [1, P]
+        P, B = prompt.shape[1], len(samples)
+        first = self.model(input_ids=prompt, use_cache=True)
+        cache = first.past_key_values
+        cache.batch_repeat_interleave(B)
+        C = max(len(s.completion_ids) for s in samples)
+        comp = torch.full((B, C), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((B, P + C), dtype=torch.long)
+        attn[:, :P] = 1
+        for i, s in enumerate(samples):
+            comp[i, : len(s.completion_ids)] = torch.tensor(s.completion_ids)
+            attn[i, P : P + len(s.completion_ids)] = 1
+        positions = torch.arange(P, P + C).expand(B, C)
+        rest = self.model(input_ids=comp.to(self.device), attention_mask=attn.to(self.device),
+                          position_ids=positions.to(self.device), past_key_values=cache, use_cache=True)
+        # the last prompt position predicts completion token 0; completion position j predicts token j + 1
+        logits = torch.cat([first.logits[:, -1:].expand(B, 1, -1), rest.logits[:, :-1]], dim=1)
+        return logits, P + B * C
+
+    def _full_logits(self, samples: list[TrainSample]) -> tuple[torch.Tensor, int]:
+        """Logits predicting each completion token, [B, C, V], from one right-padded forward of prompt+completion."""
+        seqs = [s.prompt_ids + s.completion_ids for s in samples]
+        L, B = max(len(x) for x in seqs), len(samples)
+        C = max(len(s.completion_ids) for s in samples)
+        input_ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((B, L), dtype=torch.long)
+        for i, ids in enumerate(seqs):
+            input_ids[i, : len(ids)] = torch.tensor(ids)
+            attn[i, : len(ids)] = 1
+        logits = self.model(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device)).logits
+        # row i's completion starts at p_i; position t predicts token t + 1
+        starts = torch.tensor([len(s.prompt_ids) - 1 for s in samples], device=self.device)
+        index = (starts[:, None] + torch.arange(C, device=self.device)[None]).clamp(max=L - 1)  # [B, C]
+        return torch.gather(logits, 1, index[..., None].expand(B, C, logits.shape[-1])), B * L
+
+    def _logits(self, samples: list[TrainSample]) -> tuple[torch.Tensor, int]:
+        shared = self.share_prompt_prefix and len(samples) > 1 and all(
+            s.prompt_ids == samples[0].prompt_ids for s in samples
+        )
+        return self._shared_prefix_logits(samples) if shared else self._full_logits(samples)
+
+    def _micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
+        """Consecutive samples with the same prompt form a group; a micro-batch never mixes groups when the
+        prompt prefix is shared (at most micro_batch_size samples each)."""
+        if not self.share_prompt_prefix:
+            return [samples[i : i + self.micro_batch_size] for i in range(0, len(samples), self.micro_batch_size)]
+        out: list[list[TrainSample]] = []
+        for s in samples:
+            if out and len(out[-1]) < self.micro_batch_size and out[-1][0].prompt_ids == s.prompt_ids:
+                out[-1].append(s)
+            else:
+                out.append([s])
+        return out
+
+    def _entropy(self, logits: torch.Tensor, with_grad: bool) -> torch.Tensor:
+        """Full-distribution entropy per position, [B, C]. Without a gradient it is computed row by row, so the
+        metric adds one row's [C, V] temporaries to the peak memory instead of the batch's."""
+        if with_grad:
+            return algorithms.token_entropy(logits.float() / self.temperature)
         with torch.no_grad():
-            entropy = torch.cat([algorithms.token_entropy(row.float() / self.temperature) for row in logits.split(1)])
-        return logp, entropy
+            return torch.cat([algorithms.token_entropy(row.float() / self.temperature) for row in logits.split(1)])
 
     # ------------------------------------------------------------------------------------------------ training
 
@@ -154,31 +205,33 @@ class PeftLearner:
         sums: dict[str, float] = {}
         total_loss = 0.0
         tokens = 0
-        for start in range(0, len(samples), self.micro_batch_size):
-            mb = samples[start : start + self.micro_batch_size]
-            input_ids, attn, mask, old, adv = self._collate(mb)
-            logp, entropy = self._logprobs_entropy(input_ids, attn, entropy_grad=self.entropy_coef > 0)
+        for mb in self._micro_batches(samples):
+            targets, mask, old, adv = self._completion_batch(mb)
+            logits, n_positions = self._logits(mb)
+            logp = token_logprobs(logits, targets, self.temperature)  # [B, C]
+            entropy = self._entropy(logits, with_grad=self.entropy_coef > 0)
+            del logits
             loss, metrics = self.loss_fn(logp, old, adv, mask, agg=self.agg_fn, **self.loss_kwargs)
             if self.entropy_coef > 0:  # entropy bonus: maximise the aggregated token entropy
                 loss = loss - self.entropy_coef * self.agg_fn(entropy, mask)
             if self.kl_coef > 0:
                 with torch.no_grad(), self.model.disable_adapter():
-                    ref = self._logprobs(input_ids, attn)
+                    ref = token_logprobs(self._logits(mb)[0], targets, self.temperature)
                 kl = algorithms.kl_penalty(logp, ref, self.kl_estimator)
                 loss = loss + self.kl_coef * self.agg_fn(kl, mask)
                 metrics["policy/kl_ref"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
             with torch.no_grad():
-                ent_proxy = -(logp * mask).sum() / mask.sum().clamp(min=1)  # mean -log p of sampled tokens
-                metrics["policy/neg_logp"] = float(ent_proxy)
-                metrics["policy/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
-                metrics["policy/train_infer_logp_diff"] = float(((logp - old).abs() * mask).sum() / mask.sum().clamp(min=1))
+                n_mask = mask.sum().clamp(min=1)
+                metrics["policy/neg_logp"] = float(-(logp * mask).sum() / n_mask)  # mean -log p of sampled tokens
+                metrics["policy/entropy"] = float((entropy.detach() * mask).sum() / n_mask)
+                metrics["policy/train_infer_logp_diff"] = float(((logp - old).abs() * mask).sum() / n_mask)
             # weight each micro-batch by its share of the unit the aggregation averages over
             weight = float(mask.sum()) / max(n_tok, 1) if token_level else len(mb) / max(n_seq, 1)
             (loss * weight).backward()
             total_loss += float(loss.detach()) * weight
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v * weight
-            tokens += int(attn.sum())
+            tokens += n_positions
         params = [p for p in self.model.parameters() if p.requires_grad and p.grad is not None]
         if not params:
             grad_norm = 0.0
@@ -226,10 +279,7 @@ class PeftLearner:
         """Logprobs of given completions under the current policy (for the sync probe and evaluation)."""
         self.model.eval()
         samples = [TrainSample(p, c, [0.0] * len(c), 0.0) for p, c in zip(prompt_ids, completion_ids)]
-        input_ids, attn, mask, _, _ = self._collate(samples)
-        logp = self._logprobs(input_ids, attn)
+        targets, _, _, _ = self._completion_batch(samples)
+        logp = token_logprobs(self._full_logits(samples)[0], targets, self.temperature)
         self.model.train()
-        out = []
-        for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
-            out.append(logp[i, len(p) - 1 : len(p) - 1 + len(c)].tolist())
-        return out
+        return [logp[i, : len(c)].tolist() for i, c in enumerate(completion_ids)]

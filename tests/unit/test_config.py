@@ -25,10 +25,13 @@ def group_options() -> list[tuple[str, str]]:
 def test_every_config_option_composes_into_the_typed_schema(group, option):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"{group}={option}"])
-    typed = OmegaConf.to_object(cfg)
-    assert isinstance(typed, TrainConfig)
     if group in ("reward", "env"):
         assert "_target_" in cfg[group]
+        # some options need the user to fill a path (`???`, e.g. env=jsonl env.train=...): typed part only
+        for key in ("reward", "env"):
+            cfg[key] = {}
+    typed = OmegaConf.to_object(cfg)
+    assert isinstance(typed, TrainConfig)
 
 
 def test_default_config_is_the_demo():
