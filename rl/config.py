@@ -212,7 +212,7 @@ class TrainConfig:
     share_prompt_prefix: bool = True  # learner runs each prompt once per group and reuses its KV cache (exact, faster)
     eval_size: int = 64  # held-out prompts evaluated greedily before and after training (0 disables)
     eval_every: int = 0  # also evaluate every N steps (0: only before and after)
-    sync_probe_threshold: float = 0.1  # fail when mean |logp_learner - logp_actor| on the sync probe exceeds this
+    sync_probe_threshold: float = 0.2  # fail when mean |logp_learner - logp_actor| on the sync probe exceeds this (bf16 noise: ~0.03-0.09)
     output_dir: str | None = None  # run directory (null: Hydra's run directory)
 
     def __post_init__(self) -> None:

@@ -24,7 +24,7 @@ import torch
 from rl import algorithms, filters
 from rl.config import AlgorithmConfig, ClusterMode, ConfigError, TrainConfig
 from rl.metrics import MetricsLogger
-from rl.runtime import Runtime
+from rl.runtime import Runtime, shard
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ def train(cfg: TrainConfig, runtime: Runtime, tokenizer: Any, env: Any, reward_f
         metrics = {**rollout_metrics(rollouts, rewards, adv, a.group_size), **stats, **sample_metrics,
                    **reward_counts(reward_fn)}
 
-        metrics.update(runtime.train_step(samples))
+        metrics.update(learn(runtime, samples, a.updates_per_step))
         metrics.update(runtime.sync())
         diff = runtime.probe(probe_prompts, probe_sampling)
         metrics["sync/logprob_abs_diff"] = diff
@@ -271,6 +271,17 @@ def train(cfg: TrainConfig, runtime: Runtime, tokenizer: Any, env: Any, reward_f
         logger.log(cfg.steps, after)
         summary["eval/accuracy_after"] = after["eval/accuracy"]
     return summary
+
+
+def learn(runtime: Runtime, samples: list[TrainSample], updates: int) -> dict[str, float]:
+    """`updates` optimizer steps over consecutive mini-batches of the step's samples (PPO-style; each mini-batch
+    is normalised on its own); metrics are averaged, times summed. The ratio stays against the behaviour policy."""
+    chunks = [c for c in shard(samples, updates) if c]
+    results = [runtime.train_step(c) for c in chunks]
+    out = {k: float(np.mean([r[k] for r in results])) for k in results[0]}
+    out["time/learn_s"] = float(sum(r["time/learn_s"] for r in results))
+    out["train/optimizer_steps"] = float(len(chunks))
+    return out
 
 
 def save_adapter(adapter: Adapter, folder: Path) -> None:

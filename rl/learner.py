@@ -219,7 +219,7 @@ class PeftLearner:
                     ref = token_logprobs(self._logits(mb)[0], targets, self.temperature)
                 kl = algorithms.kl_penalty(logp, ref, self.kl_estimator)
                 loss = loss + self.kl_coef * self.agg_fn(kl, mask)
-                metrics["policy/kl_ref"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
+                metrics["policy/kl_ref"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
             with torch.no_grad():
                 n_mask = mask.sum().clamp(min=1)
                 metrics["policy/neg_logp"] = float(-(logp * mask).sum() / n_mask)  # mean -log p of sampled tokens

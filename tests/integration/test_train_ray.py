@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 TINY_RUN = [
     "steps=2", "prompts_per_step=2", "algorithm.group_size=4", "eval_size=4", "model.max_new_tokens=16",
     "micro_batch_size=8", "reward._target_=tests.helpers.LengthReward", "~reward.extract",
-    "model.dtype=float32", "model.learner_dtype=float32", "sync_probe_threshold=0.05",
+    "model.dtype=float32", "model.learner_dtype=float32", "sync_probe_threshold=0.01",
 ]
 
 
@@ -31,7 +31,7 @@ def check_trained(run_dir: Path) -> list[dict]:
     assert [r["actor/adapter_version"] for r in steps] == [0.0, 1.0]
     assert [r["sync/version"] for r in steps] == [1.0, 2.0]
     # the actor runs the learner's adapter: learner and actor logprobs agree on the probe
-    assert all(r["sync/logprob_abs_diff"] < 0.05 for r in steps)
+    assert all(r["sync/logprob_abs_diff"] < 0.01 for r in steps)
     # the adapter changed: PEFT initialises lora_B to zero, training made it non-zero
     weights = load_file(str(run_dir / "adapter" / "adapter_model.safetensors"))
     lora_b = [t for k, t in weights.items() if "lora_B" in k]

@@ -34,6 +34,16 @@ def test_every_config_option_composes_into_the_typed_schema(group, option):
     assert isinstance(typed, TrainConfig)
 
 
+@pytest.mark.parametrize("name", sorted(f.stem for f in (CONF / "experiment").glob("*.yaml")))
+def test_every_experiment_composes(name):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"+experiment={name}"])
+    for key in ("reward", "env"):
+        assert "_target_" in cfg[key]
+        cfg[key] = {}
+    assert isinstance(OmegaConf.to_object(cfg), TrainConfig)
+
+
 def test_default_config_is_the_demo():
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = OmegaConf.to_object(compose(config_name="train"))
