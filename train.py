@@ -30,9 +30,30 @@ def fail(msg: str, code: int = 2) -> None:
 
 def precheck_overrides(argv: list[str]) -> None:
     """Compose once before Hydra's own run, so a typo'd key or bad value fails with one line naming it."""
-    flags = {"-m", "--multirun", "--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve",
-             "--version", "--shell-completion", "-sc", "--experimental-rerun", "--config-path", "-cp",
-             "--config-name", "-cn", "--config-dir", "-cd", "-p", "--package"}
+    flags = {
+        "-m",
+        "--multirun",
+        "--help",
+        "-h",
+        "--hydra-help",
+        "--info",
+        "-i",
+        "--cfg",
+        "-c",
+        "--resolve",
+        "--version",
+        "--shell-completion",
+        "-sc",
+        "--experimental-rerun",
+        "--config-path",
+        "-cp",
+        "--config-name",
+        "-cn",
+        "--config-dir",
+        "-cd",
+        "-p",
+        "--package",
+    }
     if any(a in flags or a.split("=")[0] in flags for a in argv):
         return
     overrides = [a for a in argv if not a.startswith("hydra.") and not a.startswith("+hydra.")]
@@ -98,7 +119,9 @@ def build_target(node: DictConfig, key: str):
         return instantiate(node, _convert_="all")
     except Exception as e:  # noqa: BLE001
         cause = e.__cause__ or e
-        fail(f"{key}: could not build {node._target_}: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}")
+        fail(
+            f"{key}: could not build {node._target_}: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+        )
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -112,8 +135,9 @@ def main(dcfg: DictConfig) -> float | None:
     from rl import app  # heavy imports start here
 
     try:
-        summary = app.run(cfg, env=env, reward_fn=reward, resolved=OmegaConf.to_container(dcfg, resolve=True),
-                          run_dir=run_dir)
+        summary = app.run(
+            cfg, env=env, reward_fn=reward, resolved=OmegaConf.to_container(dcfg, resolve=True), run_dir=run_dir
+        )
     except ConfigError as e:
         fail(str(e))
     except app.UserFacingError as e:

@@ -40,12 +40,18 @@ def main() -> None:
         prompt = [rng.randrange(100, 40000) for _ in range(args.prompt_len)]
         for _ in range(args.group_size):
             n = rng.randrange(lo, hi + 1)
-            samples.append(TrainSample(prompt, [rng.randrange(100, 40000) for _ in range(n)], [-1.0] * n, rng.gauss(0, 1)))
+            samples.append(
+                TrainSample(prompt, [rng.randrange(100, 40000) for _ in range(n)], [-1.0] * n, rng.gauss(0, 1))
+            )
     results = {}
     for share in (False, True):
-        learner = PeftLearner(path, dtype=args.dtype, micro_batch_size=args.micro_batch_size,
-                              share_prompt_prefix=share,
-                              lora_targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+        learner = PeftLearner(
+            path,
+            dtype=args.dtype,
+            micro_batch_size=args.micro_batch_size,
+            share_prompt_prefix=share,
+            lora_targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        )
         learner.train_step(samples)  # warm-up
         times = []
         for _ in range(args.repeats):
@@ -53,12 +59,24 @@ def main() -> None:
             learner.train_step(samples)
             times.append(time.perf_counter() - t0)
         results[share] = statistics.median(times)
-        print(json.dumps({"bench": "learner_prefix", "share_prompt_prefix": share, "step_s": round(results[share], 2),
-                          "samples": len(samples), "dtype": args.dtype}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "bench": "learner_prefix",
+                    "share_prompt_prefix": share,
+                    "step_s": round(results[share], 2),
+                    "samples": len(samples),
+                    "dtype": args.dtype,
+                }
+            ),
+            flush=True,
+        )
         del learner
     ratio = results[False] / results[True]
-    print(f"| learner step, {len(samples)} samples ({args.groups} prompts x {args.group_size}), {args.dtype} "
-          f"| full forward {results[False]:.1f} s | shared prefix {results[True]:.1f} s | {ratio:.2f}x |")
+    print(
+        f"| learner step, {len(samples)} samples ({args.groups} prompts x {args.group_size}), {args.dtype} "
+        f"| full forward {results[False]:.1f} s | shared prefix {results[True]:.1f} s | {ratio:.2f}x |"
+    )
 
 
 if __name__ == "__main__":

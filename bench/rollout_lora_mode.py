@@ -30,7 +30,12 @@ def run_mode(mode: str, path: str, prompts: list[list[int]], adapter, args) -> d
         dt = time.perf_counter() - t0
         rates.append(sum(len(c.token_ids) for o in out for c in o.completions) / dt)
     r.close()
-    return {"bench": "rollout_lora_mode", "mode": mode, "tokens_per_s": round(max(rates)), "adapter_load_s": round(load_s, 2)}
+    return {
+        "bench": "rollout_lora_mode",
+        "mode": mode,
+        "tokens_per_s": round(max(rates)),
+        "adapter_load_s": round(load_s, 2),
+    }
 
 
 def main() -> None:
@@ -51,10 +56,18 @@ def main() -> None:
     os.environ.update(cpu_threads_env(None))
     path = resolve_model_path(args.model)
     tok = AutoTokenizer.from_pretrained(path)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": f"What is {i} + {i + 3}?"}],
-                                       add_generation_prompt=True, tokenize=True)["input_ids"] for i in range(args.prompts)]
-    learner = PeftLearner(path, dtype="float32", num_threads=1,
-                          lora_targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"What is {i} + {i + 3}?"}], add_generation_prompt=True, tokenize=True
+        )["input_ids"]
+        for i in range(args.prompts)
+    ]
+    learner = PeftLearner(
+        path,
+        dtype="float32",
+        num_threads=1,
+        lora_targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
     for name, p in learner.model.named_parameters():
         if "lora_B" in name:
             p.data.normal_(0, 1e-3)
@@ -66,9 +79,11 @@ def main() -> None:
         rows[mode] = run_mode(mode, path, prompts, adapter, args)
         print(json.dumps(rows[mode]), flush=True)
     b, n, m = (rows[k]["tokens_per_s"] for k in ("base", "native", "merged"))
-    print(f"| vLLM CPU rollout, {args.prompts} prompts x {args.n}, {args.max_tokens} new tokens | base {b} tok/s "
-          f"| LoRA native {n} tok/s | LoRA merged {m} tok/s | merged/native {m / n:.2f}x | "
-          f"load native {rows['native']['adapter_load_s']} s, merged {rows['merged']['adapter_load_s']} s |")
+    print(
+        f"| vLLM CPU rollout, {args.prompts} prompts x {args.n}, {args.max_tokens} new tokens | base {b} tok/s "
+        f"| LoRA native {n} tok/s | LoRA merged {m} tok/s | merged/native {m / n:.2f}x | "
+        f"load native {rows['native']['adapter_load_s']} s, merged {rows['merged']['adapter_load_s']} s |"
+    )
 
 
 if __name__ == "__main__":

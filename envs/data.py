@@ -27,10 +27,20 @@ class DataEnv:
     every num_shards-th item starting at shard_index (after shuffling, so shards are disjoint).
     """
 
-    def __init__(self, train: str | dict[str, Any], eval_sets: dict[str, str | dict[str, Any]] | None = None,
-                 template: str = "boxed", system_prompt: str | None = None, user_template: str | None = None,
-                 strict: bool = True, seed: int = 0, shuffle: bool = True, num_shards: int = 1,
-                 shard_index: int = 0, eval_holdout: int = 0):
+    def __init__(
+        self,
+        train: str | dict[str, Any],
+        eval_sets: dict[str, str | dict[str, Any]] | None = None,
+        template: str = "boxed",
+        system_prompt: str | None = None,
+        user_template: str | None = None,
+        strict: bool = True,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_shards: int = 1,
+        shard_index: int = 0,
+        eval_holdout: int = 0,
+    ):
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"env.shard_index={shard_index} must be in [0, env.num_shards={num_shards})")
         self.template = PromptTemplate(template, system_prompt=system_prompt, user=user_template)
@@ -43,7 +53,9 @@ class DataEnv:
         self._eval_sets: dict[str, list[dict[str, Any]]] = {}
         if eval_holdout:
             if eval_holdout >= len(items):
-                raise ValueError(f"env.eval_holdout={eval_holdout} leaves no training items ({src.path} has {len(items)})")
+                raise ValueError(
+                    f"env.eval_holdout={eval_holdout} leaves no training items ({src.path} has {len(items)})"
+                )
             self._eval_sets["holdout"], items = items[:eval_holdout], items[eval_holdout:]
         self._train = items[shard_index::num_shards]
         if not self._train:

@@ -43,10 +43,14 @@ class Source:
             raise ValueError(f"{where}: a source is a path / Hub id or a mapping with a 'path' key (got {spec!r})")
         unknown = set(spec) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ValueError(f"{where}: unknown source key(s) {sorted(unknown)}; valid: {list(cls.__dataclass_fields__)}")
+            raise ValueError(
+                f"{where}: unknown source key(s) {sorted(unknown)}; valid: {list(cls.__dataclass_fields__)}"
+            )
         src = cls(**spec)
         if src.answer_format not in ("auto", "gsm8k", "boxed", "raw"):
-            raise ValueError(f"{where}.answer_format={src.answer_format!r} is not known; valid: auto, gsm8k, boxed, raw")
+            raise ValueError(
+                f"{where}.answer_format={src.answer_format!r} is not known; valid: auto, gsm8k, boxed, raw"
+            )
         return src
 
     @property
@@ -64,7 +68,9 @@ def load_rows(src: Source, strict: bool = True) -> tuple[list[tuple[str, dict[st
             try:
                 import pyarrow.parquet as pq
             except ImportError:
-                raise ValueError(f"{path}: reading parquet needs pyarrow (pip install pyarrow), or convert it to jsonl") from None
+                raise ValueError(
+                    f"{path}: reading parquet needs pyarrow (pip install pyarrow), or convert it to jsonl"
+                ) from None
             rows = [(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
             return rows[: src.limit], 0
         if path.suffix == ".json" and path.read_text(encoding="utf-8").lstrip().startswith("["):
@@ -78,8 +84,10 @@ def load_rows(src: Source, strict: bool = True) -> tuple[list[tuple[str, dict[st
     try:
         import datasets
     except ImportError:
-        raise ValueError(f"env source {src.path!r} is a Hugging Face Hub id and needs the `datasets` package "
-                         "(pip install datasets), or give a local .jsonl/.json/.parquet path") from None
+        raise ValueError(
+            f"env source {src.path!r} is a Hugging Face Hub id and needs the `datasets` package "
+            "(pip install datasets), or give a local .jsonl/.json/.parquet path"
+        ) from None
     ds = datasets.load_dataset(src.path, src.name, split=src.split)
     if src.limit is not None:
         ds = ds.select(range(min(src.limit, len(ds))))
@@ -117,8 +125,10 @@ def _pick(row: dict[str, Any], wanted: str | None, candidates: tuple[str, ...], 
     for name in candidates:
         if name in row:
             return name
-    raise ValueError(f"{where}: no {what} field (looked for {', '.join(candidates)}; row has {sorted(row)}); "
-                     f"set the source's {what}_field")
+    raise ValueError(
+        f"{where}: no {what} field (looked for {', '.join(candidates)}; row has {sorted(row)}); "
+        f"set the source's {what}_field"
+    )
 
 
 def row_to_item(row: dict[str, Any], src: Source, template: PromptTemplate, where: str) -> dict[str, Any]:
@@ -136,5 +146,8 @@ def row_to_item(row: dict[str, Any], src: Source, template: PromptTemplate, wher
     metadata = {"source": src.path, "where": where, "question": question}
     if "unique_id" in row:
         metadata["unique_id"] = row["unique_id"]
-    return {"messages": messages, "answer": final_answer(row[answer_field], src.answer_format, where, answer_field),
-            "metadata": metadata}
+    return {
+        "messages": messages,
+        "answer": final_answer(row[answer_field], src.answer_format, where, answer_field),
+        "metadata": metadata,
+    }

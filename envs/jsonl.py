@@ -43,6 +43,10 @@ def seed_messages(row: dict[str, Any], where: str) -> list[dict[str, str]]:
     if not isinstance(msgs, list) or not msgs:
         raise ValueError(f"{where}: 'messages' must be a message object or a non-empty list of them")
     for m in msgs:
-        if not isinstance(m, dict) or not isinstance(m.get("content"), str) or m.get("role") not in ("system", "user", "assistant"):
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("content"), str)
+            or m.get("role") not in ("system", "user", "assistant")
+        ):
             raise ValueError(f"{where}: each message needs a role (system, user or assistant) and a string content")
     return [{"role": m["role"], "content": m["content"]} for m in msgs]

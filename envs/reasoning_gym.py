@@ -48,7 +48,9 @@ class ReasoningGymEnv:
                 self._eval.append(self._item(e))
         self._train = [self._item(e) for e in train if e["question"] not in held_out]
         if not self._train:
-            raise ValueError(f"env.task={task!r}: every training question is in the held-out set; lower eval_size or widen env.config")
+            raise ValueError(
+                f"env.task={task!r}: every training question is in the held-out set; lower eval_size or widen env.config"
+            )
 
     def _item(self, entry: dict[str, Any]) -> dict[str, Any]:
         content = f"{entry['question']} {self.instruction}".strip() if self.instruction else entry["question"]
@@ -57,7 +59,12 @@ class ReasoningGymEnv:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         metadata = dict(entry.get("metadata", {}))
         metadata["task"] = self.task
-        return {"messages": messages, "answer": str(entry["answer"]), "metadata": metadata, "question": entry["question"]}
+        return {
+            "messages": messages,
+            "answer": str(entry["answer"]),
+            "metadata": metadata,
+            "question": entry["question"],
+        }
 
     def train_items(self) -> list[dict[str, Any]]:
         return self._train

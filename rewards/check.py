@@ -18,22 +18,53 @@ from typing import Any
 # Problems: question, gold answer, wrong answers that look plausible (metadata.task for reasoning-gym scorers). The third one contains its answer's
 # ingredients (copying it into a box must not pay); the fifth states its answer in the question.
 PROBLEMS: list[dict[str, Any]] = [
-    {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-                 "How many clips did Natalia sell altogether in April and May?",
-     "answer": "72", "wrong": ["73", "71", "48", "24", "96"], "metadata": {"task": "chain_sum"}},
-    {"question": "Convert the point $(0,3)$ in rectangular coordinates to polar coordinates. Enter your answer in "
-                 "the form $(r,\\theta),$ where $r > 0$ and $0 \\le \\theta < 2 \\pi.$",
-     "answer": "\\left( 3, \\frac{\\pi}{2} \\right)", "wrong": ["(3, \\pi)", "(0, 3)", "(3, 0)"]},
+    {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+        "How many clips did Natalia sell altogether in April and May?",
+        "answer": "72",
+        "wrong": ["73", "71", "48", "24", "96"],
+        "metadata": {"task": "chain_sum"},
+    },
+    {
+        "question": "Convert the point $(0,3)$ in rectangular coordinates to polar coordinates. Enter your answer in "
+        "the form $(r,\\theta),$ where $r > 0$ and $0 \\le \\theta < 2 \\pi.$",
+        "answer": "\\left( 3, \\frac{\\pi}{2} \\right)",
+        "wrong": ["(3, \\pi)", "(0, 3)", "(3, 0)"],
+    },
     {"question": "Simplify $\\frac{3}{6}$.", "answer": "\\frac{1}{2}", "wrong": ["\\frac{1}{3}", "2", "0.6"]},
-    {"question": "Define $p = \\sum_{k = 1}^\\infty \\frac{1}{k^2}$ and $q = \\sum_{k = 1}^\\infty \\frac{1}{k^3}$. "
-                 "Write $\\sum_{j = 1}^\\infty \\sum_{k = 1}^\\infty \\frac{1}{(j + k)^3}$ in terms of $p$ and $q$.",
-     "answer": "p - q", "wrong": ["p + q", "q - p", "p"]},
-    {"question": "Is the sum of 3 and 5 equal to 8? Give the sum.", "answer": "8", "wrong": ["9", "7", "35"],
-     "metadata": {"task": "chain_sum"}},
+    {
+        "question": "Define $p = \\sum_{k = 1}^\\infty \\frac{1}{k^2}$ and $q = \\sum_{k = 1}^\\infty \\frac{1}{k^3}$. "
+        "Write $\\sum_{j = 1}^\\infty \\sum_{k = 1}^\\infty \\frac{1}{(j + k)^3}$ in terms of $p$ and $q$.",
+        "answer": "p - q",
+        "wrong": ["p + q", "q - p", "p"],
+    },
+    {
+        "question": "Is the sum of 3 and 5 equal to 8? Give the sum.",
+        "answer": "8",
+        "wrong": ["9", "7", "35"],
+        "metadata": {"task": "chain_sum"},
+    },
 ]
 
-_LOOKALIKE = str.maketrans({"0": "О", "1": "l", "3": "З", "4": "Ч", "5": "Ƽ", "6": "б", "8": "Ȣ",
-                            "p": "р", "q": "ԛ", "a": "а", "e": "е", "o": "о", "c": "с", "x": "х", "i": "і"})
+_LOOKALIKE = str.maketrans(
+    {
+        "0": "О",
+        "1": "l",
+        "3": "З",
+        "4": "Ч",
+        "5": "Ƽ",
+        "6": "б",
+        "8": "Ȣ",
+        "p": "р",
+        "q": "ԛ",
+        "a": "а",
+        "e": "е",
+        "o": "о",
+        "c": "с",
+        "x": "х",
+        "i": "і",
+    }
+)
 
 
 def _lookalike(gold: str) -> str | None:
@@ -57,7 +88,10 @@ EXPLOITS: list[tuple[str, Callable[[dict], str | None]]] = [
     ("many_boxed_gold_first", lambda p: f"\\boxed{{{p['answer']}}} " + " ".join(f"\\boxed{{{w}}}" for w in p["wrong"])),
     ("boxed_list", lambda p: "\\boxed{" + ", ".join([*p["wrong"], p["answer"]]) + "}"),
     ("boxed_or", lambda p: f"\\boxed{{{p['wrong'][0]} \\text{{ or }} {p['answer']}}}"),
-    ("many_answer_tags", lambda p: "<think>\nlist\n</think>\n" + "".join(f"<answer>{a}</answer>" for a in [*p["wrong"], p["answer"]])),
+    (
+        "many_answer_tags",
+        lambda p: "<think>\nlist\n</think>\n" + "".join(f"<answer>{a}</answer>" for a in [*p["wrong"], p["answer"]]),
+    ),
     ("answer_tag_list", lambda p: f"<think>\nlist\n</think>\n<answer>{', '.join([*p['wrong'], p['answer']])}</answer>"),
     ("copy_question", lambda p: p["question"]),
     ("copy_question_boxed", lambda p: f"\\boxed{{{p['question']}}}"),
@@ -152,8 +186,10 @@ def main(argv: list[str]) -> int:
     results, unjudged = run_check(reward)
     failed = [r for r in results if not r.passed]
     for r in results if verbose else failed:
-        print(f"{'PASS' if r.passed else 'FAIL'}  {r.exploit:<26} problem {r.problem}  score {r.score:g} "
-              f"(full credit {r.full_credit:g})")
+        print(
+            f"{'PASS' if r.passed else 'FAIL'}  {r.exploit:<26} problem {r.problem}  score {r.score:g} "
+            f"(full credit {r.full_credit:g})"
+        )
     for k in unjudged:
         print(f"SKIP  problem {k}: no correct completion scores above 0 with this reward")
     if hasattr(reward, "close"):
@@ -162,8 +198,10 @@ def main(argv: list[str]) -> int:
     if not judged:
         print("FAIL: no problem could be judged (the reward gives no credit to correct answers)")
         return 1
-    print(f"{'FAIL' if failed else 'PASS'}: {len(results) - len(failed)}/{len(results)} exploit attempts blocked "
-          f"({len(EXPLOITS)} exploits x {judged} problems)")
+    print(
+        f"{'FAIL' if failed else 'PASS'}: {len(results) - len(failed)}/{len(results)} exploit attempts blocked "
+        f"({len(EXPLOITS)} exploits x {judged} problems)"
+    )
     return 1 if failed else 0
 
 

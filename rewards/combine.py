@@ -48,7 +48,8 @@ class WeightedSum:
     def score_one(self, completion: str, answer: Any, metadata: dict | None = None) -> float:
         return sum(w * score_sample(r, completion, answer, {"metadata": metadata}) for r, w in self.terms)
 
-    def __call__(self, completions: list[str], *, answer: list[Any], metadata: list[dict] | None = None,
-                 **kwargs) -> list[float]:
+    def __call__(
+        self, completions: list[str], *, answer: list[Any], metadata: list[dict] | None = None, **kwargs
+    ) -> list[float]:
         metas = metadata if metadata is not None else [None] * len(completions)
         return [self.score_one(c, a, m) for c, a, m in zip(completions, answer, metas)]

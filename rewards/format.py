@@ -70,8 +70,12 @@ class FormatReward:
             return True
         opening = "" if self.think_in_prompt else r"<think>"
         m = re.fullmatch(rf"\s*{opening}(.*?)</think>\s*<answer>(.*?)</answer>\s*", completion, flags=re.DOTALL)
-        return (m is not None and bool(m.group(1).strip()) and _count(completion, "</think>") == 1
-                and _count(completion, "<think>") == (0 if self.think_in_prompt else 1))
+        return (
+            m is not None
+            and bool(m.group(1).strip())
+            and _count(completion, "</think>") == 1
+            and _count(completion, "<think>") == (0 if self.think_in_prompt else 1)
+        )
 
     def score_one(self, completion: str, answer: Any = None, metadata: dict | None = None) -> float:
         if not isinstance(completion, str):

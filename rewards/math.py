@@ -106,9 +106,14 @@ def parse_math(s: str, timeout: int | None) -> tuple:
     from math_verify.errors import TimeoutException
 
     try:
-        found = parse(f"${_strip_percent(s)}$", extraction_config=[LatexExtractionConfig(boxed_match_priority=0)],
-                      fallback_mode="no_fallback", extraction_mode="first_match", parsing_timeout=timeout,
-                      raise_on_error=True)
+        found = parse(
+            f"${_strip_percent(s)}$",
+            extraction_config=[LatexExtractionConfig(boxed_match_priority=0)],
+            fallback_mode="no_fallback",
+            extraction_mode="first_match",
+            parsing_timeout=timeout,
+            raise_on_error=True,
+        )
     except TimeoutException:
         raise RewardTimeout(f"math-verify parse took over {timeout}s") from None
     except Exception:  # noqa: BLE001 - an answer sympy cannot read is simply not a parsed answer
@@ -180,9 +185,16 @@ class MathReward:
 
     answer_style = "boxed"
 
-    def __init__(self, correct_score: float = 1.0, format_score: float = 0.0, wrong_score: float = 0.0,
-                 format_gate: bool = False, format_mode: str = "soft", timeout_s: float = 5.0,
-                 max_answer_chars: int = 300):
+    def __init__(
+        self,
+        correct_score: float = 1.0,
+        format_score: float = 0.0,
+        wrong_score: float = 0.0,
+        format_gate: bool = False,
+        format_mode: str = "soft",
+        timeout_s: float = 5.0,
+        max_answer_chars: int = 300,
+    ):
         self.correct_score, self.format_score, self.wrong_score = correct_score, format_score, wrong_score
         self.format_gate = format_gate
         self.format = FormatReward(style=self.answer_style, mode=format_mode)
@@ -201,14 +213,18 @@ class MathReward:
         gold = str(answer)
         format_ok = self.format.score_one(completion) > 0
         pred = self.extract(completion)
-        correct = (pred is not None and 0 < len(pred.strip()) <= self.max_answer_chars
-                   and answers_match(pred, gold, self.timeout_s))
+        correct = (
+            pred is not None
+            and 0 < len(pred.strip()) <= self.max_answer_chars
+            and answers_match(pred, gold, self.timeout_s)
+        )
         if correct and (format_ok or not self.format_gate):
             return self.correct_score
         return self.format_score if format_ok else self.wrong_score
 
-    def __call__(self, completions: list[str], *, answer: list[Any], metadata: list[dict] | None = None,
-                 **kwargs) -> list[float]:
+    def __call__(
+        self, completions: list[str], *, answer: list[Any], metadata: list[dict] | None = None, **kwargs
+    ) -> list[float]:
         metas = metadata if metadata is not None else [None] * len(completions)
         scores = []
         for text, gold, meta in zip(completions, answer, metas):
@@ -253,8 +269,9 @@ class ThinkAnswerReward(MathReward):
 
     def __init__(self, think_in_prompt: bool = False, **kwargs):
         super().__init__(**kwargs)
-        self.format = FormatReward(style="think_answer", mode=kwargs.get("format_mode", "soft"),
-                                   think_in_prompt=think_in_prompt)
+        self.format = FormatReward(
+            style="think_answer", mode=kwargs.get("format_mode", "soft"), think_in_prompt=think_in_prompt
+        )
         self.think_in_prompt = think_in_prompt
 
     def extract(self, completion: str) -> str | None:

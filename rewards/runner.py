@@ -95,8 +95,10 @@ class RewardRunner:
         n = len(completions)
         if len(answer) != n:
             raise ValueError(f"reward got {n} completions but {len(answer)} answers")
-        extras = [{k: (v[i] if isinstance(v, list | tuple) and len(v) == n else v) for k, v in kwargs.items()}
-                  for i in range(n)]
+        extras = [
+            {k: (v[i] if isinstance(v, list | tuple) and len(v) == n else v) for k, v in kwargs.items()}
+            for i in range(n)
+        ]
         if self.workers == 0:
             return [self._in_process(completions[i], answer[i], extras[i]) for i in range(n)]
         return self._in_workers(completions, answer, extras)
@@ -184,10 +186,20 @@ class RewardRunner:
                     self._replace(w)
         return scores
 
-    def _fall_back(self, dead: _Worker, busy: dict, todo: list[int], completions: list[str], answer: list[Any],
-                   extras: list[dict], scores: list[float]) -> list[float]:
-        log.warning("reward workers exited before scoring anything (exit code %s); scoring in this process "
-                    "(reward.workers=0)", dead.proc.exitcode)
+    def _fall_back(
+        self,
+        dead: _Worker,
+        busy: dict,
+        todo: list[int],
+        completions: list[str],
+        answer: list[Any],
+        extras: list[dict],
+        scores: list[float],
+    ) -> list[float]:
+        log.warning(
+            "reward workers exited before scoring anything (exit code %s); scoring in this process (reward.workers=0)",
+            dead.proc.exitcode,
+        )
         pending = [dead.job, *(w.job for w in busy.values()), *todo]
         self.close()
         self.workers = 0

@@ -354,9 +354,7 @@ def clipped_surrogate_loss(
     logp, old_logp, mask: [B, T]; advantages: [B] (broadcast over tokens). old_logp are the behaviour logprobs
     returned by the rollout engine, so the ratio also corrects for the train-inference mismatch.
     """
-    log_ratio, weight, metrics = importance_terms(
-        logp, old_logp, mask, tis_cap=tis_cap, skip_threshold=skip_threshold
-    )
+    log_ratio, weight, metrics = importance_terms(logp, old_logp, mask, tis_cap=tis_cap, skip_threshold=skip_threshold)
     ratio = torch.exp(log_ratio)  # [B, T]
     adv = advantages.unsqueeze(1)  # [B, 1]
     unclipped = -ratio * adv

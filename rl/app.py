@@ -29,12 +29,24 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict, run_dir: 
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
     lg = cfg.logger
-    logger = MetricsLogger(run_dir, kind=lg.kind.value, wandb_mode=lg.mode, project=lg.project, name=lg.name,
-                           group=lg.group, tags=lg.tags, config=resolved, console_every=lg.console_every,
-                           total_steps=cfg.steps)
-    print(f"run dir: {run_dir}\nmodel: {model_path}\n{cfg.cluster.mode.value}: {cfg.cluster.num_actors} rollout "
-          f"actor(s), {cfg.cluster.num_learners} learner(s); algorithm {cfg.algorithm.name}; {cfg.steps} steps x "
-          f"{cfg.prompts_per_step} prompts x {cfg.algorithm.group_size} samples", flush=True)
+    logger = MetricsLogger(
+        run_dir,
+        kind=lg.kind.value,
+        wandb_mode=lg.mode,
+        project=lg.project,
+        name=lg.name,
+        group=lg.group,
+        tags=lg.tags,
+        config=resolved,
+        console_every=lg.console_every,
+        total_steps=cfg.steps,
+    )
+    print(
+        f"run dir: {run_dir}\nmodel: {model_path}\n{cfg.cluster.mode.value}: {cfg.cluster.num_actors} rollout "
+        f"actor(s), {cfg.cluster.num_learners} learner(s); algorithm {cfg.algorithm.name}; {cfg.steps} steps x "
+        f"{cfg.prompts_per_step} prompts x {cfg.algorithm.group_size} samples",
+        flush=True,
+    )
     try:
         runtime, teardown = build_runtime(cfg, model_path)
     except RayStartError as e:
@@ -48,6 +60,9 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict, run_dir: 
     summary["time/total_s"] = time.perf_counter() - t0
     before, after = summary.get("eval/accuracy_before"), summary.get("eval/accuracy_after")
     if before is not None and after is not None:
-        print(f"held-out accuracy (greedy, {cfg.eval_size} prompts): before {before:.3f} -> after {after:.3f} "
-              f"({after - before:+.3f}); total {summary['time/total_s']:.0f} s", flush=True)
+        print(
+            f"held-out accuracy (greedy, {cfg.eval_size} prompts): before {before:.3f} -> after {after:.3f} "
+            f"({after - before:+.3f}); total {summary['time/total_s']:.0f} s",
+            flush=True,
+        )
     return summary

@@ -18,7 +18,10 @@ def main() -> int:
         ("peft", "import peft"),
         ("ray", "import ray"),
         ("hydra", "import hydra, omegaconf"),
-        ("math-verify", "from math_verify import parse, verify; assert verify(parse('$0.5$'), parse('$\\\\frac{1}{2}$'))"),
+        (
+            "math-verify",
+            "from math_verify import parse, verify; assert verify(parse('$0.5$'), parse('$\\\\frac{1}{2}$'))",
+        ),
         ("reasoning-gym", "import reasoning_gym"),
         ("vllm", "import vllm"),
     ]
@@ -29,7 +32,9 @@ def main() -> int:
             problems.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     for banned in ("torchvision", "torchaudio", "torchcodec"):
         if importlib.util.find_spec(banned) is not None:
-            problems.append(f"{banned} is installed and breaks transformers beside torch 2.13 CPU: pip uninstall {banned}")
+            problems.append(
+                f"{banned} is installed and breaks transformers beside torch 2.13 CPU: pip uninstall {banned}"
+            )
     try:
         from rl.models import embedded_gguf
 

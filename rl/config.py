@@ -110,11 +110,23 @@ class AlgorithmConfig:
         _check(self.group_size >= 2, f"algorithm.group_size must be >= 2 for group baselines (got {self.group_size})")
         _check(self.lr > 0, f"algorithm.lr must be > 0 (got {self.lr})")
         _check(self.clip_low >= 0 and self.clip_high >= 0, "algorithm.clip_low/clip_high must be >= 0")
-        _check(self.kl_estimator in ("k1", "k2", "k3"), f"algorithm.kl_estimator must be k1, k2 or k3 (got {self.kl_estimator!r})")
+        _check(
+            self.kl_estimator in ("k1", "k2", "k3"),
+            f"algorithm.kl_estimator must be k1, k2 or k3 (got {self.kl_estimator!r})",
+        )
         _check(self.updates_per_step >= 1, f"algorithm.updates_per_step must be >= 1 (got {self.updates_per_step})")
-        _check(self.pg_baseline in ("none", "group_mean"), f"algorithm.pg_baseline must be none or group_mean (got {self.pg_baseline!r})")
-        _check(self.dual_clip == 0 or self.dual_clip > 1, f"algorithm.dual_clip must be 0 (off) or > 1 (got {self.dual_clip})")
-        _check(self.tis_cap >= 0 and self.skip_threshold >= 0, "algorithm.tis_cap and algorithm.skip_threshold must be >= 0 (0 disables)")
+        _check(
+            self.pg_baseline in ("none", "group_mean"),
+            f"algorithm.pg_baseline must be none or group_mean (got {self.pg_baseline!r})",
+        )
+        _check(
+            self.dual_clip == 0 or self.dual_clip > 1,
+            f"algorithm.dual_clip must be 0 (off) or > 1 (got {self.dual_clip})",
+        )
+        _check(
+            self.tis_cap >= 0 and self.skip_threshold >= 0,
+            "algorithm.tis_cap and algorithm.skip_threshold must be >= 0 (0 disables)",
+        )
         _check(
             self.tis_cap == 0 or self.updates_per_step == 1,
             "algorithm.tis_cap > 0 uses the learner's current logprobs as the proximal policy: set "
@@ -127,7 +139,9 @@ class AlgorithmConfig:
             f"algorithm.filter_range must be [low, high] with low <= high (got {list(self.filter_range)})",
         )
         _check(self.dynamic_sampling_max_rounds >= 1, "algorithm.dynamic_sampling_max_rounds must be >= 1")
-        _check(self.overlong_buffer is None or self.overlong_buffer > 0, "algorithm.overlong_buffer must be > 0 or null")
+        _check(
+            self.overlong_buffer is None or self.overlong_buffer > 0, "algorithm.overlong_buffer must be > 0 or null"
+        )
         _check(
             self.loss_agg_norm_length is None or self.loss_agg_norm_length > 0,
             "algorithm.loss_agg_norm_length must be > 0 or null (null: model.max_new_tokens)",
@@ -153,7 +167,9 @@ class ClusterConfig:
     cpus_per_learner: float = 1.0  # Ray CPU resources reserved per learner
     placement_strategy: str = "PACK"  # Ray placement group strategy: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
     rollout_backend: RolloutBackend = RolloutBackend.vllm  # vllm or hf (debugging)
-    lora_mode: str = "auto"  # vLLM adapter loading: native (LoRARequest) | merged (into the weights) | auto (GPU native, CPU merged)
+    lora_mode: str = (
+        "auto"  # vLLM adapter loading: native (LoRARequest) | merged (into the weights) | auto (GPU native, CPU merged)
+    )
     actor_threads: int | None = None  # CPU threads of a CPU vLLM engine (null: all cores)
     learner_threads: int | None = None  # torch threads of a CPU learner (null: all cores)
     gpu_memory_utilization: float = 0.2  # vLLM memory fraction (on CPU: of RAM, for the KV cache)
@@ -168,7 +184,10 @@ class ClusterConfig:
             self.placement_strategy in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
             f"cluster.placement_strategy must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD (got {self.placement_strategy!r})",
         )
-        _check(self.lora_mode in ("auto", "native", "merged"), f"cluster.lora_mode must be auto, native or merged (got {self.lora_mode!r})")
+        _check(
+            self.lora_mode in ("auto", "native", "merged"),
+            f"cluster.lora_mode must be auto, native or merged (got {self.lora_mode!r})",
+        )
         _check(
             self.num_learners == 1,
             f"cluster.num_learners={self.num_learners}: data-parallel learners are not implemented yet; use 1",
@@ -192,7 +211,10 @@ class LoggerConfig:
     console_every: int = 1  # print one console line every N steps
 
     def __post_init__(self) -> None:
-        _check(self.mode in ("online", "offline", "disabled"), f"logger.mode must be online, offline or disabled (got {self.mode!r})")
+        _check(
+            self.mode in ("online", "offline", "disabled"),
+            f"logger.mode must be online, offline or disabled (got {self.mode!r})",
+        )
         _check(self.console_every >= 1, "logger.console_every must be >= 1")
 
 
@@ -212,7 +234,9 @@ class TrainConfig:
     share_prompt_prefix: bool = True  # learner runs each prompt once per group and reuses its KV cache (exact, faster)
     eval_size: int = 64  # held-out prompts evaluated greedily before and after training (0 disables)
     eval_every: int = 0  # also evaluate every N steps (0: only before and after)
-    sync_probe_threshold: float = 0.2  # fail when mean |logp_learner - logp_actor| on the sync probe exceeds this (bf16 noise: ~0.03-0.09)
+    sync_probe_threshold: float = (
+        0.2  # fail when mean |logp_learner - logp_actor| on the sync probe exceeds this (bf16 noise: ~0.03-0.09)
+    )
     output_dir: str | None = None  # run directory (null: Hydra's run directory)
 
     def __post_init__(self) -> None:

@@ -38,7 +38,9 @@ RewardFn = Callable[..., list[float]]
 class PromptData:
     """Tokenised prompts (chat template applied once, here) and a seeded, repeating order."""
 
-    def __init__(self, items: list[dict], tokenizer: Any, *, max_prompt_tokens: int, use_chat_template: bool, seed: int):
+    def __init__(
+        self, items: list[dict], tokenizer: Any, *, max_prompt_tokens: int, use_chat_template: bool, seed: int
+    ):
         self.items, self.prompt_ids, self.dropped = [], [], 0
         for it in items:
             ids = encode_prompt(tokenizer, it["messages"], use_chat_template)
@@ -86,8 +88,15 @@ def score(reward_fn: RewardFn, rollouts: list[PromptRollout], items: list[dict])
     return [float(x) for x in reward_fn(texts, answer=answers, metadata=metas)]
 
 
-def sample_batch(runtime: Runtime, data: PromptData, reward_fn: RewardFn, sampling: Sampling, n_prompts: int,
-                 filter_range: list[float] | None = None, max_rounds: int = 1) -> tuple[list[PromptRollout], list[float], dict]:
+def sample_batch(
+    runtime: Runtime,
+    data: PromptData,
+    reward_fn: RewardFn,
+    sampling: Sampling,
+    n_prompts: int,
+    filter_range: list[float] | None = None,
+    max_rounds: int = 1,
+) -> tuple[list[PromptRollout], list[float], dict]:
     """Generate and score n_prompts groups of sampling.n completions; returns rollouts, task rewards, stats.
 
     With `filter_range` (dynamic sampling, DAPO eq. 11) only groups whose accuracy lies in the range are kept, and
@@ -108,8 +117,11 @@ def sample_batch(runtime: Runtime, data: PromptData, reward_fn: RewardFn, sampli
         t_reward += time.perf_counter() - t0
         generated += len(rollouts)
         gen_tokens += sum(len(c.token_ids) for r in rollouts for c in r.completions)
-        keep = (filters.keep_groups_in_range(torch.tensor(rewards), G, *filter_range) if filter_range
-                else torch.ones(len(rollouts), dtype=torch.bool))
+        keep = (
+            filters.keep_groups_in_range(torch.tensor(rewards), G, *filter_range)
+            if filter_range
+            else torch.ones(len(rollouts), dtype=torch.bool)
+        )
         for g, r in enumerate(rollouts):
             if keep[g]:
                 kept.append(r)
@@ -130,8 +142,9 @@ def sample_batch(runtime: Runtime, data: PromptData, reward_fn: RewardFn, sampli
     return kept, kept_rewards, stats
 
 
-def prepare_samples(rollouts: list[PromptRollout], rewards: list[float], a: AlgorithmConfig,
-                    max_new_tokens: int) -> tuple[list[TrainSample], torch.Tensor, dict]:
+def prepare_samples(
+    rollouts: list[PromptRollout], rewards: list[float], a: AlgorithmConfig, max_new_tokens: int
+) -> tuple[list[TrainSample], torch.Tensor, dict]:
     """Reward shaping -> advantages -> loss masks -> top-k: the learner's samples, the advantages [B*G], metrics.
 
     Knobs the chosen advantage estimator does not use are ignored by it (see rl/algorithms.py)."""
@@ -142,15 +155,25 @@ def prepare_samples(rollouts: list[PromptRollout], rewards: list[float], a: Algo
     if a.overlong_penalty:
         buffer = a.overlong_buffer or filters.default_overlong_buffer(max_new_tokens)
         if buffer > max_new_tokens:
-            raise ConfigError(f"algorithm.overlong_buffer={buffer} exceeds model.max_new_tokens={max_new_tokens}: lower it")
+            raise ConfigError(
+                f"algorithm.overlong_buffer={buffer} exceeds model.max_new_tokens={max_new_tokens}: lower it"
+            )
         penalty = filters.overlong_penalty(lengths, max_new_tokens, buffer, a.overlong_penalty_factor)
         shaped = shaped + penalty
         metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
-    in_loss = (filters.truncated_mask([c.finish_reason for c in completions]) if a.filter_truncated_response
-               else [True] * len(completions))
+    in_loss = (
+        filters.truncated_mask([c.finish_reason for c in completions])
+        if a.filter_truncated_response
+        else [True] * len(completions)
+    )
     adv = algorithms.get_advantage(a.advantage)(
-        shaped, a.group_size, std_normalize=a.std_normalize, std_unbiased=a.std_unbiased, pg_baseline=a.pg_baseline,
-        eps=a.adv_eps, lengths=lengths * torch.tensor(in_loss, dtype=torch.float32),
+        shaped,
+        a.group_size,
+        std_normalize=a.std_normalize,
+        std_unbiased=a.std_unbiased,
+        pg_baseline=a.pg_baseline,
+        eps=a.adv_eps,
+        lengths=lengths * torch.tensor(in_loss, dtype=torch.float32),
     )
     samples = [
         TrainSample(r.prompt_ids, c.token_ids, c.logprobs, float(adv[k]), [] if in_loss[k] else [0] * len(c.token_ids))
@@ -208,23 +231,45 @@ def reward_counts(reward_fn: RewardFn) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------------ loop
 
 
-def train(cfg: TrainConfig, runtime: Runtime, tokenizer: Any, env: Any, reward_fn: RewardFn,
-          logger: MetricsLogger, probe_threshold: float = 0.1) -> dict[str, float]:
+def train(
+    cfg: TrainConfig,
+    runtime: Runtime,
+    tokenizer: Any,
+    env: Any,
+    reward_fn: RewardFn,
+    logger: MetricsLogger,
+    probe_threshold: float = 0.1,
+) -> dict[str, float]:
     """Run cfg.steps RL steps on `runtime`; return a summary (eval accuracy before/after, timings)."""
     seed_everything(cfg.seed)
     m, a = cfg.model, cfg.algorithm
-    train_data = PromptData(env.train_items(), tokenizer, max_prompt_tokens=m.max_prompt_tokens,
-                            use_chat_template=m.use_chat_template, seed=cfg.seed)
-    eval_data = PromptData(env.eval_items()[: cfg.eval_size], tokenizer, max_prompt_tokens=m.max_prompt_tokens,
-                           use_chat_template=m.use_chat_template, seed=cfg.seed)
+    train_data = PromptData(
+        env.train_items(),
+        tokenizer,
+        max_prompt_tokens=m.max_prompt_tokens,
+        use_chat_template=m.use_chat_template,
+        seed=cfg.seed,
+    )
+    eval_data = PromptData(
+        env.eval_items()[: cfg.eval_size],
+        tokenizer,
+        max_prompt_tokens=m.max_prompt_tokens,
+        use_chat_template=m.use_chat_template,
+        seed=cfg.seed,
+    )
     if len(train_data) == 0:
-        raise ValueError(f"no training prompts left: {train_data.dropped} were longer than model.max_prompt_tokens={m.max_prompt_tokens}")
+        raise ValueError(
+            f"no training prompts left: {train_data.dropped} were longer than model.max_prompt_tokens={m.max_prompt_tokens}"
+        )
     algorithms.get_advantage(a.advantage)  # fail before the first rollout on an unknown name
     sampling = Sampling(n=a.group_size, temperature=a.temperature, top_p=a.top_p, max_tokens=m.max_new_tokens)
     probe_prompts = train_data.prompt_ids[:2]
     probe_sampling = Sampling(n=2, temperature=a.temperature, top_p=a.top_p, max_tokens=16)
 
-    summary: dict[str, float] = {"data/train_prompts": len(train_data), "data/dropped_long_prompts": train_data.dropped + eval_data.dropped}
+    summary: dict[str, float] = {
+        "data/train_prompts": len(train_data),
+        "data/dropped_long_prompts": train_data.dropped + eval_data.dropped,
+    }
     before = evaluate(runtime, eval_data, reward_fn, m.max_new_tokens) if cfg.eval_size else {}
     if before:
         logger.log(0, before)
@@ -235,13 +280,21 @@ def train(cfg: TrainConfig, runtime: Runtime, tokenizer: Any, env: Any, reward_f
     for step in range(1, cfg.steps + 1):
         t_step = time.perf_counter()
         rollouts, rewards, stats = sample_batch(
-            runtime, train_data, reward_fn, sampling, cfg.prompts_per_step,
+            runtime,
+            train_data,
+            reward_fn,
+            sampling,
+            cfg.prompts_per_step,
             filter_range=list(a.filter_range) if a.dynamic_sampling else None,
             max_rounds=a.dynamic_sampling_max_rounds if a.dynamic_sampling else 1,
         )
         samples, adv, sample_metrics = prepare_samples(rollouts, rewards, a, m.max_new_tokens)
-        metrics = {**rollout_metrics(rollouts, rewards, adv, a.group_size), **stats, **sample_metrics,
-                   **reward_counts(reward_fn)}
+        metrics = {
+            **rollout_metrics(rollouts, rewards, adv, a.group_size),
+            **stats,
+            **sample_metrics,
+            **reward_counts(reward_fn),
+        }
 
         metrics.update(learn(runtime, samples, a.updates_per_step))
         metrics.update(runtime.sync())
@@ -253,11 +306,13 @@ def train(cfg: TrainConfig, runtime: Runtime, tokenizer: Any, env: Any, reward_f
                 f"{probe_threshold} (sync_probe_threshold): the actor is not running the learner's adapter"
             )
 
-        metrics.update({
-            "actor/adapter_version": float(min(r.adapter_version for r in rollouts)),
-            "time/step_s": time.perf_counter() - t_step,
-            "data/cursor": float(train_data.cursor),
-        })
+        metrics.update(
+            {
+                "actor/adapter_version": float(min(r.adapter_version for r in rollouts)),
+                "time/step_s": time.perf_counter() - t_step,
+                "data/cursor": float(train_data.cursor),
+            }
+        )
         if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
             metrics.update(evaluate(runtime, eval_data, reward_fn, m.max_new_tokens))
         logger.log(step, metrics)
@@ -313,12 +368,29 @@ def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[
     m, a, c = cfg.model, cfg.algorithm, cfg.cluster
     rollout_cls, rollout_kwargs = rollout_role(cfg, model_path)
     learner_kwargs = dict(
-        lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout, lora_targets=list(m.lora_targets),
-        dtype=m.learner_dtype.value, lr=a.lr, weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm,
-        policy_loss=a.policy_loss, loss_agg=a.loss_agg, clip_low=a.clip_low, clip_high=a.clip_high,
-        dual_clip=a.dual_clip, tis_cap=a.tis_cap, skip_threshold=a.skip_threshold, entropy_coef=a.entropy_coef,
-        loss_agg_norm_length=a.loss_agg_norm_length or m.max_new_tokens, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator, temperature=a.temperature,
-        micro_batch_size=cfg.micro_batch_size, share_prompt_prefix=cfg.share_prompt_prefix, seed=cfg.seed,
+        lora_rank=m.lora_rank,
+        lora_alpha=m.lora_alpha,
+        lora_dropout=m.lora_dropout,
+        lora_targets=list(m.lora_targets),
+        dtype=m.learner_dtype.value,
+        lr=a.lr,
+        weight_decay=a.weight_decay,
+        max_grad_norm=a.max_grad_norm,
+        policy_loss=a.policy_loss,
+        loss_agg=a.loss_agg,
+        clip_low=a.clip_low,
+        clip_high=a.clip_high,
+        dual_clip=a.dual_clip,
+        tis_cap=a.tis_cap,
+        skip_threshold=a.skip_threshold,
+        entropy_coef=a.entropy_coef,
+        loss_agg_norm_length=a.loss_agg_norm_length or m.max_new_tokens,
+        kl_coef=a.kl_coef,
+        kl_estimator=a.kl_estimator,
+        temperature=a.temperature,
+        micro_batch_size=cfg.micro_batch_size,
+        share_prompt_prefix=cfg.share_prompt_prefix,
+        seed=cfg.seed,
         num_threads=c.learner_threads,
         trust_remote_code=m.trust_remote_code,
     )
@@ -339,12 +411,19 @@ def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[
     started = placement.start_ray(c.address, c.ray_num_cpus, {})
     try:
         runtime = placement.build_ray_runtime(
-            rollout_cls=rollout_cls, rollout_kwargs={"model_path": model_path, **rollout_kwargs},
-            learner_cls=PeftLearner, learner_kwargs={"model_path": model_path, **learner_kwargs},
-            num_actors=c.num_actors, num_learners=c.num_learners, use_gpu=c.use_gpu,
-            gpus_per_actor=c.gpus_per_actor, gpus_per_learner=c.gpus_per_learner,
-            cpus_per_actor=c.cpus_per_actor, cpus_per_learner=c.cpus_per_learner,
-            strategy=c.placement_strategy, actor_env=actor_env,
+            rollout_cls=rollout_cls,
+            rollout_kwargs={"model_path": model_path, **rollout_kwargs},
+            learner_cls=PeftLearner,
+            learner_kwargs={"model_path": model_path, **learner_kwargs},
+            num_actors=c.num_actors,
+            num_learners=c.num_learners,
+            use_gpu=c.use_gpu,
+            gpus_per_actor=c.gpus_per_actor,
+            gpus_per_learner=c.gpus_per_learner,
+            cpus_per_actor=c.cpus_per_actor,
+            cpus_per_learner=c.cpus_per_learner,
+            strategy=c.placement_strategy,
+            actor_env=actor_env,
         )
     except BaseException:
         placement.stop_ray(started)
@@ -367,10 +446,13 @@ def rollout_role(cfg: TrainConfig, model_path: str) -> tuple[type, dict]:
 
     lora_mode = c.lora_mode if c.lora_mode != "auto" else ("native" if c.use_gpu else "merged")
     return VLLMRollout, dict(
-        lora_mode=lora_mode, max_lora_rank=m.lora_rank, dtype=m.dtype.value,
-        max_model_len=m.max_prompt_tokens + m.max_new_tokens, seed=cfg.seed,
-        gpu_memory_utilization=c.gpu_memory_utilization, enforce_eager=c.enforce_eager,
+        lora_mode=lora_mode,
+        max_lora_rank=m.lora_rank,
+        dtype=m.dtype.value,
+        max_model_len=m.max_prompt_tokens + m.max_new_tokens,
+        seed=cfg.seed,
+        gpu_memory_utilization=c.gpu_memory_utilization,
+        enforce_eager=c.enforce_eager,
         tensor_parallel_size=max(1, int(c.gpus_per_actor)) if c.use_gpu else 1,
         trust_remote_code=m.trust_remote_code,
     )
-

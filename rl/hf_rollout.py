@@ -16,9 +16,15 @@ class HFRollout:
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=getattr(torch, dtype) if dtype != "auto" else "auto", trust_remote_code=trust_remote_code
-        ).to(self.device).eval()
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(
+                model_path,
+                dtype=getattr(torch, dtype) if dtype != "auto" else "auto",
+                trust_remote_code=trust_remote_code,
+            )
+            .to(self.device)
+            .eval()
+        )
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.seed = seed
         self.version = 0
@@ -46,12 +52,18 @@ class HFRollout:
             torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator)))
             greedy = sampling.temperature == 0
             gen = self.model.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=sampling.max_tokens,
-                do_sample=not greedy, temperature=None if greedy else sampling.temperature,
-                top_p=None if greedy else sampling.top_p, top_k=None, pad_token_id=self.pad,
-                output_scores=True, return_dict_in_generate=True,
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=sampling.max_tokens,
+                do_sample=not greedy,
+                temperature=None if greedy else sampling.temperature,
+                top_p=None if greedy else sampling.top_p,
+                top_k=None,
+                pad_token_id=self.pad,
+                output_scores=True,
+                return_dict_in_generate=True,
             )
-            new = gen.sequences[:, len(prompt):]
+            new = gen.sequences[:, len(prompt) :]
             logps = torch.stack(gen.scores, 1).float().log_softmax(-1)  # processed scores: what was sampled from
             comps = []
             for row, lp in zip(new, logps):

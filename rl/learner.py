@@ -75,7 +75,10 @@ class PeftLearner:
         ).to(self.device)
         base.config.use_cache = False
         lora = LoraConfig(
-            r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=list(lora_targets),
+            r=lora_rank,
+            lora_alpha=lora_alpha,
+            lora_dropout=lora_dropout,
+            target_modules=list(lora_targets),
             task_type="CAUSAL_LM",
         )
         self.model = get_peft_model(base, lora)
@@ -87,7 +90,10 @@ class PeftLearner:
         self.agg_fn = functools.partial(agg, norm_length=loss_agg_norm_length)
         self.agg_unit = getattr(agg, "unit", "seq")
         self.loss_kwargs = {
-            "clip_low": clip_low, "clip_high": clip_high, "dual_clip": dual_clip, "tis_cap": tis_cap,
+            "clip_low": clip_low,
+            "clip_high": clip_high,
+            "dual_clip": dual_clip,
+            "tis_cap": tis_cap,
             "skip_threshold": skip_threshold,
         }
         self.kl_coef, self.kl_estimator = kl_coef, kl_estimator
@@ -137,8 +143,13 @@ class PeftLearner:
             comp[i, : len(s.completion_ids)] = torch.tensor(s.completion_ids)
             attn[i, P : P + len(s.completion_ids)] = 1
         positions = torch.arange(P, P + C).expand(B, C)
-        rest = self.model(input_ids=comp.to(self.device), attention_mask=attn.to(self.device),
-                          position_ids=positions.to(self.device), past_key_values=cache, use_cache=True)
+        rest = self.model(
+            input_ids=comp.to(self.device),
+            attention_mask=attn.to(self.device),
+            position_ids=positions.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+        )
         # the last prompt position predicts completion token 0; completion position j predicts token j + 1
         logits = torch.cat([first.logits[:, -1:].expand(B, 1, -1), rest.logits[:, :-1]], dim=1)
         return logits, P + B * C
@@ -160,8 +171,10 @@ class PeftLearner:
         return torch.gather(logits, 1, index[..., None].expand(B, C, logits.shape[-1])), B * L
 
     def _logits(self, samples: list[TrainSample]) -> tuple[torch.Tensor, int]:
-        shared = self.share_prompt_prefix and len(samples) > 1 and all(
-            s.prompt_ids == samples[0].prompt_ids for s in samples
+        shared = (
+            self.share_prompt_prefix
+            and len(samples) > 1
+            and all(s.prompt_ids == samples[0].prompt_ids for s in samples)
         )
         return self._shared_prefix_logits(samples) if shared else self._full_logits(samples)
 
@@ -248,14 +261,16 @@ class PeftLearner:
         self.version += 1
         dt = time.perf_counter() - t0
         out = {k: v for k, v in sums.items()}
-        out.update({
-            "train/loss": total_loss,
-            "train/samples_with_signal": float(len(samples)),
-            "train/grad_norm": grad_norm,
-            "train/skipped_nonfinite": skipped,
-            "perf/learner_tokens_per_s": tokens / dt,
-            "time/learn_s": dt,
-        })
+        out.update(
+            {
+                "train/loss": total_loss,
+                "train/samples_with_signal": float(len(samples)),
+                "train/grad_norm": grad_norm,
+                "train/skipped_nonfinite": skipped,
+                "perf/learner_tokens_per_s": tokens / dt,
+                "time/learn_s": dt,
+            }
+        )
         return out
 
     # ------------------------------------------------------------------------------------------------ sync

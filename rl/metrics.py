@@ -19,9 +19,20 @@ def _jsonable(v: Any) -> Any:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, *, kind: str = "jsonl", wandb_mode: str = "offline", project: str = "rlft",
-                 name: str | None = None, group: str | None = None, tags: list[str] | None = None,
-                 config: dict | None = None, console_every: int = 1, total_steps: int = 0):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        kind: str = "jsonl",
+        wandb_mode: str = "offline",
+        project: str = "rlft",
+        name: str | None = None,
+        group: str | None = None,
+        tags: list[str] | None = None,
+        config: dict | None = None,
+        console_every: int = 1,
+        total_steps: int = 0,
+    ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
@@ -32,8 +43,15 @@ class MetricsLogger:
         if kind == "wandb" and wandb_mode != "disabled":
             import wandb
 
-            self._wandb = wandb.init(project=project, name=name, group=group, tags=list(tags or []),
-                                     config=config, mode=wandb_mode, dir=str(self.run_dir))
+            self._wandb = wandb.init(
+                project=project,
+                name=name,
+                group=group,
+                tags=list(tags or []),
+                config=config,
+                mode=wandb_mode,
+                dir=str(self.run_dir),
+            )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
@@ -44,11 +62,18 @@ class MetricsLogger:
     def console(self, step: int, metrics: dict[str, float]) -> None:
         if step % self.console_every and step != self.total_steps:
             return
-        keys = [("reward/mean", "reward", "{:.3f}"), ("eval/accuracy", "eval_acc", "{:.3f}"),
-                ("response/length_mean", "len", "{:.1f}"), ("train/loss", "loss", "{:+.4f}"),
-                ("policy/approx_kl", "kl", "{:.4f}"), ("sync/logprob_abs_diff", "probe", "{:.4f}"),
-                ("time/step_s", "step_s", "{:.1f}"), ("time/rollout_s", "gen_s", "{:.1f}"),
-                ("time/learn_s", "learn_s", "{:.1f}"), ("time/sync_s", "sync_s", "{:.2f}")]
+        keys = [
+            ("reward/mean", "reward", "{:.3f}"),
+            ("eval/accuracy", "eval_acc", "{:.3f}"),
+            ("response/length_mean", "len", "{:.1f}"),
+            ("train/loss", "loss", "{:+.4f}"),
+            ("policy/approx_kl", "kl", "{:.4f}"),
+            ("sync/logprob_abs_diff", "probe", "{:.4f}"),
+            ("time/step_s", "step_s", "{:.1f}"),
+            ("time/rollout_s", "gen_s", "{:.1f}"),
+            ("time/learn_s", "learn_s", "{:.1f}"),
+            ("time/sync_s", "sync_s", "{:.2f}"),
+        ]
         parts = [f"step {step}/{self.total_steps}"]
         parts += [f"{label} {fmt.format(metrics[k])}" for k, label, fmt in keys if k in metrics]
         print(" | ".join(parts), file=sys.stdout, flush=True)

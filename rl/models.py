@@ -31,7 +31,9 @@ def cache_dir() -> Path:
 def embedded_gguf(name: str) -> Path:
     """Path of an embedded model's GGUF file inside its installed wheel (without importing the package)."""
     if name not in EMBEDDED:
-        raise ConfigError(f"model.path=embedded:{name} is not an embedded model; valid: {', '.join('embedded:' + k for k in EMBEDDED)}")
+        raise ConfigError(
+            f"model.path=embedded:{name} is not an embedded model; valid: {', '.join('embedded:' + k for k in EMBEDDED)}"
+        )
     dist, rel, _ = EMBEDDED[name]
     try:
         files = metadata.distribution(dist).files or []
@@ -54,7 +56,9 @@ def resolve_model_path(path: str) -> str:
     looks_local = path.startswith(("/", ".", "~")) or p.exists() or path.count("/") != 1
     if looks_local:
         if not p.is_dir():
-            raise ConfigError(f"model.path={path!r} does not exist: give a local HF model folder, a hub id (org/name) or embedded:smollm2-135m-instruct")
+            raise ConfigError(
+                f"model.path={path!r} does not exist: give a local HF model folder, a hub id (org/name) or embedded:smollm2-135m-instruct"
+            )
         if not (p / "config.json").is_file():
             raise ConfigError(f"model.path={path!r} has no config.json: it must be a Hugging Face model folder")
         return str(p.resolve())

@@ -72,19 +72,34 @@ def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str
     runtime_env = {"env_vars": {"PYTHONPATH": REPO_ROOT, **env_vars}}
     try:
         if address is None:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env, log_to_driver=True,
-                     configure_logging=False)
+            ray.init(
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                runtime_env=runtime_env,
+                log_to_driver=True,
+                configure_logging=False,
+            )
             return True
         ray.init(address=address, runtime_env=runtime_env, configure_logging=False)
         return False
     except Exception as e:  # noqa: BLE001 - reported as one line with the key to change
         where = "a local Ray (cluster.address=null)" if address is None else f"cluster.address={address!r}"
-        raise RayStartError(f"could not start or join Ray at {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+        raise RayStartError(
+            f"could not start or join Ray at {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
 
 
-def place_roles(num_actors: int, num_learners: int, *, use_gpu: bool, gpus_per_actor: float,
-                gpus_per_learner: float, cpus_per_actor: float, cpus_per_learner: float,
-                strategy: str) -> tuple[Any, list[RolePlan]]:
+def place_roles(
+    num_actors: int,
+    num_learners: int,
+    *,
+    use_gpu: bool,
+    gpus_per_actor: float,
+    gpus_per_learner: float,
+    cpus_per_actor: float,
+    cpus_per_learner: float,
+    strategy: str,
+) -> tuple[Any, list[RolePlan]]:
     """Build one placement group with a bundle per role; log and return the bundle -> role map."""
     import ray
     from ray.util.placement_group import placement_group
@@ -109,7 +124,9 @@ def place_roles(num_actors: int, num_learners: int, *, use_gpu: bool, gpus_per_a
     try:
         ray.get(pg.ready(), timeout=120)
     except Exception as e:
-        raise RayStartError(f"placement group {[p.resources for p in plans]} ({strategy}) was not ready in 120 s: {e}") from e
+        raise RayStartError(
+            f"placement group {[p.resources for p in plans]} ({strategy}) was not ready in 120 s: {e}"
+        ) from e
     for b, p in enumerate(plans):
         log.info("placement: bundle %d -> %s %d %s", b, p.role, p.index, p.resources)
     return pg, plans
@@ -134,9 +151,16 @@ def build_ray_runtime(
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    pg, plans = place_roles(num_actors, num_learners, use_gpu=use_gpu, gpus_per_actor=gpus_per_actor,
-                            gpus_per_learner=gpus_per_learner, cpus_per_actor=cpus_per_actor,
-                            cpus_per_learner=cpus_per_learner, strategy=strategy)
+    pg, plans = place_roles(
+        num_actors,
+        num_learners,
+        use_gpu=use_gpu,
+        gpus_per_actor=gpus_per_actor,
+        gpus_per_learner=gpus_per_learner,
+        cpus_per_actor=cpus_per_actor,
+        cpus_per_learner=cpus_per_learner,
+        strategy=strategy,
+    )
     handles: dict[str, list] = {"actor": [], "learner": []}
     for b, p in enumerate(plans):
         cls, kwargs = (rollout_cls, rollout_kwargs) if p.role == "actor" else (learner_cls, learner_kwargs)

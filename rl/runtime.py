@@ -123,4 +123,3 @@ class Runtime:
                 group.close()
             except Exception:  # closing one role must not stop the other from being closed
                 pass
-

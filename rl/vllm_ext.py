@@ -95,4 +95,3 @@ class LoraMergeExtension:
         model.load_weights(weights=payload)
         finalize_layerwise_reload(model, self.vllm_config.model_config)
         return {"tensors": len(payload), "seconds": time.perf_counter() - t0}
-

@@ -25,9 +25,18 @@ def build_tiny_model(out: Path, seed: int = 0) -> Path:
     tok.bos_token, tok.eos_token, tok.pad_token = "<|im_start|>", "<|im_end|>", "<|im_end|>"
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=64, max_position_embeddings=1024, tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
     )
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     out.mkdir(parents=True, exist_ok=True)
@@ -47,5 +56,11 @@ class LengthReward:
 def run_train(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     """Run train.py as a user would; returns the finished process (stdout and stderr captured)."""
     env = dict(os.environ, PYTHONPATH=str(REPO), HYDRA_FULL_ERROR="0")
-    return subprocess.run([sys.executable, str(REPO / "train.py"), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -19,12 +19,27 @@ def test_bundle_runs_two_steps(bundle, tiny_model, tmp_path):
     # a random tiny model never stops before max_new_tokens: every answer is truncated, and DAPO's truncated-
     # response mask would (correctly) leave nothing to learn from; keep the rest of its recipe
     extra = ["algorithm.filter_truncated_response=false"] if bundle == "dapo" else []
-    proc = run_train([*extra,
-        f"algorithm={bundle}", f"model.path={tiny_model}", f"output_dir={out}", "cluster=local",
-        "cluster.rollout_backend=hf", "steps=2", "prompts_per_step=2", "algorithm.group_size=4", "eval_size=2",
-        "model.max_new_tokens=8", "model.dtype=float32", "model.learner_dtype=float32",
-        "reward._target_=tests.helpers.LengthReward", "~reward.extract", "logger=none",
-    ], timeout=300)
+    proc = run_train(
+        [
+            *extra,
+            f"algorithm={bundle}",
+            f"model.path={tiny_model}",
+            f"output_dir={out}",
+            "cluster=local",
+            "cluster.rollout_backend=hf",
+            "steps=2",
+            "prompts_per_step=2",
+            "algorithm.group_size=4",
+            "eval_size=2",
+            "model.max_new_tokens=8",
+            "model.dtype=float32",
+            "model.learner_dtype=float32",
+            "reward._target_=tests.helpers.LengthReward",
+            "~reward.extract",
+            "logger=none",
+        ],
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "train/loss" in r]

@@ -13,9 +13,17 @@ from tests.helpers import run_train
 pytestmark = pytest.mark.slow
 
 TINY_RUN = [
-    "steps=2", "prompts_per_step=2", "algorithm.group_size=4", "eval_size=4", "model.max_new_tokens=16",
-    "micro_batch_size=8", "reward._target_=tests.helpers.LengthReward", "~reward.extract",
-    "model.dtype=float32", "model.learner_dtype=float32", "sync_probe_threshold=0.01",
+    "steps=2",
+    "prompts_per_step=2",
+    "algorithm.group_size=4",
+    "eval_size=4",
+    "model.max_new_tokens=16",
+    "micro_batch_size=8",
+    "reward._target_=tests.helpers.LengthReward",
+    "~reward.extract",
+    "model.dtype=float32",
+    "model.learner_dtype=float32",
+    "sync_probe_threshold=0.01",
 ]
 
 

@@ -13,7 +13,9 @@ from rl import algorithms as alg
 from tests.unit import verl_reference
 
 VERL = verl_reference.load()
-needs_verl = pytest.mark.skipif(VERL is None, reason="verl not installed (pip install --no-deps -r requirements-dev.txt)")
+needs_verl = pytest.mark.skipif(
+    VERL is None, reason="verl not installed (pip install --no-deps -r requirements-dev.txt)"
+)
 
 ADVANTAGES = ["grpo", "dr_grpo", "rloo", "pg", "reinforce_pp"]
 LOSSES = ["pg", "clipped", "gspo", "cispo"]
@@ -61,7 +63,9 @@ def test_grpo_hand_computed_unbiased_and_population_std():
     s = math.sqrt(1 / 3)  # sample std of [1, 0, 0]
     assert alg.grpo_advantages(r, 3, eps=0.0).tolist() == approx([2 / 3 / s, -1 / 3 / s, -1 / 3 / s])
     p = math.sqrt(2 / 9)  # population std
-    assert alg.grpo_advantages(r, 3, std_unbiased=False, eps=0.0).tolist() == approx([2 / 3 / p, -1 / 3 / p, -1 / 3 / p])
+    assert alg.grpo_advantages(r, 3, std_unbiased=False, eps=0.0).tolist() == approx(
+        [2 / 3 / p, -1 / 3 / p, -1 / 3 / p]
+    )
     assert alg.grpo_advantages(r, 3, std_normalize=False).tolist() == approx([2 / 3, -1 / 3, -1 / 3])
 
 
@@ -160,8 +164,9 @@ def test_pg_loss_hand_computed():
 def test_clipped_loss_hand_computed_and_clip_metrics():
     old = torch.zeros(1, 3)
     logp = torch.log(torch.tensor([[1.5, 1.1, 0.5]])).requires_grad_()  # ratios 1.5, 1.1, 0.5
-    loss, m = alg.clipped_surrogate_loss(logp, old, torch.tensor([2.0]), torch.ones(1, 3), agg=alg.agg_token_mean,
-                                         clip_low=0.2, clip_high=0.28)
+    loss, m = alg.clipped_surrogate_loss(
+        logp, old, torch.tensor([2.0]), torch.ones(1, 3), agg=alg.agg_token_mean, clip_low=0.2, clip_high=0.28
+    )
     # A > 0: min(r A, clip(r) A) = 1.28*2 (clipped), 1.1*2, 0.5*2 (unclipped below: min keeps r A)
     assert float(loss.detach()) == approx(-(2.56 + 2.2 + 1.0) / 3)
     loss.backward()
@@ -239,7 +244,7 @@ def test_loss_gradient_matches_finite_differences(loss_name):
     Not cispo: its stop-gradient on the weight makes its gradient differ from the derivative of its value on
     purpose (checked by hand in test_cispo_clips_the_weight_but_keeps_the_gradient)."""
     _, old, adv, mask = random_batch(B=2, T=3, seed=3)
-    logp = (old + 0.01 * torch.randn(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(4)))
+    logp = old + 0.01 * torch.randn(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     fn = alg.get_policy_loss(loss_name)
     # wide clips keep every token away from the clip kinks, where the derivative is not defined
     assert torch.autograd.gradcheck(
@@ -326,20 +331,42 @@ def test_aggregations_agree_with_verl(agg_name):
 
 
 def _verl_loss(fn, logp, old, adv, mask, mode, **cfg):
-    return fn(old, logp, adv.unsqueeze(1).expand_as(mask), mask, loss_agg_mode=mode,
-              config=verl_reference.ActorConfig(**cfg))[0]
+    return fn(
+        old, logp, adv.unsqueeze(1).expand_as(mask), mask, loss_agg_mode=mode, config=verl_reference.ActorConfig(**cfg)
+    )[0]
 
 
 @needs_verl
 @pytest.mark.parametrize("agg_name", ["token_mean", "seq_mean_token_mean"])
-@pytest.mark.parametrize(("ours_name", "verl_name", "knobs", "cfg"), [
-    ("clipped", "compute_policy_loss_vanilla", dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0),
-     dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)),
-    ("clipped", "compute_policy_loss_vanilla", dict(clip_low=0.1, clip_high=0.1),
-     dict(clip_ratio=0.1, clip_ratio_c=1e9)),  # a huge c switches verl's always-on dual clip off
-    ("gspo", "compute_policy_loss_gspo", dict(clip_low=0.05, clip_high=0.08), dict(clip_ratio_low=0.05, clip_ratio_high=0.08)),
-    ("cispo", "compute_policy_loss_cispo", dict(clip_low=0.2, clip_high=0.28), dict(clip_ratio_low=0.2, clip_ratio_high=0.28)),
-])
+@pytest.mark.parametrize(
+    ("ours_name", "verl_name", "knobs", "cfg"),
+    [
+        (
+            "clipped",
+            "compute_policy_loss_vanilla",
+            dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0),
+            dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0),
+        ),
+        (
+            "clipped",
+            "compute_policy_loss_vanilla",
+            dict(clip_low=0.1, clip_high=0.1),
+            dict(clip_ratio=0.1, clip_ratio_c=1e9),
+        ),  # a huge c switches verl's always-on dual clip off
+        (
+            "gspo",
+            "compute_policy_loss_gspo",
+            dict(clip_low=0.05, clip_high=0.08),
+            dict(clip_ratio_low=0.05, clip_ratio_high=0.08),
+        ),
+        (
+            "cispo",
+            "compute_policy_loss_cispo",
+            dict(clip_low=0.2, clip_high=0.28),
+            dict(clip_ratio_low=0.2, clip_ratio_high=0.28),
+        ),
+    ],
+)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_policy_losses_and_gradients_agree_with_verl(ours_name, verl_name, knobs, cfg, agg_name, seed):
     logp, old, adv, mask = random_batch(seed=seed)

@@ -17,8 +17,12 @@ register_configs()
 
 
 def group_options() -> list[tuple[str, str]]:
-    return [(g.name, f.stem) for g in sorted(CONF.iterdir()) if g.is_dir() and g.name not in ("hydra", "experiment")
-            for f in sorted(g.glob("*.yaml"))]
+    return [
+        (g.name, f.stem)
+        for g in sorted(CONF.iterdir())
+        if g.is_dir() and g.name not in ("hydra", "experiment")
+        for f in sorted(g.glob("*.yaml"))
+    ]
 
 
 @pytest.mark.parametrize(("group", "option"), group_options())
@@ -104,4 +108,3 @@ def test_config_fields_are_documented():
                 idx = source.index(line)
                 line = " ".join(source[idx : idx + 3])
             assert "#" in line, f"{cls.__name__}.{f.name} has no one-line description in rl/config.py"
-

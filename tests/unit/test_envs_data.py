@@ -25,12 +25,15 @@ def seed_rows(n: int) -> list[dict]:
 
 
 def test_seed_format_jsonl_with_default_system_prompt(tmp_path):
-    rows = seed_rows(3) + [{"messages": [{"role": "system", "content": "Be brief."},
-                                         {"role": "user", "content": "2+2?"}], "gt_answer": 4}]
+    rows = seed_rows(3) + [
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}], "gt_answer": 4}
+    ]
     env = DataEnv(str(write_jsonl(tmp_path / "train.jsonl", rows)), shuffle=False)
     first, last = env.train_items()[0], env.train_items()[-1]
-    assert first["messages"] == [{"role": "system", "content": BOXED_SYSTEM_PROMPT},
-                                 {"role": "user", "content": "What is 0 + 1?"}]
+    assert first["messages"] == [
+        {"role": "system", "content": BOXED_SYSTEM_PROMPT},
+        {"role": "user", "content": "What is 0 + 1?"},
+    ]
     assert first["answer"] == "1" and first["metadata"]["where"].endswith("train.jsonl:1")
     assert last["messages"][0]["content"] == "Be brief." and last["answer"] == "4"
 
@@ -112,9 +115,15 @@ def test_templates():
 
 @needs_data
 def test_shared_benchmarks_load_with_field_mapping():
-    env = DataEnv({"path": str(DATA / "gsm8k/test.jsonl")}, shuffle=False,
-                  eval_sets={"math500": str(DATA / "math500/test.jsonl"), "amc": str(DATA / "amc/test.jsonl"),
-                             "aime24": str(DATA / "aime24/test.jsonl")})
+    env = DataEnv(
+        {"path": str(DATA / "gsm8k/test.jsonl")},
+        shuffle=False,
+        eval_sets={
+            "math500": str(DATA / "math500/test.jsonl"),
+            "amc": str(DATA / "amc/test.jsonl"),
+            "aime24": str(DATA / "aime24/test.jsonl"),
+        },
+    )
     assert len(env.train_items()) == 1319 and env.train_items()[0]["answer"] == "18"
     sizes = {k: len(v) for k, v in env.eval_sets().items()}
     assert sizes == {"math500": 500, "amc": 83, "aime24": 30}
@@ -133,8 +142,9 @@ def test_env_configs_compose_and_build(tmp_path):
     conf = str(Path(__file__).resolve().parents[2] / "conf")
     train = write_jsonl(tmp_path / "t.jsonl", seed_rows(4))
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=["env=jsonl", f"env.train={train}",
-                                                      f"+env.eval_sets={{e1:{train}}}"])
+        cfg = compose(
+            config_name="train", overrides=["env=jsonl", f"env.train={train}", f"+env.eval_sets={{e1:{train}}}"]
+        )
         for name in ("gsm8k", "math500", "chain_sum"):
             assert compose(config_name="train", overrides=[f"env={name}"]).env._target_
     env = instantiate(cfg.env, _convert_="all")

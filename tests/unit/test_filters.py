@@ -15,7 +15,9 @@ def test_overlong_penalty_follows_dapo_eq13():
     lengths = torch.tensor([10, 15, 16, 18, 20, 25])
     # L_max = 20, L_cache = 5: free up to 15, then (15 - |y|) / 5, -1 at and beyond 20
     assert filters.overlong_penalty(lengths, 20, 5).tolist() == pytest.approx([0, 0, -0.2, -0.6, -1, -1])
-    assert filters.overlong_penalty(lengths, 20, 5, factor=0.5).tolist() == pytest.approx([0, 0, -0.1, -0.3, -0.5, -0.5])
+    assert filters.overlong_penalty(lengths, 20, 5, factor=0.5).tolist() == pytest.approx(
+        [0, 0, -0.1, -0.3, -0.5, -0.5]
+    )
     with pytest.raises(ValueError, match="buffer"):
         filters.overlong_penalty(lengths, 20, 21)
 
@@ -54,8 +56,14 @@ def rollout(lengths_and_reasons, version=0):
 
 
 def test_prepare_samples_shapes_rewards_masks_truncated_and_selects_top_k():
-    cfg = AlgorithmConfig(group_size=4, advantage="dr_grpo", overlong_penalty=True, overlong_buffer=4,
-                          filter_truncated_response=True, top_k=2)
+    cfg = AlgorithmConfig(
+        group_size=4,
+        advantage="dr_grpo",
+        overlong_penalty=True,
+        overlong_buffer=4,
+        filter_truncated_response=True,
+        top_k=2,
+    )
     rollouts = [rollout([(2, "stop"), (6, "stop"), (8, "length"), (3, "stop")])]
     samples, adv, metrics = prepare_samples(rollouts, [1.0, 1.0, 0.0, 0.0], cfg, max_new_tokens=8)
     shaped = torch.tensor([1.0, 1.0 - 0.5, 0.0 - 1.0, 0.0])  # L_max 8, L_cache 4: length 6 -> -0.5, 8 -> -1
@@ -83,7 +91,9 @@ class FakeRuntime:
         texts = self.batches[self.calls]
         self.calls += 1
         assert len(texts) == len(prompts)
-        return [PromptRollout(p, [Completion([5], [-0.1], "stop", t) for t in group], 0) for p, group in zip(prompts, texts)]
+        return [
+            PromptRollout(p, [Completion([5], [-0.1], "stop", t) for t in group], 0) for p, group in zip(prompts, texts)
+        ]
 
 
 def test_dynamic_sampling_generates_until_the_batch_is_full():
@@ -97,10 +107,14 @@ def test_dynamic_sampling_generates_until_the_batch_is_full():
 
     from rl.types import Sampling
 
-    rollouts, rewards, stats = sample_batch(runtime, data, reward, Sampling(n=2), 2, filter_range=[0.01, 0.99], max_rounds=3)
+    rollouts, rewards, stats = sample_batch(
+        runtime, data, reward, Sampling(n=2), 2, filter_range=[0.01, 0.99], max_rounds=3
+    )
     assert runtime.calls == 2  # the second batch filled the two slots
     assert rewards == [1.0, 0.0, 0.0, 1.0]
     assert stats["data/sample_utilization"] == 0.5 and stats["data/kept_groups"] == 2
     runtime = FakeRuntime([[right, right]])
-    rollouts, rewards, stats = sample_batch(runtime, data, reward, Sampling(n=2), 2, filter_range=[0.01, 0.99], max_rounds=1)
+    rollouts, rewards, stats = sample_batch(
+        runtime, data, reward, Sampling(n=2), 2, filter_range=[0.01, 0.99], max_rounds=1
+    )
     assert len(rollouts) == 2 and stats["data/sample_utilization"] == 0.0  # nothing kept: trains on the last batch

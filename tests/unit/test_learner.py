@@ -24,8 +24,9 @@ def make_samples(groups: int = 3, group_size: int = 4, seed: int = 0) -> list[Tr
 
 
 def make_learner(path, **kw) -> PeftLearner:
-    learner = PeftLearner(str(path), dtype="float32", lora_targets=["q_proj", "v_proj", "up_proj"], seed=0,
-                          num_threads=1, **kw)
+    learner = PeftLearner(
+        str(path), dtype="float32", lora_targets=["q_proj", "v_proj", "up_proj"], seed=0, num_threads=1, **kw
+    )
     gen = torch.Generator().manual_seed(1)
     for name, p in learner.model.named_parameters():
         if "lora_B" in name:  # PEFT starts B at zero; give the adapter an effect so the test is not trivial

@@ -31,10 +31,22 @@ def test_gate_catches_a_gameable_reward():
 
 def test_check_command_exit_codes():
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    ok = subprocess.run([sys.executable, "-m", "rewards.check", "reward=boxed"], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=300)
+    ok = subprocess.run(
+        [sys.executable, "-m", "rewards.check", "reward=boxed"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "PASS" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "rewards.check", "reward=format_strict"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "rewards.check", "reward=format_strict"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 1 and "FAIL" in bad.stdout

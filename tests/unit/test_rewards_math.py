@@ -25,28 +25,41 @@ def test_last_boxed_balanced_braces_and_nesting():
     assert last_boxed(r"\boxed{unclosed") is None
 
 
-@pytest.mark.parametrize("pred,gold", [
-    (r"0.5", r"\frac{1}{2}"),
-    (r"(3,\pi/2)", r"\left( 3, \frac{\pi}{2} \right)"),
-    (r"10\%", "10"),
-    ("10", r"10\%"),
-    (r"\dfrac{1}{2}", r"\frac12"),
-    ("1,600", "1600"),
-    (r"\$18", "18"),
-    (r"18 \text{ dollars}", "18"),
-    ("x = 18", "18"),
-    (r"\text{(C)}", r"\text{(C)}"),
-    ("p-q", "p - q"),
-])
+@pytest.mark.parametrize(
+    "pred,gold",
+    [
+        (r"0.5", r"\frac{1}{2}"),
+        (r"(3,\pi/2)", r"\left( 3, \frac{\pi}{2} \right)"),
+        (r"10\%", "10"),
+        ("10", r"10\%"),
+        (r"\dfrac{1}{2}", r"\frac12"),
+        ("1,600", "1600"),
+        (r"\$18", "18"),
+        (r"18 \text{ dollars}", "18"),
+        ("x = 18", "18"),
+        (r"\text{(C)}", r"\text{(C)}"),
+        ("p-q", "p - q"),
+    ],
+)
 def test_equivalences_pass(pred, gold):
     assert answers_match(pred, gold)
     assert BoxedReward()([f"so \\boxed{{{pred}}}."], answer=[gold]) == [1.0]
 
 
-@pytest.mark.parametrize("pred,gold", [
-    ("19", "18"), (r"\frac{1}{3}", r"\frac{1}{2}"), ("19 = 18", "18"), ("p + q = p - q", "p - q"),
-    ("1, 2, 18", "18"), (r"17 \text{ or } 18", "18"), ("x", "18"), ("1О", "10"), ("\u202e81", "18"),
-])
+@pytest.mark.parametrize(
+    "pred,gold",
+    [
+        ("19", "18"),
+        (r"\frac{1}{3}", r"\frac{1}{2}"),
+        ("19 = 18", "18"),
+        ("p + q = p - q", "p - q"),
+        ("1, 2, 18", "18"),
+        (r"17 \text{ or } 18", "18"),
+        ("x", "18"),
+        ("1О", "10"),
+        ("\u202e81", "18"),
+    ],
+)
 def test_wrong_answers_fail(pred, gold):
     assert not answers_match(pred, gold)
 
@@ -96,8 +109,9 @@ def test_format_rewards_strict_and_soft():
 
 
 def test_weighted_sum_combines_and_loads_dotted_paths():
-    reward = WeightedSum([{"reward": BoxedReward(), "weight": 0.9},
-                          {"reward": FormatReward("boxed", "strict"), "weight": 0.1}])
+    reward = WeightedSum(
+        [{"reward": BoxedReward(), "weight": 0.9}, {"reward": FormatReward("boxed", "strict"), "weight": 0.1}]
+    )
     assert reward([r"\boxed{18}", r"\boxed{17}", "18"], answer=["18"] * 3) == pytest.approx([1.0, 0.1, 0.0])
     by_path = WeightedSum([{"reward": "rewards.math.BoxedReward", "weight": 2.0}])
     assert by_path([r"\boxed{18}"], answer=["18"]) == [2.0]
@@ -127,7 +141,10 @@ def _gold_rates(path: Path, gold_of, n: int | None) -> tuple[float, float]:
 
 @needs_data
 def test_gsm8k_and_math500_gold_answers_score_one_and_changed_answers_zero_subset():
-    for path, gold_of in [(DATA / "gsm8k/test.jsonl", _gsm8k_gold), (DATA / "math500/test.jsonl", lambda r: r["answer"])]:
+    for path, gold_of in [
+        (DATA / "gsm8k/test.jsonl", _gsm8k_gold),
+        (DATA / "math500/test.jsonl", lambda r: r["answer"]),
+    ]:
         right, wrong = _gold_rates(path, gold_of, 120)
         assert right >= 0.99 and wrong == 0.0, (path, right, wrong)
 
@@ -135,7 +152,10 @@ def test_gsm8k_and_math500_gold_answers_score_one_and_changed_answers_zero_subse
 @needs_data
 @pytest.mark.slow
 def test_gsm8k_and_math500_gold_answers_all_rows():
-    for path, gold_of in [(DATA / "gsm8k/test.jsonl", _gsm8k_gold), (DATA / "math500/test.jsonl", lambda r: r["answer"])]:
+    for path, gold_of in [
+        (DATA / "gsm8k/test.jsonl", _gsm8k_gold),
+        (DATA / "math500/test.jsonl", lambda r: r["answer"]),
+    ]:
         right, wrong = _gold_rates(path, gold_of, None)
         assert right >= 0.99 and wrong == 0.0, (path, right, wrong)
 

@@ -66,7 +66,7 @@ def load() -> types.ModuleType | None:
     utils.torch_functional = torch_functional
     utils.as_torch_index = utils.group_mean_std = None  # only used by estimators these tests do not call
     import_utils = types.ModuleType("verl.utils.import_utils")
-    import_utils.deprecated = lambda *a, **k: (lambda fn: fn)
+    import_utils.deprecated = lambda *a, **k: lambda fn: fn
     trainer_config = types.ModuleType("verl.trainer.config")
     trainer_config.AlgoConfig = AlgoConfig
     workers_config = types.ModuleType("verl.workers.config")
@@ -82,7 +82,9 @@ def load() -> types.ModuleType | None:
     saved = {k: sys.modules.get(k) for k in stubs}
     sys.modules.update(stubs)
     try:
-        spec = importlib.util.spec_from_file_location("verl_core_algos_reference", root / "trainer" / "ppo" / "core_algos.py")
+        spec = importlib.util.spec_from_file_location(
+            "verl_core_algos_reference", root / "trainer" / "ppo" / "core_algos.py"
+        )
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     finally:  # leave sys.modules as it was: nothing else should see the stand-ins
