@@ -91,6 +91,9 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0  # entropy bonus weight: loss -= entropy_coef * agg(token entropy) (0 off; costs memory)
     kl_coef: float = 0.0  # weight of the KL penalty to the reference policy (0 disables; adapter off = reference)
     kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's estimators)
+    kl_in_reward: bool = (
+        False  # fold the KL into the reward (r - kl_coef * sum_t kl_t, before advantages), not the loss
+    )
     dynamic_sampling: bool = False  # DAPO: drop groups whose accuracy is outside filter_range, regenerate to fill
     filter_range: list[float] = field(default_factory=lambda: [0.01, 0.99])  # [low, high] group mean reward to keep
     dynamic_sampling_max_rounds: int = 4  # generate at most this many batches per step before training on fewer
@@ -134,6 +137,10 @@ class AlgorithmConfig:
         )
         _check(self.entropy_coef >= 0, f"algorithm.entropy_coef must be >= 0 (got {self.entropy_coef})")
         _check(self.kl_coef >= 0, f"algorithm.kl_coef must be >= 0 (got {self.kl_coef})")
+        _check(
+            not self.kl_in_reward or self.kl_coef > 0,
+            "algorithm.kl_in_reward=true needs algorithm.kl_coef > 0 (the penalty's weight)",
+        )
         _check(
             len(self.filter_range) == 2 and self.filter_range[0] <= self.filter_range[1],
             f"algorithm.filter_range must be [low, high] with low <= high (got {list(self.filter_range)})",

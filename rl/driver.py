@@ -186,6 +186,25 @@ def prepare_samples(
     return samples, adv, metrics
 
 
+def kl_reward_penalty(
+    runtime: Runtime, rollouts: list[PromptRollout], rewards: list[float], a: AlgorithmConfig
+) -> tuple[list[float], dict[str, float]]:
+    """KL folded into the reward (InstructGPT, Ouyang et al. 2022, eq. 2; REINFORCE++): each completion's reward
+    becomes r - kl_coef * sum_t kl_t, with kl_t estimated on the sampled tokens from the behaviour logprobs and
+    the reference policy (the learner with its adapter disabled). The advantages are then computed on that."""
+    ref = runtime.reference_logprobs(rollouts)
+    behaviour = [c.logprobs for r in rollouts for c in r.completions]
+    per_seq = [
+        float(algorithms.kl_penalty(torch.tensor(b), torch.tensor(q), a.kl_estimator).sum())
+        for b, q in zip(behaviour, ref)
+    ]
+    shaped = [r - a.kl_coef * k for r, k in zip(rewards, per_seq)]
+    return shaped, {
+        "reward/kl_penalty_mean": a.kl_coef * float(np.mean(per_seq)),
+        "policy/kl_ref_seq": float(np.mean(per_seq)),
+    }
+
+
 def rollout_metrics(rollouts: list[PromptRollout], rewards: list[float], adv: torch.Tensor, group_size: int) -> dict:
     lengths = [len(c.token_ids) for r in rollouts for c in r.completions]
     truncated = [c.finish_reason == "length" for r in rollouts for c in r.completions]
@@ -288,8 +307,10 @@ def train(
             filter_range=list(a.filter_range) if a.dynamic_sampling else None,
             max_rounds=a.dynamic_sampling_max_rounds if a.dynamic_sampling else 1,
         )
-        samples, adv, sample_metrics = prepare_samples(rollouts, rewards, a, m.max_new_tokens)
+        shaped, kl_metrics = kl_reward_penalty(runtime, rollouts, rewards, a) if a.kl_in_reward else (rewards, {})
+        samples, adv, sample_metrics = prepare_samples(rollouts, shaped, a, m.max_new_tokens)
         metrics = {
+            **kl_metrics,
             **rollout_metrics(rollouts, rewards, adv, a.group_size),
             **stats,
             **sample_metrics,
@@ -385,7 +406,7 @@ def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[
         skip_threshold=a.skip_threshold,
         entropy_coef=a.entropy_coef,
         loss_agg_norm_length=a.loss_agg_norm_length or m.max_new_tokens,
-        kl_coef=a.kl_coef,
+        kl_coef=0.0 if a.kl_in_reward else a.kl_coef,  # folded into the reward instead (kl_reward_penalty)
         kl_estimator=a.kl_estimator,
         temperature=a.temperature,
         micro_batch_size=cfg.micro_batch_size,

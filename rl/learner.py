@@ -7,6 +7,7 @@ The reference policy for a KL penalty is the same model with the adapter disable
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -290,11 +291,18 @@ class PeftLearner:
         return float(sum(p.detach().double().sum() for p in self.model.parameters() if p.requires_grad))
 
     @torch.no_grad()
-    def sequence_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
-        """Logprobs of given completions under the current policy (for the sync probe and evaluation)."""
+    def sequence_logprobs(
+        self, prompt_ids: list[list[int]], completion_ids: list[list[int]], reference: bool = False
+    ) -> list[list[float]]:
+        """Logprobs of given completions under the current policy, or under the reference policy (the adapter
+        disabled) with `reference=True`; for the sync probe and a KL penalty folded into the reward."""
         self.model.eval()
         samples = [TrainSample(p, c, [0.0] * len(c), 0.0) for p, c in zip(prompt_ids, completion_ids)]
-        targets, _, _, _ = self._completion_batch(samples)
-        logp = token_logprobs(self._full_logits(samples)[0], targets, self.temperature)
+        out: list[list[float]] = []
+        with self.model.disable_adapter() if reference else contextlib.nullcontext():
+            for mb in self._micro_batches(samples):
+                targets, _, _, _ = self._completion_batch(mb)
+                logp = token_logprobs(self._logits(mb)[0], targets, self.temperature)
+                out.extend(logp[i, : len(s.completion_ids)].tolist() for i, s in enumerate(mb))
         self.model.train()
-        return [logp[i, : len(c)].tolist() for i, c in enumerate(completion_ids)]
+        return out

@@ -87,6 +87,12 @@ class Runtime:
             raise NotImplementedError("data-parallel learners are not implemented yet (cluster.num_learners must be 1)")
         return self.learners.call("train_step", [(samples,)])[0]
 
+    def reference_logprobs(self, rollouts: list[PromptRollout]) -> list[list[float]]:
+        """Per-token logprobs of every completion under the reference policy (learner 0, adapter disabled)."""
+        p_ids = [r.prompt_ids for r in rollouts for _ in r.completions]
+        c_ids = [c.token_ids for r in rollouts for c in r.completions]
+        return self.learners.call("sequence_logprobs", [(p_ids, c_ids, True)])[0]
+
     def adapter(self) -> Adapter:
         """Learner 0's current adapter."""
         return self.learners.call("get_adapter", [()])[0]

@@ -50,3 +50,35 @@ def test_bundle_runs_two_steps(bundle, tiny_model, tmp_path):
         assert 0.0 < r["policy/ratio_mean"] < 10.0
         assert r["train/grad_norm"] > 0
     assert steps[-1]["sync/version"] == 2.0
+
+
+def test_kl_folded_into_the_reward(tiny_model, tmp_path):
+    out = tmp_path / "kl_in_reward"
+    proc = run_train(
+        [
+            "algorithm=grpo",
+            "algorithm.kl_in_reward=true",
+            "algorithm.kl_coef=0.5",
+            f"model.path={tiny_model}",
+            f"output_dir={out}",
+            "cluster=local",
+            "cluster.rollout_backend=hf",
+            "steps=2",
+            "prompts_per_step=2",
+            "algorithm.group_size=4",
+            "eval_size=0",
+            "model.max_new_tokens=8",
+            "model.dtype=float32",
+            "model.learner_dtype=float32",
+            "reward._target_=tests.helpers.LengthReward",
+            "~reward.extract",
+            "logger=none",
+        ],
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # step 1 samples come from the base model: KL to the reference is 0; after one update it is positive
+    assert steps[0]["reward/kl_penalty_mean"] == pytest.approx(0.0, abs=1e-4)
+    assert steps[1]["reward/kl_penalty_mean"] > 0
+    assert all("policy/kl_ref" not in r for r in steps)  # not also in the loss
