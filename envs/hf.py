@@ -55,7 +55,8 @@ class Source:
 
     @property
     def is_local(self) -> bool:
-        return self.path.endswith(LOCAL_SUFFIXES) or Path(self.path).exists()
+        """A single local file; a local folder (a downloaded Hub dataset) goes through `datasets` like a Hub id."""
+        return self.path.endswith(LOCAL_SUFFIXES) or Path(self.path).is_file()
 
 
 def load_rows(src: Source, strict: bool = True) -> tuple[list[tuple[str, dict[str, Any]]], int]:

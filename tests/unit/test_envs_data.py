@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,14 +65,27 @@ def test_empty_dataset_and_missing_file_fail_with_one_line(tmp_path):
         DataEnv({"path": "x.jsonl", "spilt": "test"})
 
 
-def test_hub_id_without_datasets_package_is_a_clear_error():
-    try:
-        import datasets  # noqa: F401
-    except ImportError:
-        with pytest.raises(ValueError, match="needs the `datasets` package"):
-            DataEnv({"path": "openai/gsm8k", "name": "main", "split": "test"})
-    else:
-        pytest.skip("datasets is installed: the error path does not apply")
+def test_hub_id_without_datasets_package_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as on an install without `datasets`
+    with pytest.raises(ValueError, match="needs the `datasets` package"):
+        DataEnv({"path": "openai/gsm8k", "name": "main", "split": "test"})
+
+
+@needs_data
+def test_dataset_folder_loads_through_hf_datasets(tmp_path):
+    """A Hub-style dataset folder (what `huggingface-cli download --repo-type dataset` leaves) goes through
+    `datasets.load_dataset`, with GSM8K's field mapping, as `env=gsm8k` does for the Hub id."""
+    pytest.importorskip("datasets")
+    folder = tmp_path / "gsm8k"
+    folder.mkdir()
+    lines = (DATA / "gsm8k" / "test.jsonl").read_text().splitlines()[:12]
+    (folder / "test.jsonl").write_text("\n".join(lines) + "\n")
+    env = DataEnv({"path": str(folder), "split": "test"}, eval_sets={"held": {"path": str(folder), "split": "test"}})
+    items = env.train_items()
+    assert len(items) == 12
+    golds = {json.loads(line)["answer"].rsplit("####", 1)[1].strip().replace(",", "") for line in lines}
+    assert {it["answer"] for it in items} == golds
+    assert all(it["messages"][-1]["role"] == "user" for it in items)
 
 
 def test_answer_extraction_formats():
