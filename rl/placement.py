@@ -80,13 +80,34 @@ def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str
                 configure_logging=False,
             )
             return True
+        check_reachable(address)
         ray.init(address=address, runtime_env=runtime_env, configure_logging=False)
         return False
+    except RayStartError:
+        raise
     except Exception as e:  # noqa: BLE001 - reported as one line with the key to change
         where = "a local Ray (cluster.address=null)" if address is None else f"cluster.address={address!r}"
         raise RayStartError(
             f"could not start or join Ray at {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         ) from e
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, not minutes, when a host:port Ray address has nothing listening (ray.init would retry
+    the GCS connection for a long time). "auto" and ray:// client addresses are left to Ray."""
+    import socket
+
+    if address == "auto" or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as e:
+        raise RayStartError(
+            f"could not join Ray at cluster.address={address!r}: {type(e).__name__}: {e}; start a head node there "
+            "(`ray start --head`) or set cluster.address=null to start a local Ray"
+        ) from None
 
 
 def place_roles(
@@ -180,7 +201,40 @@ def build_ray_runtime(
                 for hh in handles["actor"] + handles["learner"]:
                     ray.kill(hh)
                 raise RuntimeError(f"{role} {i} failed to start: {_first_line(e)}") from e
+    if num_learners > 1:
+        try:
+            connect_learners(handles["learner"], pg, first_bundle=num_actors)
+        except Exception:
+            for hh in handles["actor"] + handles["learner"]:
+                ray.kill(hh)
+            raise
     return Runtime(RayGroup(handles["actor"], pg), RayGroup(handles["learner"], pg))
+
+
+def connect_learners(learners: list[Any], pg: Any, *, first_bundle: int) -> None:
+    """Form the learners' torch.distributed group: rank = learner index, rendezvous on a free port of learner
+    0's node (found by a zero-CPU task placed in learner 0's bundle, so it runs on that node)."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    def free_port() -> tuple[str, int]:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    on_learner0 = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=first_bundle)
+    address, port = ray.get(ray.remote(num_cpus=0, scheduling_strategy=on_learner0)(free_port).remote())
+    refs = [h.init_process_group.remote(address, port, len(learners), rank) for rank, h in enumerate(learners)]
+    try:
+        ray.get(refs, timeout=300)
+    except Exception as e:
+        raise RuntimeError(
+            f"the {len(learners)} learners could not form their torch.distributed group at {address}:{port}: "
+            f"{_first_line(e)}"
+        ) from e
+    log.info("placement: %d learners in one torch.distributed group at %s:%d", len(learners), address, port)
 
 
 def stop_ray(started_here: bool) -> None:
