@@ -24,11 +24,13 @@ from rewards.combine import load_callable, score_sample
 
 log = logging.getLogger(__name__)
 _MAX_LOGGED = 5  # errors logged with their message; later ones are only counted
+STARTUP_TIMEOUT_S = 120.0  # a worker that has not imported its reward by then counts as unable to start
 
 
 def _worker_loop(conn: Connection, reward: Callable) -> None:
     from rewards.math import RewardTimeout
 
+    conn.send("ready")  # imports done: from now on a sample's deadline measures scoring, not start-up
     while True:
         try:
             msg = conn.recv()
@@ -54,6 +56,14 @@ class _Worker:
         self.job: int | None = None  # sample index in flight
         self.answered = 0  # samples scored by this worker
         self.deadline = math.inf
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Block until the worker has started (a spawned process imports torch, sympy, ...: seconds on a busy
+        machine). Per-sample deadlines only start after this, so slow start-up never reads as a timeout."""
+        try:
+            return self.conn.poll(timeout_s) and self.conn.recv() == "ready"
+        except (EOFError, OSError):
+            return False
 
     def stop(self, kill: bool = False) -> None:
         if not kill:
@@ -145,14 +155,19 @@ class RewardRunner:
         except Exception as e:  # noqa: BLE001
             return self._record("error", f"{type(e).__name__}: {e}"[:300], 0.0)
 
-    def _start_pool(self) -> None:
+    def _start_pool(self) -> bool:
+        """Start workers up to `self.workers`; False if one could not start (the caller falls back)."""
         ctx = mp.get_context(self.start_method)
-        while len(self._pool) < self.workers:
-            self._pool.append(_Worker(ctx, self.reward))
+        new = [_Worker(ctx, self.reward) for _ in range(self.workers - len(self._pool))]
+        self._pool.extend(new)
+        return all(w.wait_ready(STARTUP_TIMEOUT_S) for w in new)
 
     def _in_workers(self, completions: list[str], answer: list[Any], extras: list[dict]) -> list[float]:
-        self._start_pool()
         scores = [0.0] * len(completions)
+        if not self._start_pool():
+            return self._fall_back(
+                self._pool[-1], {}, list(range(len(completions))), completions, answer, extras, scores
+            )
         todo = list(range(len(completions)))[::-1]
         busy: dict[Connection, _Worker] = {}
         while todo or busy:
@@ -200,7 +215,7 @@ class RewardRunner:
             "reward workers exited before scoring anything (exit code %s); scoring in this process (reward.workers=0)",
             dead.proc.exitcode,
         )
-        pending = [dead.job, *(w.job for w in busy.values()), *todo]
+        pending = [i for i in (dead.job, *(w.job for w in busy.values()), *todo) if i is not None]
         self.close()
         self.workers = 0
         for i in pending:
