@@ -52,3 +52,8 @@ format:  ## ruff format + autofix
 clean:  ## remove run outputs and caches (keeps .venv and the converted model cache)
 	rm -rf outputs multirun .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -not -path "./$(VENV)/*" -exec rm -rf {} +
+
+.PHONY: plot
+plot:  ## PNGs (reward, accuracy, length, clip, KL, step time) of a run or sweep: make plot RUN=outputs/<date>/<time>
+	@test -n "$(RUN)" || { echo "usage: make plot RUN=<run or sweep directory>"; exit 2; }
+	$(BIN)/python -m rl.plot $(RUN)

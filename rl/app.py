@@ -53,7 +53,9 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict, run_dir: 
         logger.close()
         raise UserFacingError(str(e)) from e
     try:
-        summary = train(cfg, runtime, tokenizer, env, reward_fn, logger, probe_threshold=cfg.sync_probe_threshold)
+        summary = train(
+            cfg, runtime, tokenizer, env, reward_fn, logger, probe_threshold=cfg.sync_probe_threshold, resolved=resolved
+        )
     finally:
         teardown()
         logger.close()

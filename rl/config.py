@@ -245,6 +245,9 @@ class TrainConfig:
         0.2  # fail when mean |logp_learner - logp_actor| on the sync probe exceeds this (bf16 noise: ~0.03-0.09)
     )
     output_dir: str | None = None  # run directory (null: Hydra's run directory)
+    save_interval: int = 5  # checkpoint every N steps and after the last one, in <run dir>/checkpoints (0: never)
+    keep_last: int = 2  # checkpoints kept; older ones are deleted after each save (0: keep all)
+    resume: str | None = None  # null: start fresh | auto: latest checkpoint in output_dir | a checkpoints/step_N path
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, f"steps must be >= 0 (got {self.steps})")
@@ -252,6 +255,12 @@ class TrainConfig:
         _check(self.micro_batch_size >= 1, f"micro_batch_size must be >= 1 (got {self.micro_batch_size})")
         _check(self.eval_size >= 0, f"eval_size must be >= 0 (got {self.eval_size})")
         _check(self.eval_every >= 0, f"eval_every must be >= 0 (got {self.eval_every})")
+        _check(self.save_interval >= 0, f"save_interval must be >= 0 (0: no checkpoints; got {self.save_interval})")
+        _check(self.keep_last >= 0, f"keep_last must be >= 0 (0: keep every checkpoint; got {self.keep_last})")
+        _check(
+            self.resume != "auto" or self.output_dir is not None,
+            "resume=auto looks for checkpoints in output_dir: set output_dir=<the run directory to continue>",
+        )
 
 
 def register_configs() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl import algorithms, filters
+from rl import algorithms, checkpoint, filters
 from rl.config import AlgorithmConfig, ClusterMode, ConfigError, TrainConfig
 from rl.metrics import MetricsLogger
 from rl.runtime import Runtime, shard
@@ -65,6 +65,24 @@ class PromptData:
             idx.append(self._order.pop())
             self.cursor += 1
         return idx
+
+    def state_dict(self) -> dict:
+        """Cursor and order (the shuffling generator and what is left of the current pass), as plain data."""
+        return {
+            "n_items": len(self.items),
+            "cursor": self.cursor,
+            "order": list(self._order),
+            "rng": self._rng.getstate(),
+        }
+
+    def load_state(self, state: dict) -> None:
+        if state["n_items"] != len(self.items):
+            raise ConfigError(
+                f"the checkpoint was taken with {state['n_items']} training prompts, this run has {len(self.items)}: "
+                "resume with the same env and model.max_prompt_tokens"
+            )
+        self.cursor, self._order = state["cursor"], list(state["order"])
+        self._rng.setstate(state["rng"])
 
 
 def encode_prompt(tokenizer: Any, messages: list[dict], use_chat_template: bool) -> list[int]:
@@ -258,8 +276,10 @@ def train(
     reward_fn: RewardFn,
     logger: MetricsLogger,
     probe_threshold: float = 0.1,
+    resolved: dict | None = None,
 ) -> dict[str, float]:
-    """Run cfg.steps RL steps on `runtime`; return a summary (eval accuracy before/after, timings)."""
+    """Run cfg.steps RL steps on `runtime` (from the checkpoint `cfg.resume` names, if any); return a summary
+    (eval accuracy before/after, timings). `resolved` is the config saved with each checkpoint."""
     seed_everything(cfg.seed)
     m, a = cfg.model, cfg.algorithm
     train_data = PromptData(
@@ -289,14 +309,22 @@ def train(
         "data/train_prompts": len(train_data),
         "data/dropped_long_prompts": train_data.dropped + eval_data.dropped,
     }
-    before = evaluate(runtime, eval_data, reward_fn, m.max_new_tokens) if cfg.eval_size else {}
+    run_dir = Path(logger.run_dir)
+    start = 1
+    ckpt = checkpoint.resolve_resume(cfg.resume, run_dir)
+    if ckpt is not None:
+        start = resume_from(ckpt, runtime, train_data) + 1
+        logger.drop_after(start - 1)  # rows of steps after the checkpoint were lost work; they are redone
+    elif cfg.resume == "auto":
+        print(f"resume=auto: no checkpoint in {run_dir / checkpoint.CHECKPOINTS}, starting at step 1", flush=True)
+    before = evaluate(runtime, eval_data, reward_fn, m.max_new_tokens) if cfg.eval_size and start == 1 else {}
     if before:
         logger.log(0, before)
         logger.console(0, before)
         summary["eval/accuracy_before"] = before["eval/accuracy"]
 
     t_run = time.perf_counter()
-    for step in range(1, cfg.steps + 1):
+    for step in range(start, cfg.steps + 1):
         t_step = time.perf_counter()
         rollouts, rewards, stats = sample_batch(
             runtime,
@@ -339,6 +367,8 @@ def train(
         logger.log(step, metrics)
         logger.console(step, metrics)
         summary["reward/last"] = metrics["reward/mean"]
+        if cfg.save_interval and (step % cfg.save_interval == 0 or step == cfg.steps):
+            save_checkpoint(run_dir, step, runtime, train_data, cfg.keep_last, resolved)
 
     summary["time/train_s"] = time.perf_counter() - t_run
     save_adapter(runtime.adapter(), Path(logger.run_dir) / "adapter")
@@ -370,6 +400,49 @@ def save_adapter(adapter: Adapter, folder: Path) -> None:
     (tmp / "adapter_model.safetensors").write_bytes(adapter.weights)
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
+
+
+def save_checkpoint(
+    run_dir: Path, step: int, runtime: Runtime, data: PromptData, keep_last: int, resolved: dict | None
+) -> Path:
+    """Learner 0's state (learners step together, so one is enough), data order, and every RNG the next step
+    draws from: the driver's and each rollout actor's (vLLM's cannot be read: rl/checkpoint.py)."""
+    trainer_state = {
+        "step": step,
+        "adapter_version": runtime.version,
+        "data": data.state_dict(),
+        "rng": checkpoint.rng_state(),
+        "rollout": rollout_states(runtime),
+    }
+    learner_state = runtime.learners.call("state_dict", [()])[0]
+    return checkpoint.save(
+        run_dir, step, learner_state=learner_state, trainer_state=trainer_state, config=resolved, keep_last=keep_last
+    )
+
+
+def resume_from(path: Path, runtime: Runtime, data: PromptData) -> int:
+    """Load a checkpoint into the roles: learner state on every learner, its adapter pushed to the actors (the
+    versions continue), then data order and RNG states (last, as the sync itself draws random numbers).
+    Returns the checkpoint's step."""
+    trainer_state, learner_state = checkpoint.load(path)
+    runtime.learners.broadcast("load_state", learner_state)
+    runtime.sync()
+    data.load_state(trainer_state["data"])
+    states = trainer_state.get("rollout")
+    if states is not None and len(states) == len(runtime.actors):
+        runtime.actors.call("load_state", [(s,) for s in states])
+    checkpoint.set_rng_state(trainer_state["rng"])
+    step = trainer_state["step"]
+    print(f"resumed from {path}: step {step}, adapter version {runtime.version}, data cursor {data.cursor}", flush=True)
+    return step
+
+
+def rollout_states(runtime: Runtime) -> list[dict] | None:
+    """Each actor's sampling RNG, or None for engines that cannot export it (vLLM: rl/checkpoint.py)."""
+    try:
+        return runtime.actors.broadcast("state_dict")
+    except AttributeError:
+        return None
 
 
 def seed_everything(seed: int) -> None:

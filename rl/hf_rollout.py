@@ -43,6 +43,13 @@ class HFRollout:
         self.version = adapter.version
         return {"seconds": time.perf_counter() - t0, "bytes": adapter.nbytes}
 
+    def state_dict(self) -> dict:
+        """The sampling generator's state (bytes): a resumed run draws the same samples as an uninterrupted one."""
+        return {"generator": self.generator.get_state().numpy().tobytes()}
+
+    def load_state(self, state: dict) -> None:
+        self.generator.set_state(torch.frombuffer(bytearray(state["generator"]), dtype=torch.uint8))
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
         out = []

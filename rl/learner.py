@@ -286,6 +286,33 @@ class PeftLearner:
         config["target_modules"] = sorted(config["target_modules"])  # a set in PEFT; JSON needs a list
         return Adapter(version=self.version, config=config, weights=save(state))
 
+    def state_dict(self) -> dict:
+        """What a checkpoint needs to continue training exactly, as plain data (crosses Ray): the adapter (its
+        version included), the AdamW state (torch.save bytes) and this process's torch generator state."""
+        import io
+
+        buf = io.BytesIO()
+        torch.save(self.optimizer.state_dict(), buf)
+        return {
+            "adapter": self.get_adapter(),
+            "optimizer": buf.getvalue(),
+            "torch_rng": torch.get_rng_state().numpy().tobytes(),
+        }
+
+    def load_state(self, state: dict) -> None:
+        """Restore `state_dict()`'s output: LoRA weights copied in place (the optimizer keeps its parameters)."""
+        import io
+
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load
+
+        adapter = state["adapter"]
+        set_peft_model_state_dict(self.model, {k: v.to(self.device) for k, v in load(adapter.weights).items()})
+        opt = torch.load(io.BytesIO(state["optimizer"]), map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(opt)
+        self.version = adapter.version
+        torch.set_rng_state(torch.frombuffer(bytearray(state["torch_rng"]), dtype=torch.uint8))
+
     def adapter_checksum(self) -> float:
         """Sum of all LoRA parameters (float64): equal across learners means equal adapters (up to collisions)."""
         return float(sum(p.detach().double().sum() for p in self.model.parameters() if p.requires_grad))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,26 @@ class MetricsLogger:
         self._file.write(json.dumps(record) + "\n")
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
+
+    def drop_after(self, step: int) -> int:
+        """Remove the rows of steps after `step` (a resumed run redoes them), keeping the rest of the file;
+        a line cut by a kill is dropped too. Returns how many rows were removed."""
+        self._file.close()
+        keep, dropped = [], 0
+        for line in self.path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            if isinstance(row, dict) and row.get("step", 0) <= step:
+                keep.append(line)
+            elif line.strip():
+                dropped += 1
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(f"{line}\n" for line in keep))
+        os.replace(tmp, self.path)
+        self._file = self.path.open("a", buffering=1)
+        return dropped
 
     def console(self, step: int, metrics: dict[str, float]) -> None:
         if step % self.console_every and step != self.total_steps:

@@ -1,0 +1,167 @@
+"""Checkpoints: everything a run needs to continue exactly where it stopped, written so that a crash never
+leaves a checkpoint that looks complete but is not.
+
+    <run_dir>/checkpoints/step_0003/
+        adapter/            adapter_config.json + adapter_model.safetensors (PEFT format: PeftModel.from_pretrained,
+                            vLLM's LoRA loader)
+        learner.pkl         the learner's state (PeftLearner.state_dict): AdamW state, version, torch RNG
+        trainer.pkl         step, adapter version, data order and cursor, the driver's RNG (python, numpy, torch),
+                            each rollout actor's sampling RNG
+        config.json         the resolved config of the run that wrote it
+        meta.json           step and adapter version, for people
+
+Atomic: a checkpoint is written under `.step_0003.tmp`, every file and the folder are fsynced, then the folder
+is renamed to `step_0003` and the parent fsynced. Only `step_N` folders are ever read, so a run killed mid-write
+leaves a temp folder that is ignored (and removed by the next save).
+
+Not restored, by design or because there is nothing to restore:
+- vLLM's sampler: the engine is seeded once when it starts (per-request seeds kill the CPU engine, rl/rollout.py)
+  and its generator cannot be read or set from outside, so a resumed vLLM run samples from the engine seed's
+  stream again: it continues from the right step, data position and adapter, but its samples differ from the
+  uninterrupted run's. With the hf backend the sampling generator is saved and a resume is bitwise exact.
+- no LR scheduler (the learning rate is constant) and no staleness queue (the loop is synchronous) exist yet.
+
+The .pkl files are pickles of plain data (bytes, ints, lists): load checkpoints only from runs you trust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rl.config import ConfigError
+from rl.types import Adapter
+
+CHECKPOINTS = "checkpoints"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:04d}"
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run, oldest first, as (step, folder). Temp folders are never listed."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return sorted(found)
+
+
+def latest(run_dir: Path) -> Path | None:
+    ckpts = list_checkpoints(run_dir)
+    return ckpts[-1][1] if ckpts else None
+
+
+def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint to resume from: None (start fresh), "auto" (the latest in run_dir, None if there is none)
+    or a checkpoint folder (an error naming `resume` if it is not one)."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        return latest(run_dir)
+    path = Path(resume)
+    if not (path / "trainer.pkl").is_file():
+        raise ConfigError(
+            f"resume={resume}: not a checkpoint folder (no trainer.pkl); give a <run>/checkpoints/step_N folder "
+            "or resume=auto"
+        )
+    return path
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's python, numpy and torch (CPU, and CUDA when present) generator states."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state().numpy()}
+    if torch.cuda.is_available():
+        state["cuda"] = [s.numpy() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(torch.from_numpy(np.array(state["torch"])))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.from_numpy(np.array(s)) for s in state["cuda"]])
+
+
+def _write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(
+    run_dir: Path,
+    step: int,
+    *,
+    learner_state: dict[str, Any],
+    trainer_state: dict[str, Any],
+    config: dict | None = None,
+    keep_last: int = 0,
+) -> Path:
+    """Write checkpoint `step` atomically, then delete all but the `keep_last` newest (0 keeps all).
+
+    learner_state: PeftLearner.state_dict() (its "adapter" goes to the PEFT folder, the rest to learner.pkl)."""
+    root = Path(run_dir) / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_dir_name(step)
+    tmp = root / f".{final.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "adapter").mkdir(parents=True)
+    adapter: Adapter = learner_state["adapter"]
+    _write(tmp / "adapter" / "adapter_config.json", json.dumps(adapter.config, indent=2, default=str).encode())
+    _write(tmp / "adapter" / "adapter_model.safetensors", adapter.weights)
+    rest = {k: v for k, v in learner_state.items() if k != "adapter"}
+    _write(tmp / "learner.pkl", pickle.dumps({**rest, "adapter_version": adapter.version}))
+    _write(tmp / "trainer.pkl", pickle.dumps(trainer_state))
+    _write(tmp / "config.json", json.dumps(config or {}, indent=2, default=str).encode())
+    meta = {
+        "step": step,
+        "adapter_version": adapter.version,
+        "data_cursor": trainer_state.get("data", {}).get("cursor"),
+    }
+    _write(tmp / "meta.json", json.dumps(meta, indent=2).encode())
+    _fsync_dir(tmp / "adapter")
+    _fsync_dir(tmp)
+    if final.exists():  # a re-save of the same step (e.g. a resumed run that had nothing left to do)
+        shutil.rmtree(final)
+    tmp.rename(final)
+    _fsync_dir(root)
+    if keep_last > 0:
+        for _, old in list_checkpoints(run_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".step_*.tmp"):  # left by a run killed while saving
+        shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def load(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(trainer_state, learner_state) of a checkpoint folder; learner_state as PeftLearner.load_state takes it."""
+    path = Path(path)
+    trainer_state = pickle.loads((path / "trainer.pkl").read_bytes())
+    learner = pickle.loads((path / "learner.pkl").read_bytes())
+    config = json.loads((path / "adapter" / "adapter_config.json").read_text())
+    weights = (path / "adapter" / "adapter_model.safetensors").read_bytes()
+    version = learner.pop("adapter_version")
+    learner["adapter"] = Adapter(version=version, config=config, weights=weights)
+    return trainer_state, learner

@@ -1,0 +1,153 @@
+"""PNG plots from metrics.jsonl: `python -m rl.plot RUN_DIR [--out DIR]` (or `make plot RUN=...`).
+
+RUN_DIR is a run directory (with metrics.jsonl) or a folder of runs (a sweep: every metrics.jsonl below it, one
+line per run in each figure). Writes into RUN_DIR/plots (or --out): reward, eval accuracy, response length,
+clip fraction, KL, and the step time split into rollout / reward / learn / sync / other. A figure whose metrics
+no run logged is skipped and named on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# (file, title, y label, metric keys: one line per key and run)
+LINE_FIGURES = [
+    ("reward", "Reward (sampled, mean over the batch)", "reward", ["reward/mean"]),
+    ("eval_accuracy", "Held-out accuracy (greedy)", "accuracy", ["eval/accuracy"]),
+    ("response_length", "Response length (tokens, mean)", "tokens", ["response/length_mean"]),
+    (
+        "clip_fraction",
+        "Clipped ratio fraction",
+        "fraction of tokens",
+        ["policy/clip_frac_low", "policy/clip_frac_high"],
+    ),
+    ("kl", "KL", "nats per token", ["policy/approx_kl", "policy/kl_ref", "policy/kl_ref_seq"]),
+]
+TIME_PARTS = [
+    ("rollout", "time/rollout_s"),
+    ("reward", "time/reward_s"),
+    ("learn", "time/learn_s"),
+    ("sync", "time/sync_s"),
+]
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """Rows of a metrics.jsonl; a line cut by a killed run is skipped, and a step logged twice keeps its last row."""
+    by_step: dict[tuple[int, bool], dict] = {}
+    for line in Path(path).read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "step" in row:
+            by_step[(row["step"], "train/loss" in row)] = row
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def find_runs(root: Path) -> dict[str, list[dict]]:
+    """label -> rows for every metrics.jsonl at or below root (label: the run's folder relative to root)."""
+    root = Path(root)
+    files = [root / "metrics.jsonl"] if (root / "metrics.jsonl").is_file() else sorted(root.rglob("metrics.jsonl"))
+    return {(str(f.parent.relative_to(root)) if f.parent != root else root.name): read_metrics(f) for f in files}
+
+
+def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], float(r[key])) for r in rows if isinstance(r.get(key), int | float)]
+    return [s for s, _ in pts], [v for _, v in pts]
+
+
+def plot_runs(runs: dict[str, list[dict]], out: Path) -> list[Path]:
+    """Write the figures for `runs` into `out`; returns the PNG paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, title, ylabel, keys in LINE_FIGURES:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        drawn = 0
+        for label, rows in runs.items():
+            for key in keys:
+                x, y = series(rows, key)
+                if x:
+                    tag = key if len(runs) == 1 else f"{label}: {key}"
+                    ax.plot(x, y, marker="o" if len(x) < 30 else None, markersize=3, label=tag)
+                    drawn += 1
+        if drawn:
+            ax.set(title=title, xlabel="step", ylabel=ylabel)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            fig.savefig(out / f"{name}.png", dpi=110)
+            written.append(out / f"{name}.png")
+        else:
+            print(f"skipped {name}.png: no run logged {', '.join(keys)}")
+        plt.close(fig)
+    path = plot_step_time(runs, out, plt)
+    if path:
+        written.append(path)
+    return written
+
+
+def plot_step_time(runs: dict[str, list[dict]], out: Path, plt) -> Path | None:
+    """Stacked bars: per step for one run, the per-step mean of each run for a sweep. `other` is the rest of
+    time/step_s (the sync probe, advantages, bookkeeping)."""
+    bars: list[tuple[str, dict[str, float]]] = []
+    for label, rows in runs.items():
+        steps = [r for r in rows if "time/step_s" in r]
+        parts_per_step = []
+        for r in steps:
+            parts = {name: float(r.get(key, 0.0)) for name, key in TIME_PARTS}
+            parts["other"] = max(float(r["time/step_s"]) - sum(parts.values()), 0.0)
+            parts_per_step.append((str(r["step"]), parts))
+        if len(runs) == 1:
+            bars = parts_per_step
+        elif parts_per_step:
+            names = parts_per_step[0][1].keys()
+            bars.append((label, {n: sum(p[n] for _, p in parts_per_step) / len(parts_per_step) for n in names}))
+    if not bars:
+        print("skipped step_time.png: no run logged time/step_s")
+        return None
+    fig, ax = plt.subplots(figsize=(max(7, 0.25 * len(bars)), 4))
+    bottom = [0.0] * len(bars)
+    for name in [n for n, _ in TIME_PARTS] + ["other"]:
+        heights = [p[name] for _, p in bars]
+        ax.bar(range(len(bars)), heights, bottom=bottom, label=name)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_xticks(range(len(bars)), [x for x, _ in bars], rotation=90 if len(runs) > 1 else 0, fontsize=7)
+    single = len(runs) == 1
+    ax.set(
+        title="Step time by role" + ("" if single else " (mean per step)"),
+        xlabel="step" if single else "run",
+        ylabel="seconds",
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "step_time.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rl.plot", description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="run directory (with metrics.jsonl) or a sweep directory")
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: RUN/plots)")
+    ns = parser.parse_args(argv)
+    runs = find_runs(ns.run) if ns.run.is_dir() else {}
+    if not runs:
+        print(f"error: no metrics.jsonl at or below {ns.run}", file=sys.stderr)
+        return 2
+    written = plot_runs(runs, ns.out or ns.run / "plots")
+    for p in written:
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Exact resume (tiny model, in-process HF rollout: no Ray, no vLLM): 6 steps straight equal 3 steps + resume +
+3 steps bit for bit, and a run killed with SIGKILL continues from its last checkpoint with `resume=auto`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from safetensors.torch import load_file
+
+from rl import checkpoint
+from tests.helpers import REPO, run_train
+
+pytestmark = pytest.mark.slow
+
+# durations: they differ between any two runs, resumed or not
+TIMING = ("time/", "perf/", "sync/actor_load_s")
+
+
+def args(model, out, *extra: str) -> list[str]:
+    return [
+        f"model.path={model}",
+        f"output_dir={out}",
+        "cluster=local",
+        "cluster.rollout_backend=hf",
+        "prompts_per_step=2",
+        "algorithm.group_size=3",
+        "model.max_new_tokens=6",
+        "model.dtype=float32",
+        "model.learner_dtype=float32",
+        "reward._target_=tests.helpers.LengthReward",
+        "~reward.extract",
+        "logger=none",
+        *extra,
+    ]
+
+
+def rows(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def without_timing(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith(TIMING)}
+
+
+def test_resume_is_bitwise_identical(tiny_model, tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ["eval_size=2", "save_interval=3", "keep_last=0"]
+    for out, extra in [
+        (straight, ["steps=6"]),
+        (split, ["steps=3"]),
+        (split, ["steps=6", "resume=auto"]),
+    ]:
+        proc = run_train(args(tiny_model, out, *common, *extra), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stdout and "step 3, adapter version 3, data cursor 6" in proc.stdout
+
+    a, b = (
+        load_file(straight / "adapter" / "adapter_model.safetensors"),
+        load_file(split / "adapter" / "adapter_model.safetensors"),
+    )
+    assert a.keys() == b.keys() and a
+    assert all(a[k].dtype == b[k].dtype and a[k].equal(b[k]) for k in a), "adapters differ after resume"
+    mid = load_file(straight / "checkpoints" / "step_0003" / "adapter" / "adapter_model.safetensors")
+    assert any(not mid[k].equal(a[k]) for k in a), "steps 4-6 did not move the adapter: the test would be vacuous"
+
+    train_a = [without_timing(r) for r in rows(straight) if "train/loss" in r]
+    train_b = [without_timing(r) for r in rows(split) if "train/loss" in r]
+    assert [r["step"] for r in train_b] == [1, 2, 3, 4, 5, 6]
+    assert train_a == train_b
+    assert [r["sync/version"] for r in train_b] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    # evaluation before training ran once (not again on resume); the final evaluations agree
+    evals_b = [r for r in rows(split) if "eval/accuracy" in r]
+    assert [r["step"] for r in evals_b] == [0, 3, 6]
+    final_a = [without_timing(r) for r in rows(straight) if "eval/accuracy" in r and r["step"] == 6]
+    assert final_a == [without_timing(evals_b[-1])]
+
+
+def test_killed_run_resumes_from_last_checkpoint(tiny_model, tmp_path):
+    out = tmp_path / "run"
+    common = ["eval_size=0", "save_interval=1", "keep_last=2"]
+    env = dict(os.environ, PYTHONPATH=str(REPO), HYDRA_FULL_ERROR="0")
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *args(tiny_model, out, *common, "steps=50")],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        while not checkpoint.list_checkpoints(out):  # wait for the first complete checkpoint
+            assert proc.poll() is None, "the run exited before writing a checkpoint"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    last = checkpoint.list_checkpoints(out)[-1][0]
+
+    resumed = run_train(args(tiny_model, out, *common, f"steps={last + 1}", "resume=auto"), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {out / 'checkpoints' / checkpoint.step_dir_name(last)}: step {last}" in resumed.stdout
+    train_rows = [r for r in rows(out) if "train/loss" in r]
+    assert [r["step"] for r in train_rows] == list(range(1, last + 2))  # no step lost, none logged twice
+    new = train_rows[-1]
+    assert new["data/cursor"] == 2 * (last + 1)  # the data position continues: 2 prompts per step
+    assert new["sync/version"] == last + 1  # adapter versions continue
+    kept = [s for s, _ in checkpoint.list_checkpoints(out)]
+    assert kept == [last, last + 1]  # keep_last=2
+    assert not list((out / "checkpoints").glob(".*.tmp"))

@@ -1,0 +1,47 @@
+"""`logger=wandb logger.mode=offline` writes a wandb offline run directory (no account, no network) holding the
+run's history, beside metrics.jsonl (tiny model, in-process HF rollout, 1 step)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import run_train
+
+pytestmark = pytest.mark.slow
+
+
+def test_wandb_offline_run_directory(tiny_model, tmp_path):
+    out = tmp_path / "run"
+    proc = run_train(
+        [
+            f"model.path={tiny_model}",
+            f"output_dir={out}",
+            "cluster=local",
+            "cluster.rollout_backend=hf",
+            "steps=1",
+            "prompts_per_step=2",
+            "algorithm.group_size=2",
+            "eval_size=0",
+            "save_interval=0",
+            "model.max_new_tokens=4",
+            "model.dtype=float32",
+            "model.learner_dtype=float32",
+            "reward._target_=tests.helpers.LengthReward",
+            "~reward.extract",
+            "logger=wandb",
+            "logger.mode=offline",
+            "logger.project=rlft-test",
+            "logger.tags=[resume,offline]",
+        ],
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, list((out / "wandb").iterdir()) if (out / "wandb").exists() else "no wandb folder"
+    history = list(runs[0].glob("run-*.wandb"))
+    assert history and history[0].stat().st_size > 0  # the binary history file wandb sync would upload
+    assert not (out / "checkpoints").exists()  # save_interval=0: no checkpoints
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1]

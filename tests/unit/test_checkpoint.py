@@ -1,0 +1,157 @@
+"""Checkpoints: atomic folders, keep_last, resume resolution, and exact round trips of every piece of state
+(RNGs, data order, learner weights + optimizer, HF rollout sampling, metrics.jsonl trimming)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from rl import checkpoint
+from rl.config import ConfigError, TrainConfig
+from rl.driver import PromptData
+from rl.metrics import MetricsLogger
+from rl.types import Adapter, Sampling
+from tests.unit.test_learner import make_learner, make_samples
+
+
+def fake_learner_state(version: int) -> dict:
+    adapter = Adapter(version=version, config={"r": 4}, weights=b"weights-%d" % version)
+    return {"adapter": adapter, "optimizer": b"opt", "torch_rng": b""}
+
+
+def save_fake(run_dir, step: int, keep_last: int = 0):
+    return checkpoint.save(
+        run_dir,
+        step,
+        learner_state=fake_learner_state(step),
+        trainer_state={"step": step, "data": {"cursor": 2 * step}},
+        config={"steps": 9},
+        keep_last=keep_last,
+    )
+
+
+def test_half_written_checkpoints_are_never_listed_and_keep_last_prunes(tmp_path):
+    for step in (1, 2, 3):
+        save_fake(tmp_path, step, keep_last=2)
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [2, 3]
+    # what a kill during a save leaves behind: a temp folder (even one holding every file) is not a checkpoint
+    stale = tmp_path / "checkpoints" / ".step_0004.tmp"
+    stale.mkdir()
+    (stale / "trainer.pkl").write_bytes(b"\x80")
+    assert checkpoint.latest(tmp_path).name == "step_0003"
+    assert checkpoint.resolve_resume("auto", tmp_path).name == "step_0003"
+    save_fake(tmp_path, 10, keep_last=2)  # sorted by step number, not by name; the stale temp folder is removed
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [3, 10]
+    assert not stale.exists()
+    trainer, learner = checkpoint.load(checkpoint.latest(tmp_path))
+    assert trainer == {"step": 10, "data": {"cursor": 20}}
+    assert learner["adapter"] == fake_learner_state(10)["adapter"] and learner["optimizer"] == b"opt"
+    meta = json.loads((checkpoint.latest(tmp_path) / "meta.json").read_text())
+    assert meta == {"step": 10, "adapter_version": 10, "data_cursor": 20}
+
+
+def test_resume_resolution(tmp_path):
+    assert checkpoint.resolve_resume(None, tmp_path) is None
+    assert checkpoint.resolve_resume("auto", tmp_path) is None  # nothing yet: start fresh
+    with pytest.raises(ConfigError, match="resume=.*not a checkpoint folder"):
+        checkpoint.resolve_resume(str(tmp_path), tmp_path)
+    path = save_fake(tmp_path, 5)
+    assert checkpoint.resolve_resume(str(path), tmp_path) == path
+
+
+def test_config_keys_are_validated():
+    with pytest.raises(ConfigError, match="resume=auto .* set output_dir"):
+        TrainConfig(resume="auto")
+    with pytest.raises(ConfigError, match="save_interval must be >= 0"):
+        TrainConfig(save_interval=-1)
+    with pytest.raises(ConfigError, match="keep_last must be >= 0"):
+        TrainConfig(keep_last=-2)
+    assert TrainConfig(resume="auto", output_dir="/tmp/x").resume == "auto"
+
+
+def test_rng_states_round_trip():
+    state = checkpoint.rng_state()
+    first = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    checkpoint.set_rng_state(state)
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == first
+
+
+class CharTokenizer:
+    def __call__(self, text):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def test_data_order_and_cursor_round_trip():
+    items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": str(i)} for i in range(5)]
+
+    def data():
+        return PromptData(items, CharTokenizer(), max_prompt_tokens=10, use_chat_template=False, seed=3)
+
+    a = data()
+    a.next_batch(3)  # mid-pass: the rest of the current shuffled pass must survive
+    state = a.state_dict()
+    expected = [a.next_batch(3) for _ in range(4)]
+    b = data()
+    b.load_state(state)
+    assert b.cursor == 3
+    assert [b.next_batch(3) for _ in range(4)] == expected
+    with pytest.raises(ConfigError, match="5 training prompts, this run has 4"):
+        PromptData(items[:4], CharTokenizer(), max_prompt_tokens=10, use_chat_template=False, seed=3).load_state(state)
+
+
+def test_learner_state_round_trip_is_exact(tiny_model, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    a = make_learner(tiny_model)
+    a.train_step(make_samples(seed=1))
+    checkpoint.save(tmp_path, 1, learner_state=a.state_dict(), trainer_state={"step": 1})
+    _, state = checkpoint.load(checkpoint.latest(tmp_path))
+    b = make_learner(tiny_model)  # a fresh optimizer and other LoRA weights: everything must come from `state`
+    with torch.no_grad():
+        for p in b.model.parameters():
+            if p.requires_grad:
+                p.add_(0.01)
+    b.load_state(state)
+    assert b.version == a.version == 1
+    batch = make_samples(seed=2)
+    ma, mb = a.train_step(batch), b.train_step(batch)  # AdamW's moments matter here: a fresh optimizer differs
+    assert ma["train/loss"] == mb["train/loss"] and ma["train/grad_norm"] == mb["train/grad_norm"]
+    wa, wb = (x.model.state_dict() for x in (a, b))
+    lora = [k for k in wa if "lora_" in k]
+    assert lora and all(torch.equal(wa[k], wb[k]) for k in lora)
+    # the checkpoint's adapter folder is a PEFT adapter
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    peft = PeftModel.from_pretrained(base, str(checkpoint.latest(tmp_path) / "adapter"))
+    assert any("lora_A" in k for k in peft.state_dict())
+
+
+def test_hf_rollout_sampling_resumes_exactly(tiny_model):
+    from rl.hf_rollout import HFRollout
+
+    rollout = HFRollout(str(tiny_model), seed=0)
+    prompts, sampling = [[1, 2, 3, 4]], Sampling(n=3, temperature=1.0, max_tokens=6)
+    state = rollout.state_dict()
+    first = [c.token_ids for c in rollout.generate(prompts, sampling)[0].completions]
+    rollout.generate(prompts, sampling)  # move the generator on
+    rollout.load_state(state)
+    assert [c.token_ids for c in rollout.generate(prompts, sampling)[0].completions] == first
+
+
+def test_metrics_rows_after_the_checkpoint_are_dropped(tmp_path):
+    logger = MetricsLogger(tmp_path)
+    for step in range(4):
+        logger.log(step, {"reward/mean": float(step)})
+    logger.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "rew')  # cut by a kill
+    logger = MetricsLogger(tmp_path)
+    assert logger.drop_after(2) == 2
+    logger.log(3, {"reward/mean": 30.0})
+    logger.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["reward/mean"]) for r in rows] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 30.0)]
