@@ -9,6 +9,7 @@ This module must stay import-light (no torch, no vllm, no ray): `python train.py
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -195,10 +196,6 @@ class ClusterConfig:
             self.lora_mode in ("auto", "native", "merged"),
             f"cluster.lora_mode must be auto, native or merged (got {self.lora_mode!r})",
         )
-        _check(
-            self.num_learners == 1,
-            f"cluster.num_learners={self.num_learners}: data-parallel learners are not implemented yet; use 1",
-        )
         if self.mode == ClusterMode.local:
             _check(
                 self.num_actors == 1 and self.num_learners == 1,
@@ -260,6 +257,14 @@ class TrainConfig:
         _check(
             self.resume != "auto" or self.output_dir is not None,
             "resume=auto looks for checkpoints in output_dir: set output_dir=<the run directory to continue>",
+        )
+        samples, learners = self.prompts_per_step * self.algorithm.group_size, self.cluster.num_learners
+        _check(
+            samples % learners == 0,
+            f"prompts_per_step * algorithm.group_size = {self.prompts_per_step} * {self.algorithm.group_size} = "
+            f"{samples} samples do not split evenly over cluster.num_learners={learners}: make prompts_per_step "
+            f"a multiple of {learners // math.gcd(learners, self.algorithm.group_size)} (each learner then gets "
+            f"whole prompt groups when it is a multiple of {learners}) or change cluster.num_learners",
         )
 
 

@@ -105,6 +105,7 @@ class PeftLearner:
         self.share_prompt_prefix = share_prompt_prefix
         self.version = 0
         self.pad_id = 0
+        self.world_size, self.rank = 1, 0  # data-parallel group (init_process_group)
 
     # ------------------------------------------------------------------------------------------------ batching
 
@@ -216,6 +217,9 @@ class PeftLearner:
             # A sample with advantage 0 adds exactly 0 to the policy loss and its gradient; it only counts in the
             # normaliser (n_seq / n_tok above, computed before this filter), so skipping its forward is exact.
             samples = [s for s in samples if s.advantage != 0.0]
+        # data-parallel: each learner holds a shard; normalising by the counts over all shards makes the summed
+        # gradient equal to one learner's gradient on the whole batch
+        n_seq, n_tok, n_signal = self._all_reduce_counts(n_seq, n_tok, len(samples))
         sums: dict[str, float] = {}
         total_loss = 0.0
         tokens = 0
@@ -246,6 +250,8 @@ class PeftLearner:
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v * weight
             tokens += n_positions
+        if self.world_size > 1:
+            total_loss, sums = self._all_reduce_grads_and_metrics(total_loss, sums, n_signal)
         params = [p for p in self.model.parameters() if p.requires_grad and p.grad is not None]
         if not params:
             grad_norm = 0.0
@@ -265,7 +271,7 @@ class PeftLearner:
         out.update(
             {
                 "train/loss": total_loss,
-                "train/samples_with_signal": float(len(samples)),
+                "train/samples_with_signal": float(n_signal),
                 "train/grad_norm": grad_norm,
                 "train/skipped_nonfinite": skipped,
                 "perf/learner_tokens_per_s": tokens / dt,
@@ -273,6 +279,67 @@ class PeftLearner:
             }
         )
         return out
+
+    # ------------------------------------------------------------------------------------------------ data parallel
+
+    def init_process_group(self, address: str, port: int, world_size: int, rank: int) -> None:
+        """Join the learners' torch.distributed group (gloo on CPU, NCCL on CUDA); rank 0 publishes the adapter."""
+        import datetime
+
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            backend="nccl" if self.device.type == "cuda" else "gloo",
+            init_method=f"tcp://{address}:{port}",
+            world_size=world_size,
+            rank=rank,
+            timeout=datetime.timedelta(minutes=10),
+        )
+        self.world_size, self.rank = world_size, rank
+
+    def _all_reduce_counts(self, *counts: int) -> list[int]:
+        if self.world_size == 1:
+            return list(counts)
+        import torch.distributed as dist
+
+        t = torch.tensor(counts, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return [int(x) for x in t.tolist()]
+
+    def _all_reduce_grads_and_metrics(
+        self, loss: float, sums: dict[str, float], n_signal: int
+    ) -> tuple[float, dict[str, float]]:
+        """Sum the LoRA gradients and the (globally normalised, hence additive) loss and metrics over learners.
+
+        A learner whose shard had no signal has no gradients: it adds zeros, so every learner clips and steps
+        on the same summed gradient. When no learner had signal, no gradient exists anywhere and none is made
+        (the optimizer then skips every parameter, as a single learner would)."""
+        import torch.distributed as dist
+
+        if n_signal > 0:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            flat = torch.cat([p.grad.reshape(-1) for p in params])  # one collective instead of one per tensor
+            dist.all_reduce(flat)
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+        gathered: list = [None] * self.world_size
+        dist.all_gather_object(gathered, (loss, sums))
+        total: dict[str, float] = {}
+        for _, part in gathered:
+            for k, v in part.items():
+                total[k] = total.get(k, 0.0) + v
+        return sum(x for x, _ in gathered), total
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
 
     # ------------------------------------------------------------------------------------------------ sync
 

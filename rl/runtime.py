@@ -57,6 +57,37 @@ def shard(items: list, n: int) -> list[list]:
     return out
 
 
+def shard_groups(samples: list, n: int) -> list[list]:
+    """Split samples into n contiguous, nearly equal parts, cutting only between prompt groups (consecutive
+    samples with the same prompt: the learner runs a group's prompt once); when that would leave a part
+    empty (fewer groups than parts), cut inside groups instead (exact either way, only slower)."""
+    bounds = [i for i in range(1, len(samples)) if samples[i].prompt_ids != samples[i - 1].prompt_ids]
+    bounds = [0, *bounds, len(samples)]
+    cuts = [0]
+    for i in range(1, n):
+        ideal = i * len(samples) / n
+        cuts.append(min(bounds, key=lambda b: (abs(b - ideal), b)))
+    cuts.append(len(samples))
+    if any(b <= a for a, b in zip(cuts, cuts[1:])):
+        return shard(samples, n)
+    return [samples[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def merge_learner_metrics(results: list[dict[str, float]]) -> dict[str, float]:
+    """Learners return the same global loss metrics (all-reduced); their times overlap (max) and their
+    throughputs add up (sum)."""
+    out = {}
+    for k in results[0]:
+        values = [r[k] for r in results]
+        if k.startswith("time/"):
+            out[k] = max(values)
+        elif k.startswith("perf/"):
+            out[k] = sum(values)
+        else:
+            out[k] = sum(values) / len(values)
+    return out
+
+
 class VersionMismatch(RuntimeError):
     pass
 
@@ -70,22 +101,35 @@ class Runtime:
         """Sample on every actor (prompts sharded); fail fast if any actor used an unexpected adapter version."""
         parts = shard(prompts, len(self.actors))
         results = self.actors.call("generate", [(part, sampling) for part in parts])
+        self._check_versions(results)
         out: list[PromptRollout] = []
         for i, res in enumerate(results):
+            for r in res:
+                r.actor = i
+                out.append(r)
+        return out
+
+    def _check_versions(self, per_actor: list[list[PromptRollout]]) -> None:
+        for i, res in enumerate(per_actor):
             for r in res:
                 if r.adapter_version != self.version:
                     raise VersionMismatch(
                         f"rollout actor {i} generated with adapter version {r.adapter_version}, expected "
                         f"{self.version}: the adapter sync did not reach it"
                     )
-                r.actor = i
-                out.append(r)
-        return out
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
-        if len(self.learners) != 1:
-            raise NotImplementedError("data-parallel learners are not implemented yet (cluster.num_learners must be 1)")
-        return self.learners.call("train_step", [(samples,)])[0]
+        """One optimizer step on every learner, data-parallel: each gets a shard of whole prompt groups, the
+        learners sum their globally normalised gradients, and all step identically (`learner/checksum_spread`,
+        the max - min of the learners' adapter checksums, is 0 when they agree)."""
+        n = len(self.learners)
+        if n == 1:
+            return self.learners.call("train_step", [(samples,)])[0]
+        results = self.learners.call("train_step", [(part,) for part in shard_groups(samples, n)])
+        out = merge_learner_metrics(results)
+        checksums = self.learners.broadcast("adapter_checksum")
+        out["learner/checksum_spread"] = max(checksums) - min(checksums)
+        return out
 
     def reference_logprobs(self, rollouts: list[PromptRollout]) -> list[list[float]]:
         """Per-token logprobs of every completion under the reference policy (learner 0, adapter disabled)."""
@@ -113,6 +157,7 @@ class Runtime:
     def probe(self, prompts: list[list[int]], sampling: Sampling) -> float:
         """Mean |logp_learner - logp_actor| over tokens each actor samples for fixed prompts (sync check)."""
         per_actor = self.actors.broadcast("generate", prompts, sampling)
+        self._check_versions(per_actor)
         diffs = []
         for rollouts in per_actor:
             p_ids = [r.prompt_ids for r in rollouts for _ in r.completions]
