@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from rl.config import ConfigError
+from rl.runtime import Runtime
 from rl.types import Adapter
 
 CHECKPOINTS = "checkpoints"
@@ -165,3 +166,50 @@ def load(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     version = learner.pop("adapter_version")
     learner["adapter"] = Adapter(version=version, config=config, weights=weights)
     return trainer_state, learner
+
+
+# ------------------------------------------------------------------------------------------------ a run's roles
+
+
+def save_run(
+    run_dir: Path, step: int, runtime: Runtime, data: Any, *, keep_last: int = 0, config: dict | None = None
+) -> Path:
+    """Checkpoint a run after `step`: learner 0's state (learners step together, so one is enough), the data
+    order (`data`: rl.driver.PromptData), and every RNG the next step draws from: the driver's and each rollout
+    actor's (vLLM's cannot be read, see the module docstring)."""
+    trainer_state = {
+        "step": step,
+        "adapter_version": runtime.version,
+        "data": data.state_dict(),
+        "rng": rng_state(),
+        "rollout": rollout_states(runtime),
+    }
+    learner_state = runtime.learners.call("state_dict", [()])[0]
+    return save(
+        run_dir, step, learner_state=learner_state, trainer_state=trainer_state, config=config, keep_last=keep_last
+    )
+
+
+def restore_run(path: Path, runtime: Runtime, data: Any) -> int:
+    """Load a checkpoint into a run's roles: the learner state on every learner, its adapter pushed to the actors
+    (the versions continue), then the data order and the RNG states (last: the sync itself draws random numbers).
+    Returns the checkpoint's step."""
+    trainer_state, learner_state = load(path)
+    runtime.learners.broadcast("load_state", learner_state)
+    runtime.sync()
+    data.load_state(trainer_state["data"])
+    states = trainer_state.get("rollout")
+    if states is not None and len(states) == len(runtime.actors):
+        runtime.actors.call("load_state", [(s,) for s in states])
+    set_rng_state(trainer_state["rng"])
+    step = trainer_state["step"]
+    print(f"resumed from {path}: step {step}, adapter version {runtime.version}, data cursor {data.cursor}", flush=True)
+    return step
+
+
+def rollout_states(runtime: Runtime) -> list[dict] | None:
+    """Each actor's sampling RNG, or None for engines that cannot export it (VLLMRollout has no state_dict)."""
+    try:
+        return runtime.actors.broadcast("state_dict")
+    except AttributeError:
+        return None

@@ -313,7 +313,7 @@ def train(
     start = 1
     ckpt = checkpoint.resolve_resume(cfg.resume, run_dir)
     if ckpt is not None:
-        start = resume_from(ckpt, runtime, train_data) + 1
+        start = checkpoint.restore_run(ckpt, runtime, train_data) + 1
         logger.drop_after(start - 1)  # rows of steps after the checkpoint were lost work; they are redone
     elif cfg.resume == "auto":
         print(f"resume=auto: no checkpoint in {run_dir / checkpoint.CHECKPOINTS}, starting at step 1", flush=True)
@@ -368,7 +368,7 @@ def train(
         logger.console(step, metrics)
         summary["reward/last"] = metrics["reward/mean"]
         if cfg.save_interval and (step % cfg.save_interval == 0 or step == cfg.steps):
-            save_checkpoint(run_dir, step, runtime, train_data, cfg.keep_last, resolved)
+            checkpoint.save_run(run_dir, step, runtime, train_data, keep_last=cfg.keep_last, config=resolved)
 
     summary["time/train_s"] = time.perf_counter() - t_run
     save_adapter(runtime.adapter(), Path(logger.run_dir) / "adapter")
@@ -400,49 +400,6 @@ def save_adapter(adapter: Adapter, folder: Path) -> None:
     (tmp / "adapter_model.safetensors").write_bytes(adapter.weights)
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
-
-
-def save_checkpoint(
-    run_dir: Path, step: int, runtime: Runtime, data: PromptData, keep_last: int, resolved: dict | None
-) -> Path:
-    """Learner 0's state (learners step together, so one is enough), data order, and every RNG the next step
-    draws from: the driver's and each rollout actor's (vLLM's cannot be read: rl/checkpoint.py)."""
-    trainer_state = {
-        "step": step,
-        "adapter_version": runtime.version,
-        "data": data.state_dict(),
-        "rng": checkpoint.rng_state(),
-        "rollout": rollout_states(runtime),
-    }
-    learner_state = runtime.learners.call("state_dict", [()])[0]
-    return checkpoint.save(
-        run_dir, step, learner_state=learner_state, trainer_state=trainer_state, config=resolved, keep_last=keep_last
-    )
-
-
-def resume_from(path: Path, runtime: Runtime, data: PromptData) -> int:
-    """Load a checkpoint into the roles: learner state on every learner, its adapter pushed to the actors (the
-    versions continue), then data order and RNG states (last, as the sync itself draws random numbers).
-    Returns the checkpoint's step."""
-    trainer_state, learner_state = checkpoint.load(path)
-    runtime.learners.broadcast("load_state", learner_state)
-    runtime.sync()
-    data.load_state(trainer_state["data"])
-    states = trainer_state.get("rollout")
-    if states is not None and len(states) == len(runtime.actors):
-        runtime.actors.call("load_state", [(s,) for s in states])
-    checkpoint.set_rng_state(trainer_state["rng"])
-    step = trainer_state["step"]
-    print(f"resumed from {path}: step {step}, adapter version {runtime.version}, data cursor {data.cursor}", flush=True)
-    return step
-
-
-def rollout_states(runtime: Runtime) -> list[dict] | None:
-    """Each actor's sampling RNG, or None for engines that cannot export it (vLLM: rl/checkpoint.py)."""
-    try:
-        return runtime.actors.broadcast("state_dict")
-    except AttributeError:
-        return None
 
 
 def seed_everything(seed: int) -> None:

@@ -117,7 +117,7 @@ def plot_step_time(runs: dict[str, list[dict]], out: Path, plt) -> Path | None:
     bottom = [0.0] * len(bars)
     for name in [n for n, _ in TIME_PARTS] + ["other"]:
         heights = [p[name] for _, p in bars]
-        ax.bar(range(len(bars)), heights, bottom=bottom, label=name)
+        ax.bar(range(len(bars)), heights, bottom=bottom, label="other (sync probe, ...)" if name == "other" else name)
         bottom = [b + h for b, h in zip(bottom, heights)]
     ax.set_xticks(range(len(bars)), [x for x, _ in bars], rotation=90 if len(runs) > 1 else 0, fontsize=7)
     single = len(runs) == 1
