@@ -155,3 +155,47 @@ def test_metrics_rows_after_the_checkpoint_are_dropped(tmp_path):
     logger.close()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["reward/mean"]) for r in rows] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 30.0)]
+
+
+class FakeLearner:
+    def __init__(self, version: int = 0):
+        self.version, self.loaded = version, None
+
+    def state_dict(self) -> dict:
+        return fake_learner_state(self.version)
+
+    def load_state(self, state: dict) -> None:
+        self.loaded, self.version = state, state["adapter"].version
+
+    def get_adapter(self) -> Adapter:
+        return fake_learner_state(self.version)["adapter"]
+
+
+class EngineWithoutRngState:
+    """Like VLLMRollout: loads adapters, but has no state_dict (its sampler state cannot be exported)."""
+
+    def __init__(self):
+        self.version = 0
+
+    def load_adapter(self, adapter: Adapter) -> dict:
+        self.version = adapter.version
+        return {"seconds": 0.0, "bytes": adapter.nbytes}
+
+
+def test_restore_run_pushes_the_adapter_and_skips_engines_without_rng_state(tmp_path):
+    from rl.runtime import LocalGroup, Runtime
+
+    items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": str(i)} for i in range(4)]
+    data = PromptData(items, CharTokenizer(), max_prompt_tokens=10, use_chat_template=False, seed=0)
+    data.next_batch(3)
+    runtime = Runtime(LocalGroup([EngineWithoutRngState()]), LocalGroup([FakeLearner(version=7)]))
+    path = checkpoint.save_run(tmp_path, 7, runtime, data, config={"seed": 0})
+    assert checkpoint.load(path)[0]["rollout"] is None  # nothing to save for such an engine
+    assert json.loads((path / "config.json").read_text()) == {"seed": 0}
+
+    actor, learner = EngineWithoutRngState(), FakeLearner()
+    fresh = Runtime(LocalGroup([actor]), LocalGroup([learner]))
+    data2 = PromptData(items, CharTokenizer(), max_prompt_tokens=10, use_chat_template=False, seed=0)
+    assert checkpoint.restore_run(path, fresh, data2) == 7
+    assert learner.loaded["adapter"].version == 7 and actor.version == fresh.version == 7  # versions continue
+    assert data2.cursor == 3 and data2.next_batch(2) == data.next_batch(2)
