@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from rl.config import ClusterConfig, ClusterMode, DType, ModelConfig, RolloutBackend, TrainConfig
+from rl.config import AlgorithmConfig, ClusterConfig, ClusterMode, DType, ModelConfig, RolloutBackend, TrainConfig
 from rl.types import TrainSample
 from tests.helpers import REPO, run_train
 
@@ -72,8 +72,9 @@ def test_topology_trains_two_steps(topology, extra, tiny_model, tmp_path):
 # ------------------------------------------------------------------------------------------------ in-process
 
 
-def tiny_config(model: Path, **cluster) -> TrainConfig:
+def tiny_config(model: Path, loss_agg: str = "seq_mean_token_mean", **cluster) -> TrainConfig:
     return TrainConfig(
+        algorithm=AlgorithmConfig(loss_agg=loss_agg),
         model=ModelConfig(
             path=str(model), dtype=DType.float32, learner_dtype=DType.float32, max_new_tokens=8, lora_rank=4
         ),
@@ -101,18 +102,19 @@ def lora_tensors(runtime) -> list[dict[str, torch.Tensor]]:
     return [load(a.weights) for a in runtime.learners.broadcast("get_adapter")]
 
 
-def test_data_parallel_learners_stay_identical_and_match_one_learner(tiny_model):
+@pytest.mark.parametrize("loss_agg", ["seq_mean_token_mean", "token_mean"])  # sequence / token normaliser
+def test_data_parallel_learners_stay_identical_and_match_one_learner(tiny_model, loss_agg):
     from rl.driver import build_runtime
 
     # 3 groups over 2 learners: unequal shards (8 and 4 samples), so a per-learner normaliser would show
     batches = [make_samples(groups=3, group_size=4, seed=s) for s in (1, 2)]
-    single, close_single = build_runtime(tiny_config(tiny_model, mode=ClusterMode.local), str(tiny_model))
+    single, close_single = build_runtime(tiny_config(tiny_model, loss_agg, mode=ClusterMode.local), str(tiny_model))
     try:
         single_metrics = [single.train_step(b) for b in batches]
         (reference,) = lora_tensors(single)
     finally:
         close_single()
-    dp, close_dp = build_runtime(tiny_config(tiny_model, num_actors=1, num_learners=2), str(tiny_model))
+    dp, close_dp = build_runtime(tiny_config(tiny_model, loss_agg, num_actors=1, num_learners=2), str(tiny_model))
     try:
         dp_metrics = [dp.train_step(b) for b in batches]
         checksums = dp.learners.broadcast("adapter_checksum")
