@@ -53,6 +53,37 @@ class LengthReward:
         return [min(len(c) / 100.0, 1.0) for c in completions]
 
 
+def tiny_args(model: Path, *, in_process: bool = True) -> list[str]:
+    """train.py overrides every tiny end-to-end test shares: the tiny model in fp32, the length reward (its samples
+    differ, so advantages are not zero) and, with `in_process`, one process with HF generation (no Ray, no vLLM)."""
+    args = [
+        f"model.path={model}",
+        "model.dtype=float32",
+        "model.learner_dtype=float32",
+        "reward._target_=tests.helpers.LengthReward",
+        "~reward.extract",
+    ]
+    return args + (["cluster=local", "cluster.rollout_backend=hf"] if in_process else [])
+
+
+def make_samples(groups: int = 3, group_size: int = 4, seed: int = 0, old_logprob: float = -2.0) -> list:
+    """Random TrainSamples: `groups` prompts of 5-11 tokens, `group_size` completions of 2-8 tokens each."""
+    import random
+
+    from rl.types import TrainSample
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(groups):
+        prompt = [rng.randrange(10, 4000) for _ in range(rng.randrange(5, 12))]
+        for _ in range(group_size):
+            n = rng.randrange(2, 9)
+            out.append(
+                TrainSample(prompt, [rng.randrange(10, 4000) for _ in range(n)], [old_logprob] * n, rng.gauss(0, 1))
+            )
+    return out
+
+
 def run_train(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     """Run train.py as a user would; returns the finished process (stdout and stderr captured)."""
     env = dict(os.environ, PYTHONPATH=str(REPO), HYDRA_FULL_ERROR="0")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.helpers import REPO, run_train
+from tests.helpers import REPO, run_train, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -23,19 +23,13 @@ def test_bundle_runs_two_steps(bundle, tiny_model, tmp_path):
         [
             *extra,
             f"algorithm={bundle}",
-            f"model.path={tiny_model}",
+            *tiny_args(tiny_model),
             f"output_dir={out}",
-            "cluster=local",
-            "cluster.rollout_backend=hf",
             "steps=2",
             "prompts_per_step=2",
             "algorithm.group_size=4",
             "eval_size=2",
             "model.max_new_tokens=8",
-            "model.dtype=float32",
-            "model.learner_dtype=float32",
-            "reward._target_=tests.helpers.LengthReward",
-            "~reward.extract",
             "logger=none",
         ],
         timeout=300,
@@ -59,19 +53,13 @@ def test_kl_folded_into_the_reward(tiny_model, tmp_path):
             "algorithm=grpo",
             "algorithm.kl_in_reward=true",
             "algorithm.kl_coef=0.5",
-            f"model.path={tiny_model}",
+            *tiny_args(tiny_model),
             f"output_dir={out}",
-            "cluster=local",
-            "cluster.rollout_backend=hf",
             "steps=2",
             "prompts_per_step=2",
             "algorithm.group_size=4",
             "eval_size=0",
             "model.max_new_tokens=8",
-            "model.dtype=float32",
-            "model.learner_dtype=float32",
-            "reward._target_=tests.helpers.LengthReward",
-            "~reward.extract",
             "logger=none",
         ],
         timeout=300,

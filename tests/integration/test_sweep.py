@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.helpers import run_train
+from tests.helpers import run_train, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -17,17 +17,13 @@ def test_multirun_sweeps_algorithms_on_ray(tiny_model, tmp_path):
         [
             "-m",
             "algorithm=grpo,pg",
-            f"model.path={tiny_model}",
+            *tiny_args(tiny_model, in_process=False),
             "cluster.rollout_backend=hf",
             "steps=1",
             "prompts_per_step=2",
             "algorithm.group_size=4",
             "eval_size=2",
             "model.max_new_tokens=8",
-            "model.dtype=float32",
-            "model.learner_dtype=float32",
-            "reward._target_=tests.helpers.LengthReward",
-            "~reward.extract",
             "logger=none",
             f"hydra.sweep.dir={sweep}",
         ],

@@ -4,7 +4,6 @@ match one learner on the whole batch; a rollout actor left on an old adapter ver
 from __future__ import annotations
 
 import json
-import random
 import re
 from pathlib import Path
 
@@ -13,8 +12,7 @@ import torch
 from safetensors.torch import load
 
 from rl.config import AlgorithmConfig, ClusterConfig, ClusterMode, DType, ModelConfig, RolloutBackend, TrainConfig
-from rl.types import TrainSample
-from tests.helpers import REPO, run_train
+from tests.helpers import REPO, make_samples, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -87,17 +85,6 @@ def tiny_config(model: Path, loss_agg: str = "seq_mean_token_mean", **cluster) -
     )
 
 
-def make_samples(groups: int, group_size: int, seed: int) -> list[TrainSample]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(groups):
-        prompt = [rng.randrange(10, 4000) for _ in range(rng.randrange(5, 12))]
-        for _ in range(group_size):
-            n = rng.randrange(2, 9)
-            out.append(TrainSample(prompt, [rng.randrange(10, 4000) for _ in range(n)], [-10.8] * n, rng.gauss(0, 1)))
-    return out
-
-
 def lora_tensors(runtime) -> list[dict[str, torch.Tensor]]:
     return [load(a.weights) for a in runtime.learners.broadcast("get_adapter")]
 
@@ -107,7 +94,7 @@ def test_data_parallel_learners_stay_identical_and_match_one_learner(tiny_model,
     from rl.driver import build_runtime
 
     # 3 groups over 2 learners: unequal shards (8 and 4 samples), so a per-learner normaliser would show
-    batches = [make_samples(groups=3, group_size=4, seed=s) for s in (1, 2)]
+    batches = [make_samples(groups=3, group_size=4, seed=s, old_logprob=-10.8) for s in (1, 2)]
     single, close_single = build_runtime(tiny_config(tiny_model, loss_agg, mode=ClusterMode.local), str(tiny_model))
     try:
         single_metrics = [single.train_step(b) for b in batches]

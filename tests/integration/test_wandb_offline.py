@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.helpers import run_train
+from tests.helpers import run_train, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -16,20 +16,14 @@ def test_wandb_offline_run_directory(tiny_model, tmp_path):
     out = tmp_path / "run"
     proc = run_train(
         [
-            f"model.path={tiny_model}",
+            *tiny_args(tiny_model),
             f"output_dir={out}",
-            "cluster=local",
-            "cluster.rollout_backend=hf",
             "steps=1",
             "prompts_per_step=2",
             "algorithm.group_size=2",
             "eval_size=0",
             "save_interval=0",
             "model.max_new_tokens=4",
-            "model.dtype=float32",
-            "model.learner_dtype=float32",
-            "reward._target_=tests.helpers.LengthReward",
-            "~reward.extract",
             "logger=wandb",
             "logger.mode=offline",
             "logger.project=rlft-test",

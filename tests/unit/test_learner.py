@@ -3,24 +3,12 @@ moves the adapter only when there is signal."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from rl.learner import PeftLearner, token_logprobs
 from rl.types import TrainSample
-
-
-def make_samples(groups: int = 3, group_size: int = 4, seed: int = 0) -> list[TrainSample]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(groups):
-        prompt = [rng.randrange(10, 4000) for _ in range(rng.randrange(5, 12))]
-        for _ in range(group_size):
-            n = rng.randrange(2, 9)
-            out.append(TrainSample(prompt, [rng.randrange(10, 4000) for _ in range(n)], [-2.0] * n, rng.gauss(0, 1)))
-    return out
+from tests.helpers import make_samples
 
 
 def make_learner(path, **kw) -> PeftLearner:
