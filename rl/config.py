@@ -58,7 +58,12 @@ class ModelConfig:
     lora_targets: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )  # module names that get LoRA adapters
-    load_in_4bit: bool = False  # learner base weights in 4-bit (bitsandbytes/Unsloth; CUDA only)
+    load_in_4bit: bool = False  # learner base weights in 4-bit (bitsandbytes NF4 / Unsloth; CUDA only)
+    learner_backend: str = "auto"  # auto (unsloth on CUDA when installed, else peft) | peft | unsloth (CUDA only)
+    full_finetune: bool = (
+        False  # train every parameter instead of LoRA (KL reference: a frozen copy; sync: all weights)
+    )
+    gradient_checkpointing: bool | None = None  # null: backend default (unsloth: on, "unsloth" offload; peft: off)
     max_prompt_tokens: int = 256  # prompts longer than this (after the chat template) are dropped and counted
     max_new_tokens: int = 64  # completion length cap (tokens)
     use_chat_template: bool = True  # wrap prompts in the tokenizer's chat template
@@ -70,6 +75,14 @@ class ModelConfig:
         _check(self.max_new_tokens > 0, f"model.max_new_tokens must be > 0 (got {self.max_new_tokens})")
         _check(self.max_prompt_tokens > 0, f"model.max_prompt_tokens must be > 0 (got {self.max_prompt_tokens})")
         _check(0.0 <= self.lora_dropout < 1.0, f"model.lora_dropout must be in [0, 1) (got {self.lora_dropout})")
+        _check(
+            self.learner_backend in ("auto", "peft", "unsloth"),
+            f"model.learner_backend must be auto, peft or unsloth (got {self.learner_backend!r})",
+        )
+        _check(
+            not (self.full_finetune and self.load_in_4bit),
+            "model.full_finetune=true cannot train 4-bit weights: set model.load_in_4bit=false",
+        )
 
 
 @dataclass

@@ -371,7 +371,11 @@ def train(
             checkpoint.save_run(run_dir, step, runtime, train_data, keep_last=cfg.keep_last, config=resolved)
 
     summary["time/train_s"] = time.perf_counter() - t_run
-    save_adapter(runtime.adapter(), Path(logger.run_dir) / "adapter")
+    final = runtime.adapter()
+    if final.config.get("full_weights"):
+        save_full_model(final, Path(logger.run_dir) / "model", source=Path(tokenizer.name_or_path))
+    else:
+        save_adapter(final, Path(logger.run_dir) / "adapter")
     after = evaluate(runtime, eval_data, reward_fn, m.max_new_tokens) if cfg.eval_size else {}
     if after:
         logger.log(cfg.steps, after)
@@ -402,6 +406,21 @@ def save_adapter(adapter: Adapter, folder: Path) -> None:
     tmp.rename(folder)
 
 
+def save_full_model(weights: Adapter, folder: Path, source: Path) -> None:
+    """Write a full fine-tuning result as an HF model folder (from_pretrained / vLLM load it): the trained
+    weights as model.safetensors, next to the source folder's config, generation config and tokenizer files.
+    Written under a temporary name first, like the adapter."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in source.iterdir():
+        if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".index.json", ".gguf")):
+            shutil.copy2(f, tmp / f.name)
+    (tmp / "model.safetensors").write_bytes(weights.weights)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -413,10 +432,16 @@ def seed_everything(seed: int) -> None:
 
 def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[[], None]]:
     """Create the roles (in-process or as Ray actors); returns the runtime and a function that tears it down."""
-    from rl.learner import PeftLearner
+    from rl.learner import PeftLearner, resolve_backend
     from rl.rollout import cpu_threads_env
 
     m, a, c = cfg.model, cfg.algorithm, cfg.cluster
+    if not c.use_gpu and (m.learner_backend == "unsloth" or m.load_in_4bit):
+        what = "model.learner_backend=unsloth" if m.learner_backend == "unsloth" else "model.load_in_4bit=true"
+        raise ConfigError(
+            f"{what} needs CUDA GPUs: set cluster.use_gpu=true on a GPU machine, or model.learner_backend=peft "
+            "model.load_in_4bit=false"
+        )
     rollout_cls, rollout_kwargs = rollout_role(cfg, model_path)
     learner_kwargs = dict(
         lora_rank=m.lora_rank,
@@ -444,14 +469,24 @@ def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[
         seed=cfg.seed,
         num_threads=c.learner_threads,
         trust_remote_code=m.trust_remote_code,
+        backend=resolve_backend(m.learner_backend, cuda=c.use_gpu),
+        load_in_4bit=m.load_in_4bit,
+        full_finetune=m.full_finetune,
+        gradient_checkpointing=m.gradient_checkpointing,
+        max_seq_length=m.max_prompt_tokens + m.max_new_tokens,
+        keep_reference=a.kl_coef > 0,  # in the loss or folded into the reward: both need the reference policy
     )
     actor_env = {} if c.use_gpu else cpu_threads_env(c.actor_threads)
+    # Unsloth must be the first ML import of the learner's process (rl/__init__.py reads this)
+    learner_env = {"RLFT_IMPORT_UNSLOTH": "1"} if learner_kwargs["backend"] == "unsloth" else {}
     if c.mode == ClusterMode.local:
         import os
 
         from rl.runtime import LocalGroup
 
         os.environ.update(actor_env)
+        if learner_env:  # too late to come first in this process (torch is loaded); PeftLearner warns
+            import unsloth  # noqa: F401
         learner = PeftLearner(model_path, **learner_kwargs)
         rollout = rollout_cls(model_path, **rollout_kwargs)
         runtime = Runtime(LocalGroup([rollout]), LocalGroup([learner]))
@@ -475,6 +510,7 @@ def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[
             cpus_per_learner=c.cpus_per_learner,
             strategy=c.placement_strategy,
             actor_env=actor_env,
+            learner_env=learner_env,
         )
     except BaseException:
         placement.stop_ray(started)
@@ -496,6 +532,8 @@ def rollout_role(cfg: TrainConfig, model_path: str) -> tuple[type, dict]:
     from rl.rollout import VLLMRollout
 
     lora_mode = c.lora_mode if c.lora_mode != "auto" else ("native" if c.use_gpu else "merged")
+    if m.full_finetune:  # no adapter: full weights are loaded by the worker extension, no LoRA slots needed
+        lora_mode = "merged"
     return VLLMRollout, dict(
         lora_mode=lora_mode,
         max_lora_rank=m.lora_rank,

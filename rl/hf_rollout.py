@@ -36,6 +36,13 @@ class HFRollout:
         from safetensors.torch import load
 
         t0 = time.perf_counter()
+        if adapter.config.get("full_weights"):  # full fine-tuning: every parameter, under its HF name
+            weights = load(adapter.weights)
+            with torch.no_grad():
+                for name, p in self.model.named_parameters():
+                    p.copy_(weights[name])
+            self.version = adapter.version
+            return {"seconds": time.perf_counter() - t0, "bytes": adapter.nbytes}
         if not hasattr(self.model, "peft_config"):
             cfg = {k: v for k, v in adapter.config.items() if k in LoraConfig.__dataclass_fields__}
             self.model = get_peft_model(self.model, LoraConfig(**cfg)).eval()

@@ -1,8 +1,14 @@
-"""LoRA learner (transformers + PEFT): policy-gradient updates on the sampled token ids.
+"""Learner: policy-gradient updates on the sampled token ids, with one of three model backends.
+
+- `peft`: transformers + PEFT LoRA; base weights in bf16/fp32, or bitsandbytes NF4 (`load_in_4bit`, CUDA only).
+- `unsloth`: Unsloth's FastLanguageModel (4-bit or 16-bit base + LoRA, its offloaded gradient checkpointing);
+  CUDA only. Unsloth must be the first ML import of the process: see rl/__init__.py.
+- `full_finetune`: every parameter is trained (no LoRA), with either backend's model loader.
 
 A plain class (no Ray); `rl/placement.py` wraps it as a Ray actor. It never re-tokenises text: it receives the
 prompt and completion token ids exactly as the rollout engine produced them, with the behaviour logprobs.
-The reference policy for a KL penalty is the same model with the adapter disabled (no second copy in memory).
+The reference policy for a KL penalty is the same model with the adapter disabled (no second copy in memory);
+a full fine-tuning learner keeps a frozen copy of the initial weights instead, built only when a KL needs it.
 """
 
 from __future__ import annotations
@@ -26,11 +32,30 @@ def pick_dtype(name: str) -> torch.dtype:
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log softmax(logits / T) gathered at targets. logits [B, T, V], targets [B, T] -> [B, T] (float32)."""
+    """log softmax(logits / T) gathered at targets. logits [B, T, V], targets [B, T] -> [B, T] (float32).
+
+    Computed as logit[target] - logsumexp(logits): the same value as gathering from log_softmax, without a second
+    [B, T, V] float32 tensor (the vocabulary dimension dominates the learner's activation memory)."""
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
-    return torch.gather(logits.log_softmax(-1), 2, targets.unsqueeze(-1)).squeeze(-1)
+    picked = torch.gather(logits, 2, targets.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+BACKENDS = ("auto", "peft", "unsloth")
+
+
+def resolve_backend(name: str, cuda: bool) -> str:
+    """auto = unsloth when CUDA and the unsloth package are present (the fastest 4-bit LoRA path measured on the
+    GPU machine, ../shared/gpu/README.md), peft otherwise. Never imports unsloth (its import patches torch)."""
+    import importlib.util
+
+    if name not in BACKENDS:
+        raise ValueError(f"model.learner_backend must be one of {', '.join(BACKENDS)} (got {name!r})")
+    if name != "auto":
+        return name
+    return "unsloth" if cuda and importlib.util.find_spec("unsloth") is not None else "peft"
 
 
 class PeftLearner:
@@ -63,27 +88,49 @@ class PeftLearner:
         seed: int = 0,
         num_threads: int | None = None,
         trust_remote_code: bool = False,
+        backend: str = "peft",
+        load_in_4bit: bool = False,
+        full_finetune: bool = False,
+        gradient_checkpointing: bool | None = None,
+        max_seq_length: int = 2048,
+        keep_reference: bool | None = None,
     ):
-        from peft import LoraConfig, get_peft_model
-        from transformers import AutoModelForCausalLM
-
         # Ray limits an actor to its num_cpus threads; roles alternate in synchronous mode, so use every core
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         torch.manual_seed(seed)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        base = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=pick_dtype(dtype), trust_remote_code=trust_remote_code
-        ).to(self.device)
-        base.config.use_cache = False
-        lora = LoraConfig(
-            r=lora_rank,
-            lora_alpha=lora_alpha,
-            lora_dropout=lora_dropout,
-            target_modules=list(lora_targets),
-            task_type="CAUSAL_LM",
+        self.backend = resolve_backend(backend, self.device.type == "cuda")
+        if self.device.type != "cuda" and (self.backend == "unsloth" or load_in_4bit):
+            what = "model.learner_backend=unsloth" if self.backend == "unsloth" else "model.load_in_4bit=true"
+            raise RuntimeError(
+                f"{what} needs a CUDA GPU, and this learner has none: set model.learner_backend=peft "
+                "model.load_in_4bit=false, or cluster.use_gpu=true on a GPU machine"
+            )
+        if full_finetune and load_in_4bit:
+            raise ValueError("model.full_finetune=true cannot train 4-bit weights: set model.load_in_4bit=false")
+        self.full_finetune = full_finetune
+        lora = dict(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=list(lora_targets))
+        build = self._build_unsloth if self.backend == "unsloth" else self._build_peft
+        self.model = build(
+            model_path,
+            dtype=pick_dtype(dtype),
+            load_in_4bit=load_in_4bit,
+            lora=None if full_finetune else lora,
+            gradient_checkpointing=gradient_checkpointing,
+            max_seq_length=max_seq_length,
+            seed=seed,
+            trust_remote_code=trust_remote_code,
         )
-        self.model = get_peft_model(base, lora)
         self.model.train()
+        # the KV-cache prefix trick needs use_cache in training; Unsloth's gradient checkpointing forbids it
+        share_prompt_prefix = share_prompt_prefix and not getattr(self, "_checkpointing", False)
+        # full fine-tuning has no adapter to switch off: a KL (in the loss or in the reward) needs a frozen copy
+        keep_reference = kl_coef > 0 if keep_reference is None else keep_reference
+        self.ref_model = None
+        if full_finetune and keep_reference:
+            import copy
+
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
         self.loss_fn = algorithms.get_policy_loss(policy_loss)
@@ -107,6 +154,92 @@ class PeftLearner:
         self.pad_id = 0
         self.world_size, self.rank = 1, 0  # data-parallel group (init_process_group)
 
+    # ------------------------------------------------------------------------------------------------ models
+
+    def _build_peft(
+        self, path, *, dtype, load_in_4bit, lora, gradient_checkpointing, max_seq_length, seed, trust_remote_code
+    ):
+        """transformers model (bitsandbytes NF4 base with bf16 compute when load_in_4bit) + PEFT LoRA."""
+        from transformers import AutoModelForCausalLM
+
+        kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+        if load_in_4bit:
+            from transformers import BitsAndBytesConfig
+
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_compute_dtype=torch.bfloat16,
+                bnb_4bit_use_double_quant=True,
+            )
+            kwargs["device_map"] = {"": self.device}
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        if not load_in_4bit:
+            model = model.to(self.device)
+        model.config.use_cache = False
+        self._checkpointing = bool(gradient_checkpointing)
+        if self._checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.enable_input_require_grads()
+        if lora is None:
+            return model
+        from peft import LoraConfig, get_peft_model
+
+        return get_peft_model(model, LoraConfig(**lora, task_type="CAUSAL_LM"))
+
+    def _build_unsloth(
+        self, path, *, dtype, load_in_4bit, lora, gradient_checkpointing, max_seq_length, seed, trust_remote_code
+    ):
+        """Unsloth FastLanguageModel (+ its LoRA with gradient checkpointing "unsloth", on by default)."""
+        import sys
+
+        if "unsloth" not in sys.modules:
+            import warnings
+
+            warnings.warn(
+                "unsloth was imported after torch in this process: its patches may be incomplete "
+                "(rl/__init__.py imports it first in learner actors)",
+                stacklevel=2,
+            )
+        # Unsloth returns empty logits from a training forward unless asked (it fuses the loss with labels)
+        os.environ["UNSLOTH_RETURN_LOGITS"] = "1"
+        from unsloth import FastLanguageModel
+
+        model, _ = FastLanguageModel.from_pretrained(
+            model_name=path,
+            max_seq_length=max_seq_length,
+            dtype=dtype,
+            load_in_4bit=load_in_4bit,
+            full_finetuning=lora is None,
+            trust_remote_code=trust_remote_code,
+        )
+        self._checkpointing = gradient_checkpointing is not False
+        if lora is None:
+            if self._checkpointing:
+                model.gradient_checkpointing_enable()
+            return model
+        return FastLanguageModel.get_peft_model(
+            model,
+            **lora,
+            bias="none",
+            use_gradient_checkpointing="unsloth" if self._checkpointing else False,
+            random_state=seed,
+        )
+
+    def _reference(self):
+        """Context manager yielding the reference policy: the adapter switched off, or the frozen copy."""
+        if self.ref_model is not None:
+            return contextlib.nullcontext(self.ref_model)
+        if self.full_finetune:
+            raise RuntimeError("this full fine-tuning learner keeps no reference copy (built only when kl_coef > 0)")
+
+        @contextlib.contextmanager
+        def adapter_off():
+            with self.model.disable_adapter():
+                yield self.model
+
+        return adapter_off()
+
     # ------------------------------------------------------------------------------------------------ batching
 
     def _completion_batch(self, samples: list[TrainSample]):
@@ -125,16 +258,17 @@ class PeftLearner:
         dev = self.device
         return targets.to(dev), mask.to(dev), old.to(dev), adv.to(dev)
 
-    def _shared_prefix_logits(self, samples: list[TrainSample]) -> tuple[torch.Tensor, int]:
+    def _shared_prefix_logits(self, samples: list[TrainSample], model=None) -> tuple[torch.Tensor, int]:
         """Logits predicting each completion token, [B, C, V], for samples that share one prompt.
 
         The prompt is run once and its KV cache repeated for the B completions (GRPO samples G completions per
         prompt, and the prompt is usually the longer part): the same result as B full forwards up to float
         rounding, with gradients flowing through the shared prompt states. Returns the logits and the number
         of token positions computed."""
+        model = self.model if model is None else model
         prompt = torch.tensor([samples[0].prompt_ids], device=self.device)  # [1, P]
         P, B = prompt.shape[1], len(samples)
-        first = self.model(input_ids=prompt, use_cache=True)
+        first = model(input_ids=prompt, use_cache=True)
         cache = first.past_key_values
         cache.batch_repeat_interleave(B)
         C = max(len(s.completion_ids) for s in samples)
@@ -145,7 +279,7 @@ class PeftLearner:
             comp[i, : len(s.completion_ids)] = torch.tensor(s.completion_ids)
             attn[i, P : P + len(s.completion_ids)] = 1
         positions = torch.arange(P, P + C).expand(B, C)
-        rest = self.model(
+        rest = model(
             input_ids=comp.to(self.device),
             attention_mask=attn.to(self.device),
             position_ids=positions.to(self.device),
@@ -156,8 +290,9 @@ class PeftLearner:
         logits = torch.cat([first.logits[:, -1:].expand(B, 1, -1), rest.logits[:, :-1]], dim=1)
         return logits, P + B * C
 
-    def _full_logits(self, samples: list[TrainSample]) -> tuple[torch.Tensor, int]:
+    def _full_logits(self, samples: list[TrainSample], model=None) -> tuple[torch.Tensor, int]:
         """Logits predicting each completion token, [B, C, V], from one right-padded forward of prompt+completion."""
+        model = self.model if model is None else model
         seqs = [s.prompt_ids + s.completion_ids for s in samples]
         L, B = max(len(x) for x in seqs), len(samples)
         C = max(len(s.completion_ids) for s in samples)
@@ -166,19 +301,20 @@ class PeftLearner:
         for i, ids in enumerate(seqs):
             input_ids[i, : len(ids)] = torch.tensor(ids)
             attn[i, : len(ids)] = 1
-        logits = self.model(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device)).logits
+        logits = model(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device)).logits
         # row i's completion starts at p_i; position t predicts token t + 1
         starts = torch.tensor([len(s.prompt_ids) - 1 for s in samples], device=self.device)
         index = (starts[:, None] + torch.arange(C, device=self.device)[None]).clamp(max=L - 1)  # [B, C]
         return torch.gather(logits, 1, index[..., None].expand(B, C, logits.shape[-1])), B * L
 
-    def _logits(self, samples: list[TrainSample]) -> tuple[torch.Tensor, int]:
+    def _logits(self, samples: list[TrainSample], model=None) -> tuple[torch.Tensor, int]:
+        model = self.model if model is None else model
         shared = (
             self.share_prompt_prefix
             and len(samples) > 1
             and all(s.prompt_ids == samples[0].prompt_ids for s in samples)
         )
-        return self._shared_prefix_logits(samples) if shared else self._full_logits(samples)
+        return self._shared_prefix_logits(samples, model) if shared else self._full_logits(samples, model)
 
     def _micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
         """Consecutive samples with the same prompt form a group; a micro-batch never mixes groups when the
@@ -233,8 +369,8 @@ class PeftLearner:
             if self.entropy_coef > 0:  # entropy bonus: maximise the aggregated token entropy
                 loss = loss - self.entropy_coef * self.agg_fn(entropy, mask)
             if self.kl_coef > 0:
-                with torch.no_grad(), self.model.disable_adapter():
-                    ref = token_logprobs(self._logits(mb)[0], targets, self.temperature)
+                with torch.no_grad(), self._reference() as ref_model:
+                    ref = token_logprobs(self._logits(mb, ref_model)[0], targets, self.temperature)
                 kl = algorithms.kl_penalty(logp, ref, self.kl_estimator)
                 loss = loss + self.kl_coef * self.agg_fn(kl, mask)
                 metrics["policy/kl_ref"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
@@ -344,9 +480,16 @@ class PeftLearner:
     # ------------------------------------------------------------------------------------------------ sync
 
     def get_adapter(self) -> Adapter:
-        """The current LoRA adapter in PEFT format (adapter_config.json + safetensors), as bytes."""
-        from peft import get_peft_model_state_dict
+        """The current policy update as bytes: the LoRA adapter in PEFT format (adapter_config.json +
+        safetensors), or with full fine-tuning every parameter under its HF name (config `full_weights: true`;
+        tied parameters once, as `named_parameters` lists them)."""
         from safetensors.torch import save
+
+        if self.full_finetune:
+            state = {k: v.detach().to("cpu").contiguous() for k, v in self.model.named_parameters()}
+            config = {"full_weights": True, "dtype": str(next(iter(state.values())).dtype).removeprefix("torch.")}
+            return Adapter(version=self.version, config=config, weights=save(state))
+        from peft import get_peft_model_state_dict
 
         state = {k: v.detach().to("cpu").contiguous() for k, v in get_peft_model_state_dict(self.model).items()}
         config = self.model.peft_config["default"].to_dict()
@@ -374,7 +517,16 @@ class PeftLearner:
         from safetensors.torch import load
 
         adapter = state["adapter"]
-        set_peft_model_state_dict(self.model, {k: v.to(self.device) for k, v in load(adapter.weights).items()})
+        weights = {k: v.to(self.device) for k, v in load(adapter.weights).items()}
+        if self.full_finetune:
+            missing = set(weights) ^ {k for k, _ in self.model.named_parameters()}
+            if missing:
+                raise ValueError(f"checkpoint weights do not match this model: {sorted(missing)[:5]} ...")
+            with torch.no_grad():
+                for k, p in self.model.named_parameters():
+                    p.copy_(weights[k])
+        else:
+            set_peft_model_state_dict(self.model, weights)
         opt = torch.load(io.BytesIO(state["optimizer"]), map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(opt)
         self.version = adapter.version
@@ -393,10 +545,10 @@ class PeftLearner:
         self.model.eval()
         samples = [TrainSample(p, c, [0.0] * len(c), 0.0) for p, c in zip(prompt_ids, completion_ids)]
         out: list[list[float]] = []
-        with self.model.disable_adapter() if reference else contextlib.nullcontext():
+        with self._reference() if reference else contextlib.nullcontext(self.model) as model:
             for mb in self._micro_batches(samples):
                 targets, _, _, _ = self._completion_batch(mb)
-                logp = token_logprobs(self._logits(mb)[0], targets, self.temperature)
+                logp = token_logprobs(self._logits(mb, model)[0], targets, self.temperature)
                 out.extend(logp[i, : len(s.completion_ids)].tolist() for i, s in enumerate(mb))
         self.model.train()
         return out

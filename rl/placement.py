@@ -168,6 +168,7 @@ def build_ray_runtime(
     cpus_per_learner: float,
     strategy: str,
     actor_env: dict[str, str],
+    learner_env: dict[str, str] | None = None,
 ) -> Runtime:
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -189,7 +190,7 @@ def build_ray_runtime(
             num_cpus=p.resources["CPU"],
             num_gpus=p.resources.get("GPU", 0),
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=b),
-            runtime_env={"env_vars": dict(actor_env) if p.role == "actor" else {}},
+            runtime_env={"env_vars": dict(actor_env) if p.role == "actor" else dict(learner_env or {})},
         )
         handles[p.role].append(ray.remote(**opts)(cls).remote(**kwargs))
     # surface constructor errors (model load, engine start) here, with the role named

@@ -20,7 +20,8 @@ class VLLMRollout:
 
     lora_mode="native": each adapter version is written to a private temp folder and used as a `LoRARequest`
     (exact, vLLM's LoRA kernels). lora_mode="merged": the adapter is merged into the engine's weights by the
-    worker extension in rl/vllm_ext.py (base-model decode speed; the CPU default, see that module).
+    worker extension in rl/vllm_ext.py (base-model decode speed; the CPU default, see that module). Full weights
+    (a full fine-tuning learner) are loaded in place by the same extension, in either mode.
     Either way the adapter arrives as bytes (no shared filesystem) and every sample records its version.
     """
 
@@ -54,10 +55,10 @@ class VLLMRollout:
             trust_remote_code=trust_remote_code,
             logprobs_mode="processed_logprobs",  # logprobs of the distribution actually sampled (after temperature)
         )
+        # the worker extension loads merged adapters and full weights (rl/vllm_ext.py); native LoRA also needs vLLM's
+        kwargs.update(worker_extension_cls="rl.vllm_ext.LoraMergeExtension")
         if lora_mode == "native":
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
-        else:
-            kwargs.update(worker_extension_cls="rl.vllm_ext.LoraMergeExtension")
         self.llm = LLM(**kwargs)
         self.version = 0
         self._lora_request = None
@@ -66,7 +67,10 @@ class VLLMRollout:
     def load_adapter(self, adapter: Adapter) -> dict:
         """Make `adapter` the policy for every later generate call; returns timing and size."""
         t0 = time.perf_counter()
-        if self.lora_mode == "native":
+        if adapter.config.get("full_weights"):  # full fine-tuning: every parameter, loaded in place
+            self.llm.collective_rpc("rlft_load_weights", args=(adapter.weights,))
+            self.llm.reset_prefix_cache()
+        elif self.lora_mode == "native":
             from vllm.lora.request import LoRARequest
 
             folder = self._lora_root / f"v{adapter.version}"

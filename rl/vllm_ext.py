@@ -9,7 +9,7 @@ qkv_proj, gate/up in gate_up_proj) are sent with their base values so that every
 
 Loaded by vLLM inside its worker process (`LLM(worker_extension_cls="rl.vllm_ext.LoraMergeExtension")`) and
 called through `llm.collective_rpc("rlft_merge_adapter", args=(...))`; method names carry an `rlft_` prefix so
-they cannot clash with the worker's own.
+they cannot clash with the worker's own. `rlft_load_weights` loads a full fine-tuning learner's weights.
 """
 
 from __future__ import annotations
@@ -91,6 +91,22 @@ class LoraMergeExtension:
         # Layers the adapter does not touch (norms, embeddings) keep their tensors; vLLM warns once per such
         # layer ("Failed to load weights"), which is expected here and would flood the log every step.
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+        initialize_layerwise_reload(model)
+        model.load_weights(weights=payload)
+        finalize_layerwise_reload(model, self.vllm_config.model_config)
+        return {"tensors": len(payload), "seconds": time.perf_counter() - t0}
+
+    def rlft_load_weights(self, weights: bytes) -> dict:
+        """Load full weights (HF names, safetensors bytes) in place: a full fine-tuning learner's sync.
+
+        The bytes arrive through Ray's object store (no shared filesystem, any device). On CUDA, vLLM's native
+        weight-transfer engines (NCCL / IPC) would avoid the host copy; this path works everywhere."""
+        from safetensors.torch import load as load_safetensors
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+        t0 = time.perf_counter()
+        payload = list(load_safetensors(weights).items())
+        model = self.model_runner.model
         initialize_layerwise_reload(model)
         model.load_weights(weights=payload)
         finalize_layerwise_reload(model, self.vllm_config.model_config)

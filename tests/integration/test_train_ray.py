@@ -65,3 +65,35 @@ def test_two_steps_local_mode_without_ray(tiny_model, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_trained(out)
     assert "local: 1 rollout actor(s), 1 learner(s)" in proc.stdout
+
+
+def test_full_finetune_syncs_every_weight_to_vllm(tiny_model, tmp_path):
+    """model.full_finetune=true: all weights go to the vLLM actor each step (worker extension, in place), the probe
+    confirms the actor runs them, the KL uses the frozen reference copy, and the result is an HF model folder."""
+    out = tmp_path / "run"
+    proc = run_train(
+        [
+            f"model.path={tiny_model}",
+            f"output_dir={out}",
+            "cluster=1a1l",
+            "model.full_finetune=true",
+            "algorithm.kl_coef=0.05",
+            "algorithm.lr=1e-3",
+            *TINY_RUN,
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [r for r in read_metrics(out) if "reward/mean" in r]
+    assert [r["actor/adapter_version"] for r in steps] == [0.0, 1.0]
+    assert all(r["sync/logprob_abs_diff"] < 0.01 for r in steps)
+    assert all("policy/kl_ref" in r for r in steps)
+    assert steps[0]["sync/adapter_mb"] > 5  # every weight (the tiny model's 49k-token embedding alone is 25 MB)
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    trained = AutoModelForCausalLM.from_pretrained(out / "model", dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    moved = [n for (n, p), (_, q) in zip(trained.named_parameters(), base.named_parameters()) if not torch.equal(p, q)]
+    assert len(moved) > 10  # norms, projections, embeddings: not only LoRA-targeted modules
+    assert not (out / "adapter").exists()

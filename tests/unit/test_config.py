@@ -74,6 +74,8 @@ def test_cross_field_check_names_the_key():
         ("algorithm.group_size=1", "algorithm.group_size must be >= 2"),
         ("model.path=/nonexistent", "model.path='/nonexistent' does not exist"),
         ("cluster.address=127.0.0.1:1", "could not join Ray at cluster.address='127.0.0.1:1'"),
+        ("model.learner_backend=unsloth", "model.learner_backend=unsloth needs CUDA GPUs"),
+        ("model.learner_backend=fast", "model.learner_backend must be auto, peft or unsloth"),
     ],
 )
 def test_bad_input_fails_with_one_line_naming_the_key(override, expected):

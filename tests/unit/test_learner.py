@@ -72,3 +72,39 @@ def test_adapter_round_trips_through_bytes(tiny_model):
     tensors = load(adapter.weights)
     assert adapter.config["r"] == 16 and sorted(adapter.config["target_modules"]) == ["q_proj", "up_proj", "v_proj"]
     assert any("lora_B" in k and float(v.abs().sum()) > 0 for k, v in tensors.items())
+
+
+def test_full_finetune_trains_every_parameter_against_a_frozen_reference(tiny_model):
+    """Full fine-tuning: no LoRA, every parameter moves; the KL reference is a frozen copy of the initial weights
+    (not the live model), and the weights round-trip through get_adapter / load_state."""
+    learner = PeftLearner(str(tiny_model), dtype="float32", full_finetune=True, kl_coef=0.1, seed=0, num_threads=1)
+    assert not any("lora" in n for n, _ in learner.model.named_parameters())
+    assert learner.ref_model is not None and not any(p.requires_grad for p in learner.ref_model.parameters())
+    samples = make_samples()
+    prompts, comps = [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
+    before = learner.sequence_logprobs(prompts, comps)
+    start = learner.get_adapter()
+    assert start.config["full_weights"]
+    metrics = learner.train_step(samples)
+    assert metrics["train/skipped_nonfinite"] == 0 and "policy/kl_ref" in metrics
+    after = learner.sequence_logprobs(prompts, comps)
+    reference = learner.sequence_logprobs(prompts, comps, reference=True)
+    assert max(abs(x - y) for a, b in zip(before, after) for x, y in zip(a, b)) > 1e-4  # the policy moved
+    assert max(abs(x - y) for a, b in zip(before, reference) for x, y in zip(a, b)) < 1e-5  # the reference did not
+
+    other = PeftLearner(str(tiny_model), dtype="float32", full_finetune=True, seed=1, num_threads=1)
+    assert other.ref_model is None  # no KL, no copy
+    other.load_state(learner.state_dict())
+    assert other.adapter_checksum() == learner.adapter_checksum()
+    with pytest.raises(RuntimeError, match="keeps no reference copy"):
+        other.sequence_logprobs(prompts[:1], comps[:1], reference=True)
+
+
+def test_cuda_only_backends_fail_clearly_on_cpu(tiny_model):
+    with pytest.raises(RuntimeError, match="model.learner_backend=unsloth needs a CUDA GPU"):
+        PeftLearner(str(tiny_model), backend="unsloth", num_threads=1)
+    with pytest.raises(RuntimeError, match="model.load_in_4bit=true needs a CUDA GPU"):
+        PeftLearner(str(tiny_model), load_in_4bit=True, num_threads=1)
+    from rl.learner import resolve_backend
+
+    assert resolve_backend("auto", cuda=False) == "peft"
