@@ -476,12 +476,14 @@ def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[
         max_seq_length=m.max_prompt_tokens + m.max_new_tokens,
         keep_reference=a.kl_coef > 0,  # in the loss or folded into the reward: both need the reference policy
     )
-    actor_env = {} if c.use_gpu else cpu_threads_env(c.actor_threads)
+    import os
+
+    # the driver's vLLM settings (e.g. VLLM_ENABLE_V1_MULTIPROCESSING) reach the actors, also on other nodes
+    actor_env = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
+    actor_env.update({} if c.use_gpu else cpu_threads_env(c.actor_threads))
     # Unsloth must be the first ML import of the learner's process (rl/__init__.py reads this)
     learner_env = {"RLFT_IMPORT_UNSLOTH": "1"} if learner_kwargs["backend"] == "unsloth" else {}
     if c.mode == ClusterMode.local:
-        import os
-
         from rl.runtime import LocalGroup
 
         os.environ.update(actor_env)

@@ -122,6 +122,10 @@ class PeftLearner:
             trust_remote_code=trust_remote_code,
         )
         self.model.train()
+        import inspect
+
+        base_forward = self.model.get_base_model().forward if hasattr(self.model, "get_base_model") else None
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(base_forward or self.model.forward).parameters
         # the KV-cache prefix trick needs use_cache in training; Unsloth's gradient checkpointing forbids it
         share_prompt_prefix = share_prompt_prefix and not getattr(self, "_checkpointing", False)
         # full fine-tuning has no adapter to switch off: a KL (in the loss or in the reward) needs a frozen copy
@@ -301,10 +305,14 @@ class PeftLearner:
         for i, ids in enumerate(seqs):
             input_ids[i, : len(ids)] = torch.tensor(ids)
             attn[i, : len(ids)] = 1
-        logits = model(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device)).logits
-        # row i's completion starts at p_i; position t predicts token t + 1
+        # row i's completion starts at p_i; position t predicts token t + 1. Positions before the earliest
+        # completion predict prompt tokens: the LM head skips them (`logits_to_keep`), saving its largest matmul
+        # and the [B, L, V] logits over the prompt part
         starts = torch.tensor([len(s.prompt_ids) - 1 for s in samples], device=self.device)
-        index = (starts[:, None] + torch.arange(C, device=self.device)[None]).clamp(max=L - 1)  # [B, C]
+        first = int(starts.min()) if self._logits_to_keep else 0
+        kwargs = {"logits_to_keep": L - first} if self._logits_to_keep else {}
+        logits = model(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device), **kwargs).logits
+        index = (starts[:, None] - first + torch.arange(C, device=self.device)[None]).clamp(max=L - 1 - first)
         return torch.gather(logits, 1, index[..., None].expand(B, C, logits.shape[-1])), B * L
 
     def _logits(self, samples: list[TrainSample], model=None) -> tuple[torch.Tensor, int]:

@@ -69,7 +69,9 @@ def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str
 
     if ray.is_initialized():
         return False
-    runtime_env = {"env_vars": {"PYTHONPATH": REPO_ROOT, **env_vars}}
+    # keep the user's PYTHONPATH after ours: packages installed with `pip --target` (the GPU machine) live there
+    pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    runtime_env = {"env_vars": {"PYTHONPATH": pythonpath, **env_vars}}
     try:
         if address is None:
             ray.init(
@@ -184,7 +186,21 @@ def build_ray_runtime(
         strategy=strategy,
     )
     handles: dict[str, list] = {"actor": [], "learner": []}
+
+    def wait_ready(role: str) -> None:  # surface constructor errors (model load, engine start), role named
+        for i, h in enumerate(handles[role]):
+            try:
+                ray.get(h.__ray_ready__.remote())
+            except Exception as e:
+                for hh in handles["actor"] + handles["learner"]:
+                    ray.kill(hh)
+                raise RuntimeError(f"{role} {i} failed to start: {_first_line(e)}") from e
+
     for b, p in enumerate(plans):
+        if use_gpu and p.role == "learner" and p.index == 0:
+            # vLLM measures free GPU memory while it starts and fails if another process on the same GPU frees
+            # memory meanwhile (a learner quantising its weights does): on GPUs the engines start first
+            wait_ready("actor")
         cls, kwargs = (rollout_cls, rollout_kwargs) if p.role == "actor" else (learner_cls, learner_kwargs)
         opts = dict(
             num_cpus=p.resources["CPU"],
@@ -193,15 +209,8 @@ def build_ray_runtime(
             runtime_env={"env_vars": dict(actor_env) if p.role == "actor" else dict(learner_env or {})},
         )
         handles[p.role].append(ray.remote(**opts)(cls).remote(**kwargs))
-    # surface constructor errors (model load, engine start) here, with the role named
-    for role, hs in handles.items():
-        for i, h in enumerate(hs):
-            try:
-                ray.get(h.__ray_ready__.remote())
-            except Exception as e:
-                for hh in handles["actor"] + handles["learner"]:
-                    ray.kill(hh)
-                raise RuntimeError(f"{role} {i} failed to start: {_first_line(e)}") from e
+    wait_ready("actor")
+    wait_ready("learner")
     if num_learners > 1:
         try:
             connect_learners(handles["learner"], pg, first_bundle=num_actors)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One-GPU end-to-end run (GPU machine): a vLLM rollout actor and an Unsloth 4-bit LoRA learner share the GPU
+# through Ray bundles of 0.5 GPU each (conf/experiment/gpu_shared_qwen0.5b.yaml), on a random-init Qwen2.5-0.5B
+# shape (bench/shapes.py; speed does not depend on the weights). Prompts: 512 arithmetic questions in a jsonl;
+# reward: tests.helpers.LengthReward (a random model's answers are never right; lengths differ, so there is
+# signal and the learner does real work). Usage: bash bench/gpu/e2e.sh OUT_DIR [extra train.py overrides...]
+set -euo pipefail
+out=${1:?output dir}; shift
+python -m bench.shapes qwen2.5-0.5b /tmp/shapes/qwen2.5-0.5b >/dev/null
+python - <<PY
+import json, random
+rng = random.Random(0)
+with open("/tmp/arith.jsonl", "w") as f:
+    for _ in range(512):
+        a, b = rng.randrange(100), rng.randrange(100)
+        f.write(json.dumps({"question": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n")
+PY
+python train.py +experiment=gpu_shared_qwen0.5b model.path=/tmp/shapes/qwen2.5-0.5b env=jsonl \
+  env.train=/tmp/arith.jsonl reward._target_=tests.helpers.LengthReward '~reward.extract' \
+  output_dir="$out" "$@"

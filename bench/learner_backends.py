@@ -1,0 +1,200 @@
+"""Learner tokens/s inside the framework against the raw library step, on the same shapes, in one process.
+
+python -m bench.learner_backends --backend unsloth --shape qwen2.5-0.5b --batch 8 --seq 1024 [--steps 5]
+    --backend: unsloth (4-bit + LoRA, gradient checkpointing "unsloth") | peft-bnb (PEFT LoRA on a bitsandbytes
+    NF4 base) | peft (PEFT LoRA on a bf16 base); CUDA for the first two; `peft` also runs on CPU (use --shape tiny).
+
+raw: the library as its own docs use it: the model + LoRA (r 16, all 7 projections), a batch of random token ids
+of length --seq with labels = input ids, forward with the library's loss, backward, AdamW step.
+ours: rl.learner.PeftLearner with the same backend, rank, targets, dtype and optimizer; `train_step` on --batch
+TrainSamples of --seq tokens (half prompt, half completion, every prompt distinct so nothing is shared), as the
+driver calls it. Tokens/s counts every position of the forward (batch x seq) for both; steady state over --steps
+steps after --warmup. Prints one JSON line per side and a markdown row with the ratio ours / raw.
+
+Models come from bench/shapes.py (random-init Qwen2.5 shapes, 32k vocabulary: speed does not depend on the
+weights). Each backend runs in its own process: Unsloth patches transformers and PEFT for the whole process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import time
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def timed_steps(step, steps: int, warmup: int, cuda: bool) -> float:
+    """Median-free mean seconds per step over `steps` after `warmup` (synchronised on CUDA)."""
+    import torch
+
+    for _ in range(warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps
+
+
+def build_raw(args, path: str):
+    """The library's own LoRA model and an AdamW step with its built-in causal-LM loss."""
+    import torch
+
+    if args.backend == "unsloth":
+        from unsloth import FastLanguageModel
+
+        model, _ = FastLanguageModel.from_pretrained(
+            model_name=path, max_seq_length=args.seq, dtype=torch.bfloat16, load_in_4bit=True
+        )
+        model = FastLanguageModel.get_peft_model(
+            model,
+            r=args.rank,
+            lora_alpha=2 * args.rank,
+            lora_dropout=0.0,
+            target_modules=TARGETS,
+            bias="none",
+            use_gradient_checkpointing="unsloth",
+            random_state=0,
+        )
+    else:
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        kwargs: dict = {"dtype": torch.bfloat16 if args.device == "cuda" else torch.float32}
+        if args.backend == "peft-bnb":
+            from transformers import BitsAndBytesConfig
+
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_compute_dtype=torch.bfloat16,
+                bnb_4bit_use_double_quant=True,
+            )
+            kwargs["device_map"] = {"": args.device}
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        if args.backend != "peft-bnb":
+            model = model.to(args.device)
+        model = get_peft_model(
+            model, LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=TARGETS, task_type="CAUSAL_LM")
+        )
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, args.vocab - 1, (args.batch, args.seq), generator=gen).to(args.device)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids).loss
+        loss.backward()
+        opt.step()
+
+    return model, step
+
+
+def build_ours(args, path: str):
+    """rl.learner.PeftLearner as the driver builds it, stepping on TrainSamples of the same shapes."""
+    from rl.learner import PeftLearner
+    from rl.types import TrainSample
+
+    backend = {"unsloth": "unsloth", "peft-bnb": "peft", "peft": "peft"}[args.backend]
+    learner = PeftLearner(
+        path,
+        backend=backend,
+        load_in_4bit=args.backend in ("unsloth", "peft-bnb"),
+        dtype="bfloat16" if args.device == "cuda" else "float32",
+        lora_rank=args.rank,
+        lora_alpha=2 * args.rank,
+        lora_targets=TARGETS,
+        lr=1e-5,
+        micro_batch_size=args.batch,
+        share_prompt_prefix=False,
+        max_seq_length=args.seq,
+        seed=0,
+    )
+    rng = random.Random(0)
+    half = args.seq // 2
+    samples = [
+        TrainSample(
+            [rng.randrange(3, args.vocab - 1) for _ in range(half)],
+            [rng.randrange(3, args.vocab - 1) for _ in range(args.seq - half)],
+            [-10.0] * (args.seq - half),
+            rng.choice([-1.0, 1.0]),
+        )
+        for _ in range(args.batch)
+    ]
+    return learner, lambda: learner.train_step(samples)
+
+
+def peak_gib(cuda: bool) -> float:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", choices=["unsloth", "peft-bnb", "peft"], default="unsloth")
+    ap.add_argument("--shape", default="qwen2.5-0.5b")
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers of the shape (default: all)")
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--models", default=os.path.expanduser("~/.cache/rlft/shapes"))
+    args = ap.parse_args()
+    if args.backend == "unsloth":
+        os.environ["UNSLOTH_RETURN_LOGITS"] = "1"  # ours needs logits; the raw step passes labels either way
+        import unsloth  # noqa: F401  (first ML import of this process)
+    import torch
+
+    from bench.shapes import build_model_folder
+
+    cuda = torch.cuda.is_available()
+    args.device = "cuda" if cuda else "cpu"
+    if args.backend != "peft" and not cuda:
+        raise SystemExit(f"--backend {args.backend} needs CUDA")
+    name = f"{args.shape}-v{args.vocab}" + (f"-l{args.layers}" if args.layers else "")
+    path = str(build_model_folder(args.shape, f"{args.models}/{name}", vocab_size=args.vocab, layers=args.layers))
+    results = {}
+    for side, build in (("raw", build_raw), ("ours", build_ours)):
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        obj, step = build(args, path)
+        sec = timed_steps(step, args.steps, args.warmup, cuda)
+        results[side] = {
+            "side": side,
+            "backend": args.backend,
+            "shape": name,
+            "batch": args.batch,
+            "seq": args.seq,
+            "seconds_per_step": round(sec, 4),
+            "tokens_per_s": round(args.batch * args.seq / sec, 1),
+            "peak_gib": round(peak_gib(cuda), 2),
+        }
+        print(json.dumps(results[side]), flush=True)
+        del obj, step
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    ratio = results["ours"]["tokens_per_s"] / results["raw"]["tokens_per_s"]
+    device = torch.cuda.get_device_name() if cuda else platform.processor() or "cpu"
+    print(
+        f"| learner {args.backend} | {device} | {name}, batch {args.batch} x seq {args.seq}, LoRA r{args.rank} | "
+        f"raw {results['raw']['tokens_per_s']:.0f} tok/s ({results['raw']['peak_gib']} GiB) | "
+        f"ours {results['ours']['tokens_per_s']:.0f} tok/s ({results['ours']['peak_gib']} GiB) | "
+        f"**{ratio:.2f}x** | {time.strftime('%Y-%m-%d')} |"
+    )
+
+
+if __name__ == "__main__":
+    main()
