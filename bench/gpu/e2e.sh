@@ -6,7 +6,7 @@
 # signal and the learner does real work). Usage: bash bench/gpu/e2e.sh OUT_DIR [extra train.py overrides...]
 set -euo pipefail
 out=${1:?output dir}; shift
-python -m bench.shapes qwen2.5-0.5b /tmp/shapes/qwen2.5-0.5b >/dev/null
+python -m bench.shapes qwen2.5-0.5b /tmp/shapes/qwen2.5-0.5b-v32000 >/dev/null
 python - <<PY
 import json, random
 rng = random.Random(0)
@@ -15,6 +15,6 @@ with open("/tmp/arith.jsonl", "w") as f:
         a, b = rng.randrange(100), rng.randrange(100)
         f.write(json.dumps({"question": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n")
 PY
-python train.py +experiment=gpu_shared_qwen0.5b model.path=/tmp/shapes/qwen2.5-0.5b env=jsonl \
+python train.py +experiment=gpu_shared_qwen0.5b model.path=/tmp/shapes/qwen2.5-0.5b-v32000 env=jsonl \
   env.train=/tmp/arith.jsonl reward._target_=tests.helpers.LengthReward '~reward.extract' \
   output_dir="$out" "$@"
