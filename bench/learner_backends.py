@@ -153,7 +153,7 @@ def main() -> None:
     ap.add_argument("--models", default=os.path.expanduser("~/.cache/rlft/shapes"))
     args = ap.parse_args()
     if args.backend == "unsloth":
-        os.environ["UNSLOTH_RETURN_LOGITS"] = "1"  # ours needs logits; the raw step passes labels either way
+        # raw keeps Unsloth's default fused loss (no logits); ours sets UNSLOTH_RETURN_LOGITS=1 when it is built
         import unsloth  # noqa: F401  (first ML import of this process)
     import torch
 
@@ -164,7 +164,11 @@ def main() -> None:
     if args.backend != "peft" and not cuda:
         raise SystemExit(f"--backend {args.backend} needs CUDA")
     name = f"{args.shape}-v{args.vocab}" + (f"-l{args.layers}" if args.layers else "")
-    path = str(build_model_folder(args.shape, f"{args.models}/{name}", vocab_size=args.vocab, layers=args.layers))
+    path = str(
+        build_model_folder(
+            args.shape, f"{args.models}/{name}", vocab_size=args.vocab, layers=args.layers, device=args.device
+        )
+    )
     results = {}
     for side, build in (("raw", build_raw), ("ours", build_ours)):
         if cuda:

@@ -49,8 +49,11 @@ class LengthReward:
     """Reward = number of characters / 100, capped at 1: varies between samples of a random model, so the
     advantages (and the LoRA gradient) are not zero."""
 
+    def __init__(self, scale: float = 100.0):
+        self.scale = scale  # characters for reward 1 (raise it for long random completions, e.g. on a GPU)
+
     def __call__(self, completions, *, answer, **kwargs):
-        return [min(len(c) / 100.0, 1.0) for c in completions]
+        return [min(len(c) / self.scale, 1.0) for c in completions]
 
 
 def tiny_args(model: Path, *, in_process: bool = True) -> list[str]:
