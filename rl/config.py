@@ -240,12 +240,8 @@ class TrainConfig:
     eval_interval: int = 0  # also evaluate every N steps (0: only before and after training)
     eval_n_samples: int = 0  # completions sampled per eval prompt for pass@k (0: greedy accuracy only)
     eval_temperature: float = 1.0  # sampling temperature of those eval samples (greedy accuracy always uses 0)
-    eval_pass_k: list[int] = field(
-        default_factory=lambda: [1]
-    )  # k values reported as eval/pass@k (each <= eval_n_samples)
-    eval_correct_threshold: float = (
-        1.0  # a completion counts as correct when its reward >= this (shaped rewards are fractional)
-    )
+    eval_pass_k: list[int] = field(default_factory=lambda: [1])  # k of eval/pass@k (each <= eval_n_samples)
+    eval_correct_threshold: float = 1.0  # reward >= this counts as correct (lower it for partial-credit rewards)
     eval_save_dir: str | None = None  # per-sample eval jsonl, one step_N.jsonl per evaluation (null: <run dir>/eval)
     rollout_save_interval: int = 0  # write every completion of every N-th step to a jsonl (0: never)
     rollout_save_dir: str | None = None  # where those step_N.jsonl go (null: <run dir>/rollouts)
@@ -268,9 +264,10 @@ class TrainConfig:
         _check(self.eval_n_samples >= 0, f"eval_n_samples must be >= 0 (0: greedy only; got {self.eval_n_samples})")
         _check(self.eval_temperature > 0, f"eval_temperature must be > 0 (got {self.eval_temperature})")
         _check(
-            self.eval_n_samples == 0 or all(1 <= k <= self.eval_n_samples for k in self.eval_pass_k),
-            f"eval_pass_k={list(self.eval_pass_k)} needs every k in [1, eval_n_samples={self.eval_n_samples}]: "
-            f"raise eval_n_samples to at least {max(self.eval_pass_k, default=1)} or drop the larger k",
+            all(1 <= k <= max(self.eval_n_samples, 1) for k in self.eval_pass_k),
+            f"eval_pass_k={list(self.eval_pass_k)} needs 1 <= k <= eval_n_samples={self.eval_n_samples} (pass@k is "
+            f"estimated from eval_n_samples samples per prompt): set eval_n_samples>={max(self.eval_pass_k, default=1)} "
+            "or drop the larger k",
         )
         _check(
             self.rollout_save_interval >= 0,

@@ -93,10 +93,14 @@ def typed(**overrides) -> TrainConfig:
 
 
 def test_pass_k_above_n_samples_is_a_config_error_naming_the_keys():
-    with pytest.raises(ConfigError, match=r"eval_pass_k=\[1, 8\] needs every k in \[1, eval_n_samples=4\]"):
+    with pytest.raises(ConfigError, match=r"eval_pass_k=\[1, 8\] needs 1 <= k <= eval_n_samples=4 .*eval_n_samples>=8"):
         typed(eval_n_samples=4, eval_pass_k=[1, 8])
+    with pytest.raises(ConfigError, match=r"needs 1 <= k <= eval_n_samples=0"):
+        typed(eval_pass_k=[4])  # pass@4 asked for, but no samples
+    with pytest.raises(ConfigError, match=r"eval_pass_k=\[0\]"):
+        typed(eval_n_samples=4, eval_pass_k=[0])
     assert typed(eval_n_samples=8, eval_pass_k=[1, 8]).eval_pass_k == [1, 8]
-    assert typed(eval_n_samples=0).eval_pass_k == [1]  # greedy only: k is not used
+    assert typed(eval_n_samples=0).eval_pass_k == [1]  # the default: greedy only, pass@1 not reported
     with pytest.raises(ConfigError, match="eval_temperature must be > 0"):
         typed(eval_n_samples=2, eval_temperature=0.0)
     with pytest.raises(ConfigError, match="rollout_save_interval must be >= 0"):
