@@ -98,6 +98,7 @@ class MetricsLogger:
         keys = [
             ("reward/mean", "reward", "{:.3f}"),
             ("eval/accuracy", "eval_acc", "{:.3f}"),
+            ("eval/pass@1", "eval_pass@1", "{:.3f}"),
             ("response/length_mean", "len", "{:.1f}"),
             ("train/loss", "loss", "{:+.4f}"),
             ("policy/approx_kl", "kl", "{:.4f}"),

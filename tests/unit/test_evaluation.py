@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from math import comb
 
 import pytest
@@ -11,7 +12,7 @@ from omegaconf import OmegaConf
 
 from rl.config import ConfigError, TrainConfig
 from rl.evaluation import atomic_jsonl, eval_metrics, pass_at_k, write_row
-from rl.metrics import progress_text
+from rl.metrics import MetricsLogger, progress_text
 
 
 @pytest.mark.parametrize(
@@ -118,3 +119,14 @@ def test_pass_k_above_n_samples_is_a_config_error_naming_the_keys():
 )
 def test_progress_text_shows_steps_elapsed_and_eta(step, total, elapsed, initial, expected):
     assert progress_text(step, total, elapsed, initial) == expected
+
+
+def test_console_line_starts_with_progress_after_a_resume(tmp_path, capsys):
+    logger = MetricsLogger(tmp_path, kind="none", total_steps=4)
+    logger.console(0, {"eval/accuracy": 0.25, "eval/pass@1": 0.5})  # the evaluation before training: no ETA
+    logger.start_progress(2)  # resumed after step 2
+    logger.console(3, {"reward/mean": 0.5})
+    logger.close()
+    before, step3 = capsys.readouterr().out.splitlines()
+    assert before == "step 0/4 | eval_acc 0.250 | eval_pass@1 0.500"
+    assert re.fullmatch(r"step 3/4 \[00:00<00:0\d\] \| reward 0\.500", step3), step3
