@@ -249,8 +249,15 @@ class TrainConfig:
     prompts_per_step: int = 8  # prompts per step; each gets algorithm.group_size completions
     micro_batch_size: int = 16  # sequences per learner forward/backward (gradient accumulation over the rest)
     share_prompt_prefix: bool = True  # learner runs each prompt once per group and reuses its KV cache (exact, faster)
-    eval_size: int = 64  # held-out prompts evaluated greedily before and after training (0 disables)
-    eval_every: int = 0  # also evaluate every N steps (0: only before and after)
+    eval_size: int = 64  # held-out prompts evaluated before and after training (0 disables evaluation)
+    eval_interval: int = 0  # also evaluate every N steps (0: only before and after training)
+    eval_n_samples: int = 0  # completions sampled per eval prompt for pass@k (0: greedy accuracy only)
+    eval_temperature: float = 1.0  # sampling temperature of those eval samples (greedy accuracy always uses 0)
+    eval_pass_k: list[int] = field(default_factory=lambda: [1])  # k of eval/pass@k (each <= eval_n_samples)
+    eval_correct_threshold: float = 1.0  # reward >= this counts as correct (lower it for partial-credit rewards)
+    eval_save_dir: str | None = None  # per-sample eval jsonl, one step_N.jsonl per evaluation (null: <run dir>/eval)
+    rollout_save_interval: int = 0  # write every completion of every N-th step to a jsonl (0: never)
+    rollout_save_dir: str | None = None  # where those step_N.jsonl go (null: <run dir>/rollouts)
     sync_probe_threshold: float = (
         0.2  # fail when mean |logp_learner - logp_actor| on the sync probe exceeds this (bf16 noise: ~0.03-0.09)
     )
@@ -264,7 +271,21 @@ class TrainConfig:
         _check(self.prompts_per_step >= 1, f"prompts_per_step must be >= 1 (got {self.prompts_per_step})")
         _check(self.micro_batch_size >= 1, f"micro_batch_size must be >= 1 (got {self.micro_batch_size})")
         _check(self.eval_size >= 0, f"eval_size must be >= 0 (got {self.eval_size})")
-        _check(self.eval_every >= 0, f"eval_every must be >= 0 (got {self.eval_every})")
+        _check(
+            self.eval_interval >= 0, f"eval_interval must be >= 0 (0: only before and after; got {self.eval_interval})"
+        )
+        _check(self.eval_n_samples >= 0, f"eval_n_samples must be >= 0 (0: greedy only; got {self.eval_n_samples})")
+        _check(self.eval_temperature > 0, f"eval_temperature must be > 0 (got {self.eval_temperature})")
+        _check(
+            all(1 <= k <= max(self.eval_n_samples, 1) for k in self.eval_pass_k),
+            f"eval_pass_k={list(self.eval_pass_k)} needs 1 <= k <= eval_n_samples={self.eval_n_samples} (pass@k is "
+            f"estimated from eval_n_samples samples per prompt): set eval_n_samples>={max(self.eval_pass_k, default=1)} "
+            "or drop the larger k",
+        )
+        _check(
+            self.rollout_save_interval >= 0,
+            f"rollout_save_interval must be >= 0 (0: never; got {self.rollout_save_interval})",
+        )
         _check(self.save_interval >= 0, f"save_interval must be >= 0 (0: no checkpoints; got {self.save_interval})")
         _check(self.keep_last >= 0, f"keep_last must be >= 0 (0: keep every checkpoint; got {self.keep_last})")
         _check(

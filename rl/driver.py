@@ -15,13 +15,14 @@ import random
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from rl import algorithms, checkpoint, filters
+from rl import algorithms, checkpoint, evaluation, filters
 from rl.config import AlgorithmConfig, ClusterMode, ConfigError, TrainConfig
 from rl.metrics import MetricsLogger
 from rl.runtime import Runtime, shard
@@ -168,17 +169,7 @@ def prepare_samples(
     Knobs the chosen advantage estimator does not use are ignored by it (see rl/algorithms.py)."""
     completions = [c for r in rollouts for c in r.completions]
     lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)  # [B*G]
-    shaped = torch.tensor(rewards, dtype=torch.float32)  # [B*G]
-    metrics: dict[str, float] = {}
-    if a.overlong_penalty:
-        buffer = a.overlong_buffer or filters.default_overlong_buffer(max_new_tokens)
-        if buffer > max_new_tokens:
-            raise ConfigError(
-                f"algorithm.overlong_buffer={buffer} exceeds model.max_new_tokens={max_new_tokens}: lower it"
-            )
-        penalty = filters.overlong_penalty(lengths, max_new_tokens, buffer, a.overlong_penalty_factor)
-        shaped = shaped + penalty
-        metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
+    shaped, metrics = shape_rewards(rewards, lengths, a, max_new_tokens)
     in_loss = (
         filters.truncated_mask([c.finish_reason for c in completions])
         if a.filter_truncated_response
@@ -202,6 +193,20 @@ def prepare_samples(
         samples = [samples[i] for i in filters.top_k_per_group(shaped, a.group_size, a.top_k).tolist()]
     metrics["train/samples"] = float(len(samples))
     return samples, adv, metrics
+
+
+def shape_rewards(
+    rewards: list[float], lengths: torch.Tensor, a: AlgorithmConfig, max_new_tokens: int
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The rewards the advantages are computed from [B*G]: with DAPO's soft overlong punishment (eq. 13) added."""
+    shaped = torch.tensor(rewards, dtype=torch.float32)  # [B*G]
+    if not a.overlong_penalty:
+        return shaped, {}
+    buffer = a.overlong_buffer or filters.default_overlong_buffer(max_new_tokens)
+    if buffer > max_new_tokens:
+        raise ConfigError(f"algorithm.overlong_buffer={buffer} exceeds model.max_new_tokens={max_new_tokens}: lower it")
+    penalty = filters.overlong_penalty(lengths, max_new_tokens, buffer, a.overlong_penalty_factor)
+    return shaped + penalty, {"reward/overlong_penalty_mean": float(penalty.mean())}
 
 
 def kl_reward_penalty(
@@ -240,24 +245,72 @@ def rollout_metrics(rollouts: list[PromptRollout], rewards: list[float], adv: to
     }
 
 
-def evaluate(runtime: Runtime, data: PromptData, reward_fn: RewardFn, max_tokens: int) -> dict[str, float]:
-    """Greedy accuracy (mean reward) on the held-out prompts."""
+@dataclass
+class EvalSpec:
+    """How to evaluate (plain values from TrainConfig's eval_* keys)."""
+
+    max_tokens: int
+    n_samples: int = 0  # sampled completions per prompt for pass@k (0: greedy only)
+    temperature: float = 1.0
+    pass_k: tuple[int, ...] = (1,)
+    threshold: float = 1.0  # reward >= threshold counts as correct
+    save_dir: Path | None = None  # one step_N.jsonl per evaluation, a row per completion (None: not written)
+
+
+def evaluate(runtime: Runtime, data: PromptData, reward_fn: RewardFn, spec: EvalSpec, step: int) -> dict[str, float]:
+    """Greedy accuracy on the held-out prompts and, with spec.n_samples > 0, pass@1 and pass@k over that many
+    samples per prompt (unbiased estimator, Chen et al. 2021 eq. 1; rl/evaluation.py), overall and per named eval
+    set (envs/data.py metadata.eval_set); every completion is written to spec.save_dir/step_N.jsonl."""
     if len(data) == 0:
         return {}
     t0 = time.perf_counter()
-    rollouts = runtime.generate(data.prompt_ids, Sampling(n=1, temperature=0.0, max_tokens=max_tokens))
-    rewards = score(reward_fn, rollouts, data.items)
-    lengths = [len(r.completions[0].token_ids) for r in rollouts]
-    out = {
-        "eval/accuracy": float(np.mean(rewards)),
-        "eval/length_mean": float(np.mean(lengths)),
-        "eval/n": float(len(rewards)),
-        "time/eval_s": time.perf_counter() - t0,
-    }
-    sets = [it.get("metadata", {}).get("eval_set") for it in data.items]  # named eval sets (envs/data.py)
-    for name in dict.fromkeys(s for s in sets if s):
-        out[f"eval/{name}/accuracy"] = float(np.mean([r for r, s in zip(rewards, sets) if s == name]))
+    greedy = runtime.generate(data.prompt_ids, Sampling(n=1, temperature=0.0, max_tokens=spec.max_tokens))
+    runs = [("greedy", greedy, score(reward_fn, greedy, data.items))]
+    if spec.n_samples:
+        sampling = Sampling(n=spec.n_samples, temperature=spec.temperature, max_tokens=spec.max_tokens)
+        sampled = runtime.generate(data.prompt_ids, sampling)
+        runs.append(("sampled", sampled, score(reward_fn, sampled, data.items)))
+    n = spec.n_samples
+    out = evaluation.eval_metrics(
+        runs[0][2],
+        [runs[1][2][i * n : (i + 1) * n] for i in range(len(data))] if n else None,
+        [it.get("metadata", {}).get("eval_set") for it in data.items],
+        threshold=spec.threshold,
+        ks=spec.pass_k,
+    )
+    out["eval/length_mean"] = float(np.mean([len(r.completions[0].token_ids) for r in greedy]))
+    out["eval/n"] = float(len(data))
+    if spec.save_dir is not None:
+        with evaluation.atomic_jsonl(spec.save_dir / f"{checkpoint.step_dir_name(step)}.jsonl") as f:
+            for mode, rollouts, rewards in runs:
+                for row in evaluation.eval_rows(
+                    step, data.items, rollouts, rewards, mode=mode, threshold=spec.threshold
+                ):
+                    evaluation.write_row(f, row)
+    out["time/eval_s"] = time.perf_counter() - t0
     return out
+
+
+def save_rollouts(
+    path: Path,
+    step: int,
+    tokenizer: Any,
+    rollouts: list[PromptRollout],
+    rewards: list[float],
+    shaped: list[float],
+    adv: torch.Tensor,
+    a: AlgorithmConfig,
+    max_new_tokens: int,
+) -> None:
+    """Every completion of a training step (rollout_save_interval) as jsonl, written atomically: task `rewards`,
+    the rewards after all shaping (`shaped` is after the KL-in-reward penalty; the overlong penalty is added here,
+    as prepare_samples does), the advantages [B*G]. The prompt is decoded from the token ids the model saw."""
+    lengths = torch.tensor([len(c.token_ids) for r in rollouts for c in r.completions], dtype=torch.float32)
+    final = shape_rewards(shaped, lengths, a, max_new_tokens)[0].tolist()
+    prompts = [tokenizer.decode(r.prompt_ids) for r in rollouts]
+    with evaluation.atomic_jsonl(path) as f:
+        for row in evaluation.rollout_rows(step, prompts, rollouts, rewards, final, adv.tolist()):
+            evaluation.write_row(f, row)
 
 
 def reward_counts(reward_fn: RewardFn) -> dict[str, float]:
@@ -310,6 +363,15 @@ def train(
         "data/dropped_long_prompts": train_data.dropped + eval_data.dropped,
     }
     run_dir = Path(logger.run_dir)
+    eval_spec = EvalSpec(
+        max_tokens=m.max_new_tokens,
+        n_samples=cfg.eval_n_samples,
+        temperature=cfg.eval_temperature,
+        pass_k=tuple(cfg.eval_pass_k),
+        threshold=cfg.eval_correct_threshold,
+        save_dir=Path(cfg.eval_save_dir) if cfg.eval_save_dir else run_dir / "eval",
+    )
+    rollout_dir = Path(cfg.rollout_save_dir) if cfg.rollout_save_dir else run_dir / "rollouts"
     start = 1
     ckpt = checkpoint.resolve_resume(cfg.resume, run_dir)
     if ckpt is not None:
@@ -317,13 +379,14 @@ def train(
         logger.drop_after(start - 1)  # rows of steps after the checkpoint were lost work; they are redone
     elif cfg.resume == "auto":
         print(f"resume=auto: no checkpoint in {run_dir / checkpoint.CHECKPOINTS}, starting at step 1", flush=True)
-    before = evaluate(runtime, eval_data, reward_fn, m.max_new_tokens) if cfg.eval_size and start == 1 else {}
+    before = evaluate(runtime, eval_data, reward_fn, eval_spec, 0) if cfg.eval_size and start == 1 else {}
     if before:
         logger.log(0, before)
         logger.console(0, before)
         summary["eval/accuracy_before"] = before["eval/accuracy"]
 
     t_run = time.perf_counter()
+    logger.start_progress(start - 1)
     for step in range(start, cfg.steps + 1):
         t_step = time.perf_counter()
         rollouts, rewards, stats = sample_batch(
@@ -337,6 +400,9 @@ def train(
         )
         shaped, kl_metrics = kl_reward_penalty(runtime, rollouts, rewards, a) if a.kl_in_reward else (rewards, {})
         samples, adv, sample_metrics = prepare_samples(rollouts, shaped, a, m.max_new_tokens)
+        if cfg.rollout_save_interval and step % cfg.rollout_save_interval == 0:
+            path = rollout_dir / f"{checkpoint.step_dir_name(step)}.jsonl"
+            save_rollouts(path, step, tokenizer, rollouts, rewards, shaped, adv, a, m.max_new_tokens)
         metrics = {
             **kl_metrics,
             **rollout_metrics(rollouts, rewards, adv, a.group_size),
@@ -362,8 +428,8 @@ def train(
                 "data/cursor": float(train_data.cursor),
             }
         )
-        if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
-            metrics.update(evaluate(runtime, eval_data, reward_fn, m.max_new_tokens))
+        if cfg.eval_size and cfg.eval_interval and step % cfg.eval_interval == 0 and step != cfg.steps:
+            metrics.update(evaluate(runtime, eval_data, reward_fn, eval_spec, step))
         logger.log(step, metrics)
         logger.console(step, metrics)
         summary["reward/last"] = metrics["reward/mean"]
@@ -376,7 +442,7 @@ def train(
         save_full_model(final, Path(logger.run_dir) / "model", source=Path(tokenizer.name_or_path))
     else:
         save_adapter(final, Path(logger.run_dir) / "adapter")
-    after = evaluate(runtime, eval_data, reward_fn, m.max_new_tokens) if cfg.eval_size else {}
+    after = evaluate(runtime, eval_data, reward_fn, eval_spec, cfg.steps) if cfg.eval_size else {}
     if after:
         logger.log(cfg.steps, after)
         summary["eval/accuracy_after"] = after["eval/accuracy"]

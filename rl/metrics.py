@@ -9,8 +9,11 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 
 def _jsonable(v: Any) -> Any:
@@ -40,6 +43,7 @@ class MetricsLogger:
         self._file = self.path.open("a", buffering=1)  # line-buffered: every step is on disk when logged
         self.console_every = console_every
         self.total_steps = total_steps
+        self.start_progress(0)
         self._wandb = None
         if kind == "wandb" and wandb_mode != "disabled":
             import wandb
@@ -80,12 +84,21 @@ class MetricsLogger:
         self._file = self.path.open("a", buffering=1)
         return dropped
 
+    def start_progress(self, steps_done: int) -> None:
+        """Start the ETA clock: steps after `steps_done` (0, or the checkpoint's step on resume) are being timed."""
+        self._progress_t0, self._progress_initial = time.perf_counter(), steps_done
+
+    def progress(self, step: int) -> str:
+        """`[elapsed<remaining]` since start/resume, the ETA from the mean time of the steps run since then."""
+        return progress_text(step, self.total_steps, time.perf_counter() - self._progress_t0, self._progress_initial)
+
     def console(self, step: int, metrics: dict[str, float]) -> None:
         if step % self.console_every and step != self.total_steps:
             return
         keys = [
             ("reward/mean", "reward", "{:.3f}"),
             ("eval/accuracy", "eval_acc", "{:.3f}"),
+            ("eval/pass@1", "eval_pass@1", "{:.3f}"),
             ("response/length_mean", "len", "{:.1f}"),
             ("train/loss", "loss", "{:+.4f}"),
             ("policy/approx_kl", "kl", "{:.4f}"),
@@ -95,7 +108,7 @@ class MetricsLogger:
             ("time/learn_s", "learn_s", "{:.1f}"),
             ("time/sync_s", "sync_s", "{:.2f}"),
         ]
-        parts = [f"step {step}/{self.total_steps}"]
+        parts = [f"step {self.progress(step)}" if step > self._progress_initial else f"step {step}/{self.total_steps}"]
         parts += [f"{label} {fmt.format(metrics[k])}" for k, label, fmt in keys if k in metrics]
         print(" | ".join(parts), file=sys.stdout, flush=True)
 
@@ -104,3 +117,11 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def progress_text(step: int, total: int, elapsed_s: float, initial: int = 0) -> str:
+    """`12/24 [05:30<05:30]`: steps done of total, time since start/resume, and the time left at the mean pace of
+    the steps after `initial` (tqdm's formatting, printed in the console line: no bar redraws in log files)."""
+    return tqdm.format_meter(
+        step, total, elapsed_s, initial=initial, bar_format="{n_fmt}/{total_fmt} [{elapsed}<{remaining}]"
+    )

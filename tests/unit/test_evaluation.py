@@ -1,0 +1,132 @@
+"""Evaluation metrics (pass@k, per-set accuracy), the atomic jsonl writer, the eval config checks, the console ETA."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from math import comb
+
+import pytest
+from omegaconf import OmegaConf
+
+from rl.config import ConfigError, TrainConfig
+from rl.evaluation import atomic_jsonl, eval_metrics, pass_at_k, write_row
+from rl.metrics import MetricsLogger, progress_text
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (4, 1, 1, 0.25),  # pass@1 = c / n
+        (5, 2, 2, 1 - 3 / 10),  # 1 - C(3,2)/C(5,2)
+        (10, 3, 5, 1 - 21 / 252),  # 1 - C(7,5)/C(10,5)
+        (10, 0, 5, 0.0),  # nothing correct
+        (3, 3, 2, 1.0),  # everything correct
+        (8, 4, 5, 1.0),  # n - c < k: every 5 of 8 holds a correct one
+    ],
+)
+def test_pass_at_k_matches_hand_computed_values(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("n", range(1, 8))
+def test_pass_at_k_equals_brute_force_enumeration_of_k_subsets(n):
+    for c in range(n + 1):
+        samples = [True] * c + [False] * (n - c)
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(samples, k))
+            brute = sum(any(s) for s in subsets) / len(subsets)
+            assert len(subsets) == comb(n, k)
+            assert pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_is_stable_for_large_n():
+    # the binomials here exceed a float (C(2000, 1000) ~ 1e600); the product form does not form them
+    assert pass_at_k(2000, 1, 1000) == pytest.approx(0.5, abs=1e-9)
+    assert 0.0 < pass_at_k(2000, 3, 10) < 1.0
+
+
+def test_pass_at_k_rejects_k_above_n():
+    with pytest.raises(ValueError, match="1 <= k <= n"):
+        pass_at_k(2, 1, 3)
+
+
+def test_eval_metrics_overall_and_per_set_with_a_threshold():
+    greedy = [1.0, 0.5, 1.0, 0.0]  # 0.5 is a fractional (shaped) reward: not correct at threshold 1.0
+    sampled = [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.9, 1.0, 0.0]]
+    sets = ["a", "a", "b", "b"]
+    m = eval_metrics(greedy, sampled, sets, threshold=1.0, ks=[2])
+    assert m["eval/accuracy"] == 0.5 and m["eval/reward_mean"] == pytest.approx(0.625)
+    assert m["eval/a/accuracy"] == 0.5 and m["eval/b/accuracy"] == 0.5
+    # pass@1: mean correctness over samples per prompt (1/3, 1, 0, 1/3), then over prompts
+    assert m["eval/pass@1"] == pytest.approx((1 / 3 + 1 + 0 + 1 / 3) / 4)
+    # pass@2 with n=3: c=1 -> 1 - C(2,2)/C(3,2) = 2/3; c=3 -> 1; c=0 -> 0
+    assert m["eval/pass@2"] == pytest.approx((2 / 3 + 1 + 0 + 2 / 3) / 4)
+    assert m["eval/a/pass@2"] == pytest.approx((2 / 3 + 1) / 2)
+    assert m["eval/b/pass@1"] == pytest.approx(1 / 6)
+    # a lower threshold counts 0.5 and 0.9 as correct
+    low = eval_metrics(greedy, sampled, sets, threshold=0.5, ks=[1])
+    assert low["eval/accuracy"] == 0.75 and low["eval/b/pass@1"] == pytest.approx((0 + 2 / 3) / 2)
+
+
+def test_eval_metrics_greedy_only_has_no_pass_at_k():
+    m = eval_metrics([1.0, 0.0], None, [None, None], threshold=1.0, ks=[1])
+    assert m == {"eval/accuracy": 0.5, "eval/reward_mean": 0.5}
+
+
+def test_atomic_jsonl_renames_only_when_complete(tmp_path):
+    path = tmp_path / "eval" / "step_0001.jsonl"
+    with pytest.raises(RuntimeError):
+        with atomic_jsonl(path) as f:
+            write_row(f, {"a": 1})
+            raise RuntimeError("killed mid-write")
+    assert not path.exists()
+    assert (tmp_path / "eval" / ".step_0001.jsonl.tmp").read_text() == '{"a": 1}\n'  # line-buffered: on disk
+    with atomic_jsonl(path) as f:
+        write_row(f, {"answer": {1, 2}, "x": 0.5})  # non-JSON values are written as strings
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"answer": "{1, 2}", "x": 0.5}]
+    assert not (tmp_path / "eval" / ".step_0001.jsonl.tmp").exists()
+
+
+def typed(**overrides) -> TrainConfig:
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), overrides))
+
+
+def test_pass_k_above_n_samples_is_a_config_error_naming_the_keys():
+    with pytest.raises(ConfigError, match=r"eval_pass_k=\[1, 8\] needs 1 <= k <= eval_n_samples=4 .*eval_n_samples>=8"):
+        typed(eval_n_samples=4, eval_pass_k=[1, 8])
+    with pytest.raises(ConfigError, match=r"needs 1 <= k <= eval_n_samples=0"):
+        typed(eval_pass_k=[4])  # pass@4 asked for, but no samples
+    with pytest.raises(ConfigError, match=r"eval_pass_k=\[0\]"):
+        typed(eval_n_samples=4, eval_pass_k=[0])
+    assert typed(eval_n_samples=8, eval_pass_k=[1, 8]).eval_pass_k == [1, 8]
+    assert typed(eval_n_samples=0).eval_pass_k == [1]  # the default: greedy only, pass@1 not reported
+    with pytest.raises(ConfigError, match="eval_temperature must be > 0"):
+        typed(eval_n_samples=2, eval_temperature=0.0)
+    with pytest.raises(ConfigError, match="rollout_save_interval must be >= 0"):
+        typed(rollout_save_interval=-1)
+
+
+@pytest.mark.parametrize(
+    ("step", "total", "elapsed", "initial", "expected"),
+    [
+        (12, 24, 330.0, 0, "12/24 [05:30<05:30]"),  # 27.5 s per step, 12 left
+        (12, 24, 330.0, 6, "12/24 [05:30<11:00]"),  # resumed at 6: 6 steps in 330 s, 55 s each
+        (24, 24, 4000.0, 0, "24/24 [1:06:40<00:00]"),  # hours once past an hour
+        (1, 3, 0.0, 0, "1/3 [00:00<?]"),  # no time measured yet: the ETA is unknown
+    ],
+)
+def test_progress_text_shows_steps_elapsed_and_eta(step, total, elapsed, initial, expected):
+    assert progress_text(step, total, elapsed, initial) == expected
+
+
+def test_console_line_starts_with_progress_after_a_resume(tmp_path, capsys):
+    logger = MetricsLogger(tmp_path, kind="none", total_steps=4)
+    logger.console(0, {"eval/accuracy": 0.25, "eval/pass@1": 0.5})  # the evaluation before training: no ETA
+    logger.start_progress(2)  # resumed after step 2
+    logger.console(3, {"reward/mean": 0.5})
+    logger.close()
+    before, step3 = capsys.readouterr().out.splitlines()
+    assert before == "step 0/4 | eval_acc 0.250 | eval_pass@1 0.500"
+    assert re.fullmatch(r"step 3/4 \[00:00<00:0\d\] \| reward 0\.500", step3), step3
