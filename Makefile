@@ -54,6 +54,6 @@ clean:  ## remove run outputs and caches (keeps .venv and the converted model ca
 	find . -name __pycache__ -type d -not -path "./$(VENV)/*" -exec rm -rf {} +
 
 .PHONY: plot
-plot:  ## PNGs (reward, accuracy, length, clip, KL, step time) of a run or sweep: make plot RUN=outputs/<date>/<time>
+plot:  ## PNGs (reward, accuracy, length, clip, KL, step time) of a run; of a sweep also sweep_summary.{csv,md,png}: make plot RUN=<dir>
 	@test -n "$(RUN)" || { echo "usage: make plot RUN=<run or sweep directory>"; exit 2; }
 	$(BIN)/python -m rl.plot $(RUN)
