@@ -77,8 +77,12 @@ def test_sweep_summary_and_wandb_group(tiny_model, tmp_path):
     ]
     for r in rows:
         assert r["status"] == "done" and r["steps"] == "2", r
-        for key in ("rollout_tokens_per_s", "learner_tokens_per_s", "step_s", "sync_s"):
+        for key in ("rollout_tokens_per_s", "step_s", "sync_s"):
             assert float(r[key]) > 0, (key, r)
+        # DAPO masks truncated responses out of the loss, and 8 tokens truncate every one here: 0 tokens learned
+        assert (
+            float(r["learner_tokens_per_s"]) > 0 if "grpo" in r["overrides"] else float(r["learner_tokens_per_s"]) >= 0
+        )
         for key in ("actor_idle_frac", "learner_idle_frac", "final_reward", "eval_accuracy"):
             assert 0 <= float(r[key]) <= 1, (key, r)
     assert (sweep / "sweep_summary.md").read_text().count("\n| ") == 1 + 4
@@ -89,3 +93,37 @@ def test_sweep_summary_and_wandb_group(tiny_model, tmp_path):
     assert len(group) < 128, "the length must fit a one-byte varint for this check"
     for job in ("0", "1", "2", "3"):
         assert b"\x32" + bytes([len(group)]) + group in wandb_history(sweep / job), f"job {job}: group is not {sweep}"
+
+
+def test_ray_launcher_runs_the_sweep_as_ray_tasks(tiny_model, tmp_path):
+    """hydra/launcher=ray_cluster (conf/hydra/launcher/ray_cluster.yaml: hydra-ray-launcher joining a running
+    cluster); here address=null makes the launcher start a local Ray, stopped when train.py exits."""
+    sweep = tmp_path / "sweep"
+    proc = run_train(
+        [
+            "-m",
+            "hydra/launcher=ray_cluster",
+            "hydra.launcher.ray.init.address=null",
+            "+hydra.launcher.ray.init.num_cpus=2",
+            "algorithm=grpo,pg",
+            *tiny_args(tiny_model),
+            "steps=1",
+            "prompts_per_step=2",
+            "algorithm.group_size=2",
+            "eval_size=2",
+            "save_interval=0",
+            "model.max_new_tokens=4",
+            "logger=none",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Ray Launcher is launching 2 jobs" in proc.stdout + proc.stderr
+    assert "(_run_job pid=" in proc.stdout + proc.stderr  # the jobs ran inside Ray tasks, not in this process
+    for job in ("0", "1"):
+        steps = [json.loads(line)["step"] for line in (sweep / job / "metrics.jsonl").read_text().splitlines()]
+        assert steps == [0, 1, 1]  # eval before, the training step, eval after
+        assert (sweep / job / "summary.json").is_file()
+    with (sweep / "sweep_summary.csv").open() as f:
+        assert [r["overrides"] for r in csv.DictReader(f)] == ["algorithm=grpo", "algorithm=pg"]
