@@ -372,6 +372,11 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
         )
         if found and not c.address and math.ceil(need - 1e-9) > found[0]:
             warnings.append(f"the roles need {need:g} GPUs and this machine has {found[0]}")
+        elif not found and not c.address and not gpu_gib:
+            warnings.append(
+                "no GPU on this machine (no nvidia-smi): set plan_gpu_memory_gib=<GiB> to plan for another machine's "
+                "GPUs, or cluster.use_gpu=false"
+            )
         layout = gpu_map(c.num_actors, c.gpus_per_actor, c.num_learners, c.gpus_per_learner)
         lines.append("GPU map:")
         lines += [f"  GPU {i}: {', '.join(roles)}" for i, roles in enumerate(layout)]
@@ -427,4 +432,7 @@ def print_plan(cfg: Any) -> None:
     print(f"preflight plan (nothing started)\n{text}")
     for w in warnings:
         print(f"WARNING: {w}")
-    print("WARNING: it will not fit as configured (see above)" if warnings else "fits (by this estimate)", flush=True)
+    verdict = (
+        "WARNING: as configured it will not start or not fit (see above)" if warnings else "fits (by this estimate)"
+    )
+    print(verdict, flush=True)

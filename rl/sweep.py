@@ -227,5 +227,7 @@ class SweepSummary(Callback):
     """Hydra callback: write the sweep summary into the sweep directory when a multirun ends."""
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        if config.get("plan"):  # a sweep of preflight plans trained nothing
+            return
         paths = write_summary(Path(str(config.hydra.sweep.dir)))
         print(f"sweep summary: {', '.join(str(p) for p in paths)}", flush=True)

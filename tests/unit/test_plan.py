@@ -187,7 +187,7 @@ def test_cli_plan_gpu_7b_prints_map_and_warns_when_it_does_not_fit(tmp_path):
     small_gpu = run_train([*args, "plan_gpu_memory_gib=16", "micro_batch_size=16"], timeout=120)
     assert small_gpu.returncode == 0, small_gpu.stderr
     assert "WARNING: GPU 2 (learner 0)" in small_gpu.stdout
-    assert "WARNING: it will not fit as configured" in small_gpu.stdout
+    assert "WARNING: as configured it will not start or not fit" in small_gpu.stdout
 
 
 def test_cli_plan_cpu_mode_imports_no_torch_ray_or_vllm(tmp_path):
@@ -211,3 +211,21 @@ def test_cli_plan_bad_config_exits_nonzero_with_one_line(tmp_path):
     hub = run_train(["plan=true", "model.path=nobody/not-cached-model"], timeout=120)
     assert hub.returncode == 0, hub.stderr  # a hub id is valid config; the plan says what it could not size
     assert "memory: unknown (no config.json for nobody/not-cached-model in the local HF cache" in hub.stdout
+
+
+def test_gpus_needed_against_gpus_found(tmp_path, monkeypatch):
+    cfg = TrainConfig()
+    cfg.model.path = str(model_dir(tmp_path, QWEN_05B))
+    cfg.cluster = replace(cfg.cluster, use_gpu=True, num_actors=2)
+    monkeypatch.setattr(plan, "detect_gpus", lambda: (2, 80 * 2**30, "NVIDIA H100 80GB HBM3"))
+    text, warnings = plan.format_plan(cfg)
+    assert "need 3 (2 actor(s) x 1 + 1 learner(s) x 1); available: 2 on this machine" in text
+    assert "80 GiB each (nvidia-smi: NVIDIA H100 80GB HBM3)" in text
+    assert warnings == ["the roles need 3 GPUs and this machine has 2"]
+    monkeypatch.setattr(plan, "detect_gpus", lambda: None)
+    assert "plan_gpu_memory_gib" in plan.format_plan(cfg)[1][0]
+    cfg.plan_gpu_memory_gib = 40.0  # planning for another machine: no complaint about this one
+    text, warnings = plan.format_plan(cfg)
+    assert warnings == [] and "40 GiB each (plan_gpu_memory_gib)" in text
+    cfg.cluster.address = "auto"
+    assert "available: the Ray cluster's" in plan.format_plan(cfg)[0]

@@ -114,3 +114,19 @@ def test_make_plot_on_a_sweep_dir_writes_the_summary(sweep_dir, capsys):
 def test_make_plot_on_one_run_writes_no_summary(sweep_dir):
     assert plot.main([str(sweep_dir / "0")]) == 0
     assert not (sweep_dir / "0" / "sweep_summary.csv").exists()
+
+
+def test_hydra_config_wires_the_callback_and_the_ray_cluster_launcher():
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from rl.config import register_configs
+    from tests.helpers import REPO
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["hydra/launcher=ray_cluster"], return_hydra_config=True)
+    assert isinstance(instantiate(cfg.hydra.callbacks.sweep_summary), sweep.SweepSummary)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"
+    assert launcher.ray.init.address == "auto" and launcher.ray.remote.num_cpus == 0
