@@ -60,6 +60,11 @@ class ModelShape:
     @classmethod
     def from_hf_config(cls, cfg: dict, name: str = "") -> ModelShape:
         cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg  # multimodal wrappers
+        experts = [k for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)]
+        if experts:
+            raise ValueError(
+                f"{name or 'the model'} is a mixture of experts ({experts[0]}): not sized by this estimate"
+            )
         try:
             hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
             return cls(
@@ -353,7 +358,12 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
     """The preflight report for a TrainConfig: (text, warnings)."""
     c = cfg.cluster
     lines, warnings = [], []
-    shape, source = load_shape(cfg.model.path)
+    try:
+        shape, source = load_shape(cfg.model.path)
+    except ValueError as e:  # a config.json this estimate cannot size (ConfigError, a bad path, still raises)
+        if isinstance(e, ConfigError):
+            raise
+        shape, source = None, str(e)
     local = getattr(c.mode, "value", c.mode) == "local"
     if c.use_gpu:
         need = c.num_actors * c.gpus_per_actor + c.num_learners * c.gpus_per_learner

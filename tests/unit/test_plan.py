@@ -229,3 +229,10 @@ def test_gpus_needed_against_gpus_found(tmp_path, monkeypatch):
     assert warnings == [] and "40 GiB each (plan_gpu_memory_gib)" in text
     cfg.cluster.address = "auto"
     assert "available: the Ray cluster's" in plan.format_plan(cfg)[0]
+
+
+def test_a_model_the_estimate_cannot_size_is_reported_not_failed(tmp_path):
+    cfg = TrainConfig()
+    cfg.model.path = str(model_dir(tmp_path, {**QWEN_05B, "num_experts": 60}))
+    text, _ = plan.format_plan(cfg)
+    assert "memory: unknown (" in text and "mixture of experts (num_experts)" in text
