@@ -15,6 +15,7 @@ What is counted, in bytes (an estimate: allocator slack, CUDA context and fragme
   (norm inputs, q/k/v/o inputs and outputs, the four SwiGLU intermediates; 4h + 2q + 2kv + 4i values per token
   and layer; only the layer inputs plus one block when gradient checkpointing), plus the logits the learner
   keeps (all positions in the model dtype, then the completion positions' copy, fp32 copy and log-softmax).
+  An upper bound for rl/learner.py's default share_prompt_prefix=true, which runs each prompt once per group.
 - actor (vLLM): on GPU the engine takes cluster.gpu_memory_utilization of each of its GPUs; weights, the LoRA
   slot and a profiling peak (8192 batched tokens) come out of it and the rest is KV cache (2 x layers x kv
   heads x head_dim values per token). On CPU the fraction is of RAM and is all KV cache (vLLM CPU).
@@ -123,6 +124,12 @@ class ModelShape:
         if unknown:
             raise ConfigError(f"model.lora_targets: {unknown} are not modules of this model; valid: {list(shapes)}")
         return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
+
+    def flops_per_token(self, *, train: bool = False) -> int:
+        """Matmul FLOPs per token, 2N forward and 6N forward + backward (Kaplan et al. 2020, sec. 2.1), for
+        projecting throughput; attention's sequence-length term is left out. With LoRA the backward still
+        propagates through every frozen weight, so 6N holds to within the adapter's share."""
+        return (6 if train else 2) * self.params
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.layers * self.kv_dim * dtype_bytes

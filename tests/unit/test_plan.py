@@ -61,6 +61,7 @@ def test_parameter_counts_match_hand_arithmetic_and_the_model_cards():
     # PEFT prints "trainable params: 8,798,208" for r=16 on all seven projections of Qwen2.5-0.5B
     assert small.lora_params(16, ALL_TARGETS) == 8_798_208
     assert big.kv_bytes_per_token(2) == 2 * 28 * 4 * 128 * 2 == 57_344  # K and V, 4 KV heads of 128, bf16
+    assert big.flops_per_token() == 2 * big.params and big.flops_per_token(train=True) == 6 * big.params
 
 
 @pytest.mark.parametrize("config", [QWEN_05B, QWEN_7B], ids=["0.5B", "7B"])
