@@ -320,9 +320,10 @@ def detect_gpus() -> tuple[int, float, str] | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     rows = [r.rsplit(",", 1) for r in out.splitlines() if "," in r]
-    if not rows:
+    try:
+        return (len(rows), float(rows[0][1]) * 1024**2, rows[0][0].strip()) if rows else None
+    except ValueError:  # "[N/A]" and the like
         return None
-    return len(rows), float(rows[0][1]) * 1024**2, rows[0][0].strip()
 
 
 def ram_bytes() -> float:
