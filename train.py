@@ -28,8 +28,9 @@ def fail(msg: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-def precheck_overrides(argv: list[str]) -> None:
-    """Compose once before Hydra's own run, so a typo'd key or bad value fails with one line naming it."""
+def precheck_overrides(argv: list[str]) -> TrainConfig | None:
+    """Compose once before Hydra's own run, so a typo'd key or bad value fails with one line naming it; returns
+    the validated config (None when Hydra flags such as -m or --help are given: Hydra handles those)."""
     flags = {
         "-m",
         "--multirun",
@@ -55,14 +56,14 @@ def precheck_overrides(argv: list[str]) -> None:
         "--package",
     }
     if any(a in flags or a.split("=")[0] in flags for a in argv):
-        return
+        return None
     overrides = [a for a in argv if not a.startswith("hydra.") and not a.startswith("+hydra.")]
     from hydra import compose, initialize_config_dir
 
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             cfg = compose(config_name="train", overrides=overrides)
-            OmegaConf.to_object(cfg.copy())  # typed validation (__post_init__ checks)
+            return OmegaConf.to_object(cfg.copy())  # typed validation (__post_init__ checks)
     except ConfigError as e:
         fail(str(e))
     except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf errors become one line
@@ -124,12 +125,29 @@ def build_target(node: DictConfig, key: str):
         )
 
 
+def run_plan(cfg: TrainConfig) -> None:
+    """plan=true: print the GPU map and memory estimate per role (rl/plan.py); nothing starts."""
+    from rl.plan import print_plan
+
+    try:
+        print_plan(cfg)
+    except (ConfigError, ValueError) as e:
+        fail(str(e))
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(dcfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     cfg = to_typed(dcfg)
-    run_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
+    if cfg.plan:  # in a multirun, each job's plan
+        run_plan(cfg)
+        return None
+    hydra_cfg = HydraConfig.get()
+    if cfg.logger.group is None and hydra_cfg.mode == RunMode.MULTIRUN:
+        cfg.logger.group = str(hydra_cfg.sweep.dir)  # a sweep's jobs are one wandb group
+    run_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
     env = build_target(dcfg.env, "env")
     reward = build_target(dcfg.reward, "reward")
     from rl import app  # heavy imports start here
@@ -147,5 +165,8 @@ def main(dcfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":  # vLLM spawns processes: keep this guard
-    precheck_overrides(sys.argv[1:])
+    checked = precheck_overrides(sys.argv[1:])
+    if checked is not None and checked.plan:  # before Hydra makes a run directory: a plan writes nothing
+        run_plan(checked)
+        sys.exit(0)
     main()

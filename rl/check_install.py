@@ -24,6 +24,7 @@ def main() -> int:
         ),
         ("reasoning-gym", "import reasoning_gym"),
         ("vllm", "import vllm"),
+        ("hydra-ray-launcher", "import hydra_plugins.hydra_ray_launcher._core"),  # hydra/launcher=ray_cluster
     ]
     for name, code in checks:
         try:

@@ -265,6 +265,8 @@ class TrainConfig:
     save_interval: int = 5  # checkpoint every N steps and after the last one, in <run dir>/checkpoints (0: never)
     keep_last: int = 2  # checkpoints kept; older ones are deleted after each save (0: keep all)
     resume: str | None = None  # null: start fresh | auto: latest checkpoint in output_dir | a checkpoints/step_N path
+    plan: bool = False  # print the GPU map and a memory estimate per role, then exit (nothing starts; rl/plan.py)
+    plan_gpu_memory_gib: float | None = None  # GPU memory plan=true assumes per GPU (null: nvidia-smi's, else 80)
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, f"steps must be >= 0 (got {self.steps})")
@@ -287,6 +289,10 @@ class TrainConfig:
             f"rollout_save_interval must be >= 0 (0: never; got {self.rollout_save_interval})",
         )
         _check(self.save_interval >= 0, f"save_interval must be >= 0 (0: no checkpoints; got {self.save_interval})")
+        _check(
+            self.plan_gpu_memory_gib is None or self.plan_gpu_memory_gib > 0,
+            f"plan_gpu_memory_gib must be > 0 or null (got {self.plan_gpu_memory_gib})",
+        )
         _check(self.keep_last >= 0, f"keep_last must be >= 0 (0: keep every checkpoint; got {self.keep_last})")
         _check(
             self.resume != "auto" or self.output_dir is not None,

@@ -3,7 +3,8 @@
 RUN_DIR is a run directory (with metrics.jsonl) or a folder of runs (a sweep: every metrics.jsonl below it, one
 line per run in each figure). Writes into RUN_DIR/plots (or --out): reward, eval accuracy, response length,
 clip fraction, KL, and the step time split into rollout / reward / learn / sync / other. A figure whose metrics
-no run logged is skipped and named on stdout.
+no run logged is skipped and named on stdout. For a sweep directory (jobs in subfolders), the sweep summary
+(rl/sweep.py: sweep_summary.csv/.md/.png, one row per job) is also written into RUN_DIR.
 """
 
 from __future__ import annotations
@@ -144,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no metrics.jsonl at or below {ns.run}", file=sys.stderr)
         return 2
     written = plot_runs(runs, ns.out or ns.run / "plots")
+    if not (ns.run / "metrics.jsonl").is_file():  # a folder of runs: also the one-row-per-job summary
+        from rl.sweep import find_jobs, write_summary
+
+        if find_jobs(ns.run):
+            written += write_summary(ns.run)
     for p in written:
         print(p)
     return 0

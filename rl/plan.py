@@ -1,0 +1,456 @@
+"""Preflight plan: `python train.py ... plan=true` prints the GPU map and a memory estimate per role, then exits.
+
+Nothing starts (no Ray, no vLLM, no torch): the model's shapes come from its config.json (a local folder, the
+converted embedded model, or the local Hugging Face cache for a hub id). `estimate_memory` is a pure function of
+the shapes and flat settings, for other code too (benchmarks projecting to N GPUs); `plan_for_config` reads a
+TrainConfig, including keys that may not exist yet (`model.full_finetune`), through getattr with defaults.
+
+What is counted, in bytes (an estimate: allocator slack, CUDA context and fragmentation come on top):
+- weights: parameters from the shapes (embeddings, attention with GQA and optional q/k/v bias, SwiGLU MLP,
+  norms, untied head) at the precision in use; 4-bit is bitsandbytes NF4 with double quantisation, 4.127 bits
+  per weight of the blocks' linear layers (Dettmers et al. 2023, QLoRA, sec. 2), embeddings and head in bf16.
+- learner: trainable parameters (LoRA A and B on every target module, fp32 as PEFT keeps them; or every weight
+  when full fine-tuning), their gradients and AdamW's two moments (torch keeps them in the parameter's dtype);
+  activations of one micro-batch of max-length sequences: the tensors autograd saves in a Llama-style block
+  (norm inputs, q/k/v/o inputs and outputs, the four SwiGLU intermediates; 4h + 2q + 2kv + 4i values per token
+  and layer; only the layer inputs plus one block when gradient checkpointing), plus the logits the learner
+  keeps (all positions in the model dtype, then the completion positions' copy, fp32 copy and log-softmax).
+  An upper bound for rl/learner.py's default share_prompt_prefix=true, which runs each prompt once per group.
+- actor (vLLM): on GPU the engine takes cluster.gpu_memory_utilization of each of its GPUs; weights, the LoRA
+  slot and a profiling peak (8192 batched tokens) come out of it and the rest is KV cache (2 x layers x kv
+  heads x head_dim values per token). On CPU the fraction is of RAM and is all KV cache (vLLM CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl.config import ConfigError
+
+GiB = 1024**3
+NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)  # 4-bit code + 8-bit absmax per 64 + fp32 per 256 absmax blocks = 4.127
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+VLLM_PROFILE_TOKENS = 8192  # tokens in vLLM's profiling forward (its default max_num_batched_tokens order)
+VLLM_PROFILE_SEQS = 256  # sequences whose last-token logits the profiling run computes (max_num_seqs default)
+ASSUMED_GPU_GIB = 80.0  # when neither plan_gpu_memory_gib nor nvidia-smi says
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shapes of a decoder-only transformer (Llama/Qwen/Mistral style) that size its memory."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool = True
+    qkv_bias: bool = False
+    dtype: str = "bfloat16"  # the checkpoint's dtype (config.json torch_dtype / dtype)
+    name: str = ""
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict, name: str = "") -> ModelShape:
+        cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg  # multimodal wrappers
+        experts = [k for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)]
+        if experts:
+            raise ValueError(
+                f"{name or 'the model'} is a mixture of experts ({experts[0]}): not sized by this estimate"
+            )
+        try:
+            hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+            return cls(
+                layers=int(cfg["num_hidden_layers"]),
+                hidden=hidden,
+                intermediate=int(cfg["intermediate_size"]),
+                heads=heads,
+                kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                vocab=int(cfg["vocab_size"]),
+                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                # Qwen2 always has q/k/v biases and has no attention_bias key; Llama's says
+                qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+                dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+                name=name or str(cfg.get("_name_or_path") or cfg.get("model_type", "")),
+            )
+        except KeyError as e:
+            raise ValueError(f"config.json of {name or 'the model'} has no {e.args[0]}: not a decoder-only LM") from e
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def module_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of a block, by the module names LoRA targets use."""
+        h, i = self.hidden, self.intermediate
+        return {
+            "q_proj": (h, self.q_dim),
+            "k_proj": (h, self.kv_dim),
+            "v_proj": (h, self.kv_dim),
+            "o_proj": (self.q_dim, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    @property
+    def block_linear_weights(self) -> int:
+        """Weights of the blocks' linear layers (what 4-bit quantises), biases excluded."""
+        return self.layers * sum(a * b for a, b in self.module_shapes().values())
+
+    @property
+    def params(self) -> int:
+        bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
+        norms = self.layers * 2 * self.hidden + self.hidden
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.block_linear_weights + self.layers * bias + norms + embeddings
+
+    def lora_params(self, rank: int, targets: list[str]) -> int:
+        shapes = self.module_shapes()
+        unknown = [t for t in targets if t not in shapes]
+        if unknown:
+            raise ConfigError(f"model.lora_targets: {unknown} are not modules of this model; valid: {list(shapes)}")
+        return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
+
+    def flops_per_token(self, *, train: bool = False) -> int:
+        """Matmul FLOPs per token, 2N forward and 6N forward + backward (Kaplan et al. 2020, sec. 2.1), for
+        projecting throughput; attention's sequence-length term is left out. With LoRA the backward still
+        propagates through every frozen weight, so 6N holds to within the adapter's share."""
+        return (6 if train else 2) * self.params
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return 2 * self.layers * self.kv_dim * dtype_bytes
+
+    def weight_bytes(self, dtype_bytes: float, load_in_4bit: bool = False) -> float:
+        if load_in_4bit:
+            return self.block_linear_weights * NF4_BITS / 8 + (self.params - self.block_linear_weights) * 2
+        return self.params * dtype_bytes
+
+
+def load_shape(path: str) -> tuple[ModelShape | None, str]:
+    """Shapes for `model.path` without loading the model: (shape, where config.json came from) or (None, why
+    not). A local path that is not a model folder is a ConfigError (the run would fail the same way)."""
+    from rl import models
+
+    if path.startswith("embedded:"):
+        name = path.removeprefix("embedded:")
+        if name not in models.EMBEDDED:
+            models.embedded_gguf(name)  # raises the ConfigError listing the embedded models
+        cfg_file = models.cache_dir() / "models" / models.EMBEDDED[name][2] / "config.json"
+        if not cfg_file.is_file():
+            return None, f"{path} is not converted yet (the first run converts it, about 25 s)"
+    elif path.startswith(("/", ".", "~")) or Path(path).expanduser().exists() or path.count("/") != 1:
+        cfg_file = Path(models.resolve_model_path(path)) / "config.json"  # validates the folder
+    else:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:
+            return None, "huggingface_hub is not installed"
+        found = try_to_load_from_cache(path, "config.json")
+        if not isinstance(found, str):
+            return None, f"no config.json for {path} in the local HF cache (`hf download {path} config.json`)"
+        cfg_file = Path(found)
+    return ModelShape.from_hf_config(json.loads(cfg_file.read_text()), name=path), str(cfg_file)
+
+
+@dataclass
+class RoleMemory:
+    """Estimated memory of one actor or one learner: named parts in bytes, the budget it has, notes."""
+
+    role: str
+    parts: dict[str, float] = field(default_factory=dict)
+    budget: float | None = None  # bytes this role may use (its GPUs' memory, or vLLM's reserved share)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+
+def activation_bytes(
+    shape: ModelShape, *, sequences: int, seq_len: int, completion_len: int, act_bytes: int, checkpointing: bool
+) -> float:
+    """Saved activations of one forward/backward over `sequences` x `seq_len` tokens (see the module docstring)."""
+    tokens = sequences * seq_len
+    per_block = 4 * shape.hidden + 2 * shape.q_dim + 2 * shape.kv_dim + 4 * shape.intermediate  # values per token
+    saved = shape.layers * shape.hidden + per_block if checkpointing else shape.layers * per_block
+    logits = tokens * shape.vocab * act_bytes + sequences * completion_len * shape.vocab * (act_bytes + 8)
+    return tokens * saved * act_bytes + logits
+
+
+def estimate_memory(
+    shape: ModelShape,
+    *,
+    use_gpu: bool,
+    device_bytes: float,
+    actor_dtype: str,
+    learner_dtype: str,
+    load_in_4bit: bool,
+    full_finetune: bool,
+    lora_rank: int,
+    lora_targets: list[str],
+    max_prompt_tokens: int,
+    max_new_tokens: int,
+    micro_batch_size: int,
+    sequences_per_actor: int,
+    gpus_per_actor: float,
+    gpu_memory_utilization: float,
+    vllm: bool = True,
+    native_lora: bool = True,
+    gradient_checkpointing: bool | None = None,
+) -> dict[str, RoleMemory]:
+    """Memory of one rollout actor and one learner (bytes). `device_bytes`: one GPU's memory, or the machine's RAM
+    when `use_gpu` is false. `gradient_checkpointing` None means on with 4-bit (Unsloth's default), else off."""
+    if load_in_4bit and full_finetune:
+        raise ConfigError("model.load_in_4bit=true cannot be fully fine-tuned: set model.full_finetune=false (LoRA)")
+    seq_len = max_prompt_tokens + max_new_tokens
+    checkpointing = load_in_4bit if gradient_checkpointing is None else gradient_checkpointing
+    actor_b = DTYPE_BYTES.get(actor_dtype if actor_dtype != "auto" else shape.dtype, 2)
+    learner_name = learner_dtype if learner_dtype != "auto" else "bfloat16"  # rl/learner.py pick_dtype
+    learner_b = DTYPE_BYTES.get(learner_name, 2)
+
+    learner = RoleMemory("learner")
+    precision = "4-bit NF4" if load_in_4bit else learner_name
+    learner.parts[f"weights ({precision})"] = shape.weight_bytes(learner_b, load_in_4bit)
+    if full_finetune:
+        trainable, train_b, label = shape.params, learner_b, f"full fine-tune, {learner_name}"
+    else:
+        trainable, train_b, label = shape.lora_params(lora_rank, lora_targets), 4, f"LoRA r={lora_rank}, fp32"
+        learner.parts[f"LoRA weights ({label})"] = trainable * train_b
+    learner.parts["gradients"] = trainable * train_b
+    learner.parts["AdamW moments"] = 2 * trainable * train_b
+    learner.parts["activations"] = activation_bytes(
+        shape,
+        sequences=micro_batch_size,
+        seq_len=seq_len,
+        completion_len=max_new_tokens,
+        act_bytes=learner_b,
+        checkpointing=checkpointing,
+    )
+    learner.notes.append(
+        f"{trainable / 1e6:.1f} M trainable ({label}); activations: micro_batch_size={micro_batch_size} x "
+        f"{seq_len} tokens, gradient checkpointing {'on' if checkpointing else 'off'}"
+    )
+
+    actor = RoleMemory("actor")
+    weights = shape.weight_bytes(actor_b)
+    actor.parts[f"weights ({actor_dtype if actor_dtype != 'auto' else shape.dtype})"] = weights
+    if native_lora:
+        actor.parts["LoRA slot"] = shape.lora_params(lora_rank, lora_targets) * actor_b
+    kv_token = shape.kv_bytes_per_token(actor_b)
+    kv_needed = sequences_per_actor * seq_len * kv_token
+    if not vllm:  # HF generate: the KV cache of the batch, nothing reserved
+        actor.parts["KV cache (the step's sequences)"] = kv_needed
+        return {"actor": actor, "learner": learner}
+    if use_gpu:
+        tp = max(1, math.ceil(gpus_per_actor))
+        reserved = gpu_memory_utilization * device_bytes * tp
+        profile = VLLM_PROFILE_TOKENS * (2 * shape.intermediate + 4 * shape.hidden) * actor_b
+        actor.parts["activations (vLLM profile peak)"] = profile + VLLM_PROFILE_SEQS * shape.vocab * 4
+        kv = reserved - actor.total
+        actor.budget = reserved
+        actor.notes.append(
+            f"vLLM takes cluster.gpu_memory_utilization={gpu_memory_utilization:g} of {tp} GPU(s) = "
+            f"{reserved / GiB:.1f} GiB; the rest after weights is KV cache"
+        )
+    else:
+        kv = gpu_memory_utilization * device_bytes
+        actor.notes.append(f"vLLM CPU: cluster.gpu_memory_utilization={gpu_memory_utilization:g} of RAM is KV cache")
+    actor.parts["KV cache"] = max(kv, 0.0)
+    capacity = max(kv, 0.0) / kv_token
+    actor.notes.append(
+        f"KV cache holds {capacity:,.0f} tokens; the step needs {sequences_per_actor} sequences x {seq_len} = "
+        f"{sequences_per_actor * seq_len:,} tokens per actor ({kv_needed / GiB:.2f} GiB)"
+    )
+    if capacity < seq_len:
+        actor.warnings.append(
+            f"actor: no room for one {seq_len}-token sequence in vLLM's KV cache ({max(kv, 0) / GiB:.2f} GiB): "
+            "raise cluster.gpu_memory_utilization or cluster.gpus_per_actor, or lower model.max_new_tokens"
+        )
+    elif capacity < sequences_per_actor * seq_len:
+        actor.notes.append(
+            f"only {capacity / seq_len:.0f} of {sequences_per_actor} sequences fit at once: vLLM queues the rest"
+        )
+    return {"actor": actor, "learner": learner}
+
+
+def gpu_map(num_actors: int, gpus_per_actor: float, num_learners: int, gpus_per_learner: float) -> list[list[str]]:
+    """Roles on GPUs in placement order (actors, then learners; PACK): a role with >= 1 GPU takes whole GPUs, a
+    fractional one shares the last GPU while it has room (as Ray assigns fractional GPUs)."""
+    gpus: list[list[str]] = []
+    free: list[float] = []
+    roles = [(f"actor {i}", gpus_per_actor) for i in range(num_actors)]
+    roles += [(f"learner {i}", gpus_per_learner) for i in range(num_learners)]
+    for name, need in roles:
+        if need < 1 and free and free[-1] >= need - 1e-9:
+            gpus[-1].append(f"{name} ({need:g})")
+            free[-1] -= need
+            continue
+        for _ in range(max(1, math.ceil(need))):
+            gpus.append([f"{name} ({need:g})" if need < 1 else name])
+            free.append(1.0 - need if need < 1 else 0.0)
+    return gpus
+
+
+def detect_gpus() -> tuple[int, float, str] | None:
+    """(count, memory bytes of the first GPU, its name) from nvidia-smi, or None without one."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    rows = [r.rsplit(",", 1) for r in out.splitlines() if "," in r]
+    try:
+        return (len(rows), float(rows[0][1]) * 1024**2, rows[0][0].strip()) if rows else None
+    except ValueError:  # "[N/A]" and the like
+        return None
+
+
+def ram_bytes() -> float:
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def plan_for_config(cfg: Any, shape: ModelShape, device_bytes: float) -> dict[str, RoleMemory]:
+    """`estimate_memory` for a TrainConfig; keys that may not exist yet are read with their defaults."""
+    m, c = cfg.model, cfg.cluster
+    value = lambda v: getattr(v, "value", v)  # noqa: E731 - str Enums to their names
+    vllm = value(c.rollout_backend) == "vllm"
+    samples = cfg.prompts_per_step * cfg.algorithm.group_size
+    return estimate_memory(
+        shape,
+        use_gpu=bool(c.use_gpu),
+        device_bytes=device_bytes,
+        actor_dtype=value(m.dtype),
+        learner_dtype=value(m.learner_dtype),
+        load_in_4bit=bool(getattr(m, "load_in_4bit", False)),
+        full_finetune=bool(getattr(m, "full_finetune", False)),
+        lora_rank=m.lora_rank,
+        lora_targets=list(m.lora_targets),
+        max_prompt_tokens=m.max_prompt_tokens,
+        max_new_tokens=m.max_new_tokens,
+        micro_batch_size=cfg.micro_batch_size,
+        sequences_per_actor=math.ceil(samples / c.num_actors),
+        gpus_per_actor=c.gpus_per_actor,
+        gpu_memory_utilization=c.gpu_memory_utilization,
+        vllm=vllm,
+        native_lora=vllm and (c.lora_mode == "native" or (c.lora_mode == "auto" and bool(c.use_gpu))),
+        gradient_checkpointing=getattr(m, "gradient_checkpointing", None),
+    )
+
+
+def _gib(b: float) -> str:
+    return f"{b / GiB:.2f} GiB"
+
+
+def format_plan(cfg: Any) -> tuple[str, list[str]]:
+    """The preflight report for a TrainConfig: (text, warnings)."""
+    c = cfg.cluster
+    lines, warnings = [], []
+    try:
+        shape, source = load_shape(cfg.model.path)
+    except ValueError as e:  # a config.json this estimate cannot size (ConfigError, a bad path, still raises)
+        if isinstance(e, ConfigError):
+            raise
+        shape, source = None, str(e)
+    local = getattr(c.mode, "value", c.mode) == "local"
+    if c.use_gpu:
+        need = c.num_actors * c.gpus_per_actor + c.num_learners * c.gpus_per_learner
+        found = detect_gpus()
+        gpu_gib = getattr(cfg, "plan_gpu_memory_gib", None)
+        device = gpu_gib * GiB if gpu_gib else (found[1] if found else ASSUMED_GPU_GIB * GiB)
+        why = "plan_gpu_memory_gib" if gpu_gib else (f"nvidia-smi: {found[2]}" if found else "assumed")
+        have = (
+            "the Ray cluster's (cluster.address is set; not checked here)"
+            if c.address
+            else (f"{found[0]} on this machine" if found else "none found on this machine (no nvidia-smi)")
+        )
+        lines.append(
+            f"GPUs: need {need:g} ({c.num_actors} actor(s) x {c.gpus_per_actor:g} + {c.num_learners} learner(s) x "
+            f"{c.gpus_per_learner:g}); available: {have}; {device / GiB:.0f} GiB each ({why})"
+        )
+        if found and not c.address and math.ceil(need - 1e-9) > found[0]:
+            warnings.append(f"the roles need {need:g} GPUs and this machine has {found[0]}")
+        elif not found and not c.address and not gpu_gib:
+            warnings.append(
+                "no GPU on this machine (no nvidia-smi): set plan_gpu_memory_gib=<GiB> to plan for another machine's "
+                "GPUs, or cluster.use_gpu=false"
+            )
+        layout = gpu_map(c.num_actors, c.gpus_per_actor, c.num_learners, c.gpus_per_learner)
+        lines.append("GPU map:")
+        lines += [f"  GPU {i}: {', '.join(roles)}" for i, roles in enumerate(layout)]
+    else:
+        device = ram_bytes()
+        cpus = c.num_actors * c.cpus_per_actor + c.num_learners * c.cpus_per_learner
+        lines.append(
+            "CPU mode (cluster.use_gpu=false): no GPUs; "
+            + ("one process (cluster.mode=local)" if local else f"the roles reserve {cpus:g} Ray CPUs")
+            + f"; this machine: {os.cpu_count()} cores, {device / GiB:.1f} GiB RAM"
+        )
+        layout = []
+    if shape is None:
+        lines.append(f"memory: unknown ({source})")
+        return "\n".join(lines), warnings
+    lines.append(
+        f"model: {shape.name} ({shape.params / 1e9:.3f} B parameters: {shape.layers} layers, hidden {shape.hidden}, "
+        f"intermediate {shape.intermediate}, {shape.heads} heads / {shape.kv_heads} KV heads, vocab {shape.vocab}; "
+        f"from {source})"
+    )
+    roles = plan_for_config(cfg, shape, device)
+    for role in roles.values():
+        parts = " + ".join(f"{k} {_gib(v)}" for k, v in role.parts.items())
+        lines.append(f"{role.role} (each): {_gib(role.total)} = {parts}")
+        lines += [f"  {n}" for n in role.notes]
+        warnings += role.warnings
+    learner, actor = roles["learner"], roles["actor"]
+    if c.use_gpu:
+        tp = max(1, math.ceil(c.gpus_per_actor))
+        per_gpu = {"actor": (actor.budget or actor.total) / tp, "learner": learner.total}  # vLLM: its share per GPU
+        for i, names in enumerate(layout):
+            used = sum(per_gpu[n.split()[0]] for n in names)
+            if used > device:
+                warnings.append(
+                    f"GPU {i} ({', '.join(names)}): {_gib(used)} > {_gib(device)}: give the roles more GPUs "
+                    "(cluster.gpus_per_*), lower micro_batch_size / model.max_new_tokens, or use model.load_in_4bit"
+                )
+        if actor.budget is not None and actor.total - actor.parts["KV cache"] > actor.budget:
+            warnings.append(
+                f"actor: weights and activations ({_gib(actor.total - actor.parts['KV cache'])}) exceed vLLM's "
+                f"share {_gib(actor.budget)}: raise cluster.gpu_memory_utilization or cluster.gpus_per_actor"
+            )
+    else:
+        total = learner.total + actor.total if local else c.num_learners * learner.total + c.num_actors * actor.total
+        lines.append(f"all roles: {_gib(total)} of {_gib(device)} RAM")
+        if total > device:
+            warnings.append(f"the roles need {_gib(total)} of RAM and this machine has {_gib(device)}")
+    return "\n".join(lines), warnings
+
+
+def print_plan(cfg: Any) -> None:
+    text, warnings = format_plan(cfg)
+    print(f"preflight plan (nothing started)\n{text}")
+    for w in warnings:
+        print(f"WARNING: {w}")
+    verdict = (
+        "WARNING: as configured it will not start or not fit (see above)" if warnings else "fits (by this estimate)"
+    )
+    print(verdict, flush=True)

@@ -1,0 +1,239 @@
+"""Preflight plan (rl/plan.py, `train.py plan=true`): parameter counts and memory of Qwen2.5 shapes against hand
+arithmetic and published numbers, the GPU map, the config-facing wrapper, and the CLI (no Ray, no vLLM, no torch)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from rl import plan
+from rl.config import ConfigError, TrainConfig
+from tests.helpers import REPO, run_train
+
+# config.json fields of Qwen/Qwen2.5-0.5B-Instruct and Qwen/Qwen2.5-7B-Instruct (written by hand from the hub files)
+QWEN_05B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_attention_heads": 14,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+QWEN_7B = {
+    **QWEN_05B,
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+}
+ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def model_dir(tmp_path, cfg, name="model"):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_parameter_counts_match_hand_arithmetic_and_the_model_cards():
+    small, big = plan.ModelShape.from_hf_config(QWEN_05B), plan.ModelShape.from_hf_config(QWEN_7B)
+    # 0.5B: per layer q 896*896 + k,v 896*128 each + o 896*896 + MLP 3*896*4864 = 14,909,440 linear weights,
+    # q/k/v biases 896+128+128, two norms; tied 151936x896 embedding; final norm
+    linear = 24 * (896 * 896 * 2 + 896 * 128 * 2 + 3 * 896 * 4864)
+    assert small.block_linear_weights == linear == 357_826_560
+    assert small.params == linear + 24 * 1152 + 24 * 2 * 896 + 896 + 151936 * 896 == 494_032_768  # card: 0.49B
+    # 7B: untied head, so the 152064x3584 embedding counts twice
+    linear = 28 * (3584 * 3584 * 2 + 3584 * 512 * 2 + 3 * 3584 * 18944)
+    assert big.params == linear + 28 * 4608 + 28 * 2 * 3584 + 3584 + 2 * 152064 * 3584 == 7_615_616_512  # 7.61B
+    # PEFT prints "trainable params: 8,798,208" for r=16 on all seven projections of Qwen2.5-0.5B
+    assert small.lora_params(16, ALL_TARGETS) == 8_798_208
+    assert big.kv_bytes_per_token(2) == 2 * 28 * 4 * 128 * 2 == 57_344  # K and V, 4 KV heads of 128, bf16
+    assert big.flops_per_token() == 2 * big.params and big.flops_per_token(train=True) == 6 * big.params
+
+
+@pytest.mark.parametrize("config", [QWEN_05B, QWEN_7B], ids=["0.5B", "7B"])
+def test_weight_bytes_bf16_and_4bit(config):
+    shape = plan.ModelShape.from_hf_config(config)
+    assert shape.weight_bytes(2) == 2 * shape.params
+    # by hand: half a byte per linear weight of the blocks, bf16 for embeddings, head, norms and biases;
+    # NF4's per-block constants add 0.127 bit per weight on top
+    hand = 0.5 * shape.block_linear_weights + 2 * (shape.params - shape.block_linear_weights)
+    four_bit = shape.weight_bytes(2, load_in_4bit=True)
+    assert hand < four_bit < 1.03 * hand
+    assert four_bit == pytest.approx(hand + shape.block_linear_weights * 0.127 / 8, rel=1e-4)
+
+
+def test_7b_4bit_is_about_a_third_of_bf16():
+    shape = plan.ModelShape.from_hf_config(QWEN_7B)
+    assert shape.weight_bytes(2) / 2**30 == pytest.approx(14.185, abs=0.001)
+    assert shape.weight_bytes(2, load_in_4bit=True) / 2**30 == pytest.approx(5.166, abs=0.001)
+
+
+def estimate(shape, **overrides):
+    kwargs = dict(
+        use_gpu=True,
+        device_bytes=80 * 2**30,
+        actor_dtype="bfloat16",
+        learner_dtype="bfloat16",
+        load_in_4bit=False,
+        full_finetune=False,
+        lora_rank=16,
+        lora_targets=ALL_TARGETS,
+        max_prompt_tokens=512,
+        max_new_tokens=512,
+        micro_batch_size=8,
+        sequences_per_actor=64,
+        gpus_per_actor=1,
+        gpu_memory_utilization=0.5,
+    )
+    return plan.estimate_memory(shape, **{**kwargs, **overrides})
+
+
+def test_learner_parts_lora_full_and_4bit():
+    shape = plan.ModelShape.from_hf_config(QWEN_05B)
+    lora = estimate(shape)["learner"]
+    assert lora.parts["gradients"] == 4 * 8_798_208  # fp32 LoRA gradients
+    assert lora.parts["AdamW moments"] == 2 * 4 * 8_798_208
+    assert lora.parts["weights (bfloat16)"] == 2 * shape.params
+    full = estimate(shape, full_finetune=True)["learner"]
+    assert full.parts["gradients"] == 2 * shape.params and full.parts["AdamW moments"] == 4 * shape.params
+    assert not any(k.startswith("LoRA") for k in full.parts)
+    q4 = estimate(shape, load_in_4bit=True)["learner"]
+    assert q4.parts["weights (4-bit NF4)"] == shape.weight_bytes(2, load_in_4bit=True)
+    assert q4.parts["activations"] < lora.parts["activations"]  # 4-bit implies gradient checkpointing (Unsloth)
+    with pytest.raises(ConfigError, match="model.full_finetune"):
+        estimate(shape, load_in_4bit=True, full_finetune=True)
+
+
+def test_activations_scale_with_tokens_and_checkpointing_saves_memory():
+    shape = plan.ModelShape.from_hf_config(QWEN_05B)
+    a = dict(seq_len=1024, completion_len=512, act_bytes=2)
+    one = plan.activation_bytes(shape, sequences=1, checkpointing=False, **a)
+    assert plan.activation_bytes(shape, sequences=4, checkpointing=False, **a) == pytest.approx(4 * one)
+    ckpt = plan.activation_bytes(shape, sequences=1, checkpointing=True, **a)
+    # without checkpointing every block keeps 4h + 2q + 2kv + 4i = 25,088 values per token; with it, each block
+    # keeps its input (h = 896) and one block's worth is live again during its recomputation
+    assert one - ckpt == 1024 * 2 * (24 * 25_088 - (24 * 896 + 25_088))
+    assert ckpt < one / 1.8  # the rest is the logits (vocab 151,936), which checkpointing does not shrink
+
+
+def test_actor_kv_cache_is_what_vllm_share_leaves():
+    shape = plan.ModelShape.from_hf_config(QWEN_7B)
+    actor = estimate(shape)["actor"]
+    assert actor.budget == 40 * 2**30  # 0.5 of 80 GiB
+    assert actor.total == pytest.approx(actor.budget)
+    assert actor.parts["KV cache"] == pytest.approx(
+        actor.budget - sum(v for k, v in actor.parts.items() if k != "KV cache")
+    )
+    assert not actor.warnings
+    starved = estimate(shape, gpu_memory_utilization=0.18)["actor"]  # 14.4 GiB < 14.2 GiB weights + the rest
+    assert starved.parts["KV cache"] == 0 and "cluster.gpu_memory_utilization" in starved.warnings[0]
+    cpu = estimate(shape, use_gpu=False, device_bytes=100 * 2**30, gpu_memory_utilization=0.2)["actor"]
+    assert cpu.parts["KV cache"] == 20 * 2**30  # vLLM CPU: the fraction of RAM is all KV cache
+
+
+def test_gpu_map_whole_fractional_and_tensor_parallel():
+    assert plan.gpu_map(2, 1, 1, 1) == [["actor 0"], ["actor 1"], ["learner 0"]]
+    assert plan.gpu_map(2, 0.5, 1, 1) == [["actor 0 (0.5)", "actor 1 (0.5)"], ["learner 0"]]
+    assert plan.gpu_map(1, 2, 2, 1) == [["actor 0"], ["actor 0"], ["learner 0"], ["learner 1"]]
+
+
+def test_plan_for_config_reads_a_future_full_finetune_key(tmp_path):
+    cfg = TrainConfig()
+    cfg.cluster.use_gpu = True
+    shape = plan.ModelShape.from_hf_config(QWEN_05B)
+    lora = plan.plan_for_config(cfg, shape, 80 * 2**30)["learner"]
+    assert any(k.startswith("LoRA weights") for k in lora.parts)  # no full_finetune key yet: LoRA
+    future = SimpleNamespace(**{**vars(cfg), "model": SimpleNamespace(**vars(cfg.model), full_finetune=True)})
+    full = plan.plan_for_config(future, shape, 80 * 2**30)["learner"]
+    assert full.parts["gradients"] == 2 * shape.params
+    cfg.model = replace(cfg.model, load_in_4bit=True)
+    assert "weights (4-bit NF4)" in plan.plan_for_config(cfg, shape, 80 * 2**30)["learner"].parts
+
+
+def test_cli_plan_gpu_7b_prints_map_and_warns_when_it_does_not_fit(tmp_path):
+    model = model_dir(tmp_path, QWEN_7B)
+    args = [
+        "plan=true",
+        f"model.path={model}",
+        "cluster=2a1l",
+        "cluster.use_gpu=true",
+        "plan_gpu_memory_gib=80",
+        "model.max_prompt_tokens=512",
+        "model.max_new_tokens=512",
+        "micro_batch_size=4",
+        f"hydra.run.dir={tmp_path / 'hydra_run'}",
+    ]
+    proc = run_train([*args, "model.load_in_4bit=true"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "GPUs: need 3 (2 actor(s) x 1 + 1 learner(s) x 1)" in out
+    assert "GPU 0: actor 0\n  GPU 1: actor 1\n  GPU 2: learner 0" in out
+    assert "7.616 B parameters" in out and "weights (4-bit NF4) 5.17 GiB" in out
+    assert out.rstrip().endswith("fits (by this estimate)")
+    assert not (tmp_path / "hydra_run").exists()  # nothing started, nothing written
+    small_gpu = run_train([*args, "plan_gpu_memory_gib=16", "micro_batch_size=16"], timeout=120)
+    assert small_gpu.returncode == 0, small_gpu.stderr
+    assert "WARNING: GPU 2 (learner 0)" in small_gpu.stdout
+    assert "WARNING: as configured it will not start or not fit" in small_gpu.stdout
+
+
+def test_cli_plan_cpu_mode_imports_no_torch_ray_or_vllm(tmp_path):
+    model = model_dir(tmp_path, QWEN_05B)
+    code = (
+        "import sys, train\n"
+        f"cfg = train.precheck_overrides(['plan=true', 'model.path={model}'])\n"
+        "train.run_plan(cfg)\n"
+        "print('heavy:', sorted(m for m in ('torch', 'ray', 'vllm', 'transformers') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "CPU mode (cluster.use_gpu=false)" in proc.stdout and "of RAM" in proc.stdout
+    assert "heavy: []" in proc.stdout
+
+
+def test_cli_plan_bad_config_exits_nonzero_with_one_line(tmp_path):
+    proc = run_train(["plan=true", f"model.path={tmp_path / 'missing'}"], timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: model.path=") and len(proc.stderr.strip().splitlines()) == 1
+    hub = run_train(["plan=true", "model.path=nobody/not-cached-model"], timeout=120)
+    assert hub.returncode == 0, hub.stderr  # a hub id is valid config; the plan says what it could not size
+    assert "memory: unknown (no config.json for nobody/not-cached-model in the local HF cache" in hub.stdout
+
+
+def test_gpus_needed_against_gpus_found(tmp_path, monkeypatch):
+    cfg = TrainConfig()
+    cfg.model.path = str(model_dir(tmp_path, QWEN_05B))
+    cfg.cluster = replace(cfg.cluster, use_gpu=True, num_actors=2)
+    monkeypatch.setattr(plan, "detect_gpus", lambda: (2, 80 * 2**30, "NVIDIA H100 80GB HBM3"))
+    text, warnings = plan.format_plan(cfg)
+    assert "need 3 (2 actor(s) x 1 + 1 learner(s) x 1); available: 2 on this machine" in text
+    assert "80 GiB each (nvidia-smi: NVIDIA H100 80GB HBM3)" in text
+    assert warnings == ["the roles need 3 GPUs and this machine has 2"]
+    monkeypatch.setattr(plan, "detect_gpus", lambda: None)
+    assert "plan_gpu_memory_gib" in plan.format_plan(cfg)[1][0]
+    cfg.plan_gpu_memory_gib = 40.0  # planning for another machine: no complaint about this one
+    text, warnings = plan.format_plan(cfg)
+    assert warnings == [] and "40 GiB each (plan_gpu_memory_gib)" in text
+    cfg.cluster.address = "auto"
+    assert "available: the Ray cluster's" in plan.format_plan(cfg)[0]
+
+
+def test_a_model_the_estimate_cannot_size_is_reported_not_failed(tmp_path):
+    cfg = TrainConfig()
+    cfg.model.path = str(model_dir(tmp_path, {**QWEN_05B, "num_experts": 60}))
+    text, _ = plan.format_plan(cfg)
+    assert "memory: unknown (" in text and "mixture of experts (num_experts)" in text
