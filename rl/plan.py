@@ -3,7 +3,7 @@
 Nothing starts (no Ray, no vLLM, no torch): the model's shapes come from its config.json (a local folder, the
 converted embedded model, or the local Hugging Face cache for a hub id). `estimate_memory` is a pure function of
 the shapes and flat settings, for other code too (benchmarks projecting to N GPUs); `plan_for_config` reads a
-TrainConfig, including keys that may not exist yet (`model.full_finetune`), through getattr with defaults.
+TrainConfig (LoRA or `model.full_finetune`, 4-bit or not, gradient checkpointing).
 
 What is counted, in bytes (an estimate: allocator slack, CUDA context and fragmentation come on top):
 - weights: parameters from the shapes (embeddings, attention with GQA and optional q/k/v bias, SwiGLU MLP,
@@ -342,8 +342,8 @@ def plan_for_config(cfg: Any, shape: ModelShape, device_bytes: float) -> dict[st
         device_bytes=device_bytes,
         actor_dtype=value(m.dtype),
         learner_dtype=value(m.learner_dtype),
-        load_in_4bit=bool(getattr(m, "load_in_4bit", False)),
-        full_finetune=bool(getattr(m, "full_finetune", False)),
+        load_in_4bit=m.load_in_4bit,
+        full_finetune=m.full_finetune,
         lora_rank=m.lora_rank,
         lora_targets=list(m.lora_targets),
         max_prompt_tokens=m.max_prompt_tokens,
@@ -354,7 +354,7 @@ def plan_for_config(cfg: Any, shape: ModelShape, device_bytes: float) -> dict[st
         gpu_memory_utilization=c.gpu_memory_utilization,
         vllm=vllm,
         native_lora=vllm and (c.lora_mode == "native" or (c.lora_mode == "auto" and bool(c.use_gpu))),
-        gradient_checkpointing=getattr(m, "gradient_checkpointing", None),
+        gradient_checkpointing=m.gradient_checkpointing,
     )
 
 

@@ -1,4 +1,5 @@
 """Where the Unsloth learner step's time goes (torch profiler, CUDA time by op), ours vs raw: diagnostics only."""
+# ruff: noqa: I001  (unsloth must be imported before torch)
 
 import sys
 

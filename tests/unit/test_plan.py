@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 
@@ -151,14 +150,14 @@ def test_gpu_map_whole_fractional_and_tensor_parallel():
     assert plan.gpu_map(1, 2, 2, 1) == [["actor 0"], ["actor 0"], ["learner 0"], ["learner 1"]]
 
 
-def test_plan_for_config_reads_a_future_full_finetune_key(tmp_path):
+def test_plan_for_config_sizes_lora_full_finetune_and_4bit(tmp_path):
     cfg = TrainConfig()
     cfg.cluster.use_gpu = True
     shape = plan.ModelShape.from_hf_config(QWEN_05B)
     lora = plan.plan_for_config(cfg, shape, 80 * 2**30)["learner"]
-    assert any(k.startswith("LoRA weights") for k in lora.parts)  # no full_finetune key yet: LoRA
-    future = SimpleNamespace(**{**vars(cfg), "model": SimpleNamespace(**vars(cfg.model), full_finetune=True)})
-    full = plan.plan_for_config(future, shape, 80 * 2**30)["learner"]
+    assert any(k.startswith("LoRA weights") for k in lora.parts)
+    full_cfg = replace(cfg, model=replace(cfg.model, full_finetune=True))
+    full = plan.plan_for_config(full_cfg, shape, 80 * 2**30)["learner"]
     assert full.parts["gradients"] == 2 * shape.params
     cfg.model = replace(cfg.model, load_in_4bit=True)
     assert "weights (4-bit NF4)" in plan.plan_for_config(cfg, shape, 80 * 2**30)["learner"].parts
