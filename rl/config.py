@@ -196,6 +196,9 @@ class ClusterConfig:
     gpu_memory_utilization: float = 0.2  # vLLM memory fraction (on CPU: of RAM, for the KV cache)
     enforce_eager: bool = True  # vLLM: no CUDA graphs / compilation (faster start; set false for long GPU runs)
     ray_num_cpus: int | None = None  # CPUs a local Ray advertises (null: what Ray detects)
+    weight_sync: str = (
+        "object_store"  # full fine-tuning sync: object_store (any device) | ipc (CUDA, one GPU; untested)
+    )
 
     def __post_init__(self) -> None:
         _check(self.num_actors >= 1, f"cluster.num_actors must be >= 1 (got {self.num_actors})")
@@ -208,6 +211,18 @@ class ClusterConfig:
         _check(
             self.lora_mode in ("auto", "native", "merged"),
             f"cluster.lora_mode must be auto, native or merged (got {self.lora_mode!r})",
+        )
+        _check(
+            self.weight_sync in ("object_store", "ipc"),
+            f"cluster.weight_sync must be object_store or ipc (got {self.weight_sync!r})",
+        )
+        _check(
+            self.weight_sync == "object_store" or self.use_gpu,
+            "cluster.weight_sync=ipc shares CUDA memory between processes: set cluster.use_gpu=true",
+        )
+        _check(
+            self.weight_sync == "object_store" or self.mode == ClusterMode.ray,
+            "cluster.weight_sync=ipc connects separate processes: use cluster.mode=ray",
         )
         if self.mode == ClusterMode.local:
             _check(
@@ -297,6 +312,11 @@ class TrainConfig:
         _check(
             self.resume != "auto" or self.output_dir is not None,
             "resume=auto looks for checkpoints in output_dir: set output_dir=<the run directory to continue>",
+        )
+        _check(
+            self.cluster.weight_sync == "object_store" or self.model.full_finetune,
+            "cluster.weight_sync=ipc sends full weights: set model.full_finetune=true (LoRA adapters always go "
+            "through the object store)",
         )
         samples, learners = self.prompts_per_step * self.algorithm.group_size, self.cluster.num_learners
         _check(

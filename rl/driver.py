@@ -583,6 +583,7 @@ def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[
     except BaseException:
         placement.stop_ray(started)
         raise
+    runtime.weight_sync = c.weight_sync
 
     def teardown() -> None:
         runtime.close()
@@ -612,4 +613,5 @@ def rollout_role(cfg: TrainConfig, model_path: str) -> tuple[type, dict]:
         enforce_eager=c.enforce_eager,
         tensor_parallel_size=max(1, int(c.gpus_per_actor)) if c.use_gpu else 1,
         trust_remote_code=m.trust_remote_code,
+        weight_sync=c.weight_sync,
     )

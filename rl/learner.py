@@ -504,6 +504,33 @@ class PeftLearner:
         config["target_modules"] = sorted(config["target_modules"])  # a set in PEFT; JSON needs a list
         return Adapter(version=self.version, config=config, weights=save(state))
 
+    def get_version(self) -> int:
+        return self.version
+
+    def ipc_weights(self) -> dict:
+        """Every parameter as a CUDA IPC handle, in the update format of vLLM's IPC weight-transfer engine
+        (names, dtype names, shapes, {GPU uuid: rebuild args}); the tensors stay referenced (valid) until
+        `release_ipc_weights`. For full fine-tuning with actors on the same GPU (cluster.weight_sync=ipc)."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        if self.device.type != "cuda":
+            raise RuntimeError("cluster.weight_sync=ipc needs the learner on a CUDA GPU")
+        uuid = str(torch.cuda.get_device_properties(self.device.index or torch.cuda.current_device()).uuid)
+        self._ipc_refs = []
+        info: dict = {"names": [], "dtype_names": [], "shapes": [], "ipc_handles": []}
+        for name, p in self.model.named_parameters():
+            t = p.detach().contiguous()
+            self._ipc_refs.append(t)
+            info["names"].append(name)
+            info["dtype_names"].append(str(t.dtype).removeprefix("torch."))
+            info["shapes"].append(list(t.shape))
+            info["ipc_handles"].append({uuid: reduce_tensor(t)[1]})
+        return info
+
+    def release_ipc_weights(self) -> None:
+        self._ipc_refs = []
+        torch.cuda.ipc_collect()
+
     def state_dict(self) -> dict:
         """What a checkpoint needs to continue training exactly, as plain data (crosses Ray): the adapter (its
         version included), the AdamW state (torch.save bytes) and this process's torch generator state."""

@@ -38,6 +38,7 @@ class VLLMRollout:
         enforce_eager: bool = True,
         tensor_parallel_size: int = 1,
         trust_remote_code: bool = False,
+        weight_sync: str = "object_store",
     ):
         if lora_mode not in ("native", "merged"):
             raise ValueError(f"rollout.lora_mode must be native or merged (got {lora_mode!r})")
@@ -59,6 +60,8 @@ class VLLMRollout:
         kwargs.update(worker_extension_cls="rl.vllm_ext.LoraMergeExtension")
         if lora_mode == "native":
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
+        if weight_sync == "ipc":  # vLLM's weight-transfer engine: full weights arrive as CUDA IPC handles
+            kwargs.update(weight_transfer_config={"backend": "ipc"})
         self.llm = LLM(**kwargs)
         self.version = 0
         self._lora_request = None
@@ -89,6 +92,18 @@ class VLLMRollout:
             self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.version = adapter.version
         return {"seconds": time.perf_counter() - t0, "bytes": adapter.nbytes}
+
+    def load_weights_ipc(self, update_info: dict, version: int) -> dict:
+        """Full weights through vLLM's native weight-transfer API (IPC engine, CUDA only): the learner's
+        parameters are opened in place from their CUDA IPC handles (`PeftLearner.ipc_weights`), no host copy.
+        NOT YET RUN on a GPU (see README); the object-store path (`load_adapter`) is the tested one."""
+        t0 = time.perf_counter()
+        self.llm.start_weight_update()
+        self.llm.update_weights({"update_info": update_info})
+        self.llm.finish_weight_update()
+        self.llm.reset_prefix_cache()
+        self.version = version
+        return {"seconds": time.perf_counter() - t0, "bytes": 0}
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
         if not prompts:

@@ -93,9 +93,10 @@ class VersionMismatch(RuntimeError):
 
 
 class Runtime:
-    def __init__(self, actors: Group, learners: Group):
+    def __init__(self, actors: Group, learners: Group, weight_sync: str = "object_store"):
         self.actors, self.learners = actors, learners
         self.version = 0  # adapter version the actors are expected to hold
+        self.weight_sync = weight_sync  # object_store (adapter/weights as bytes) | ipc (full weights, CUDA)
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
         """Sample on every actor (prompts sharded); fail fast if any actor used an unexpected adapter version."""
@@ -143,6 +144,8 @@ class Runtime:
 
     def sync(self) -> dict[str, float]:
         """Publish learner 0's adapter to every rollout actor as a new version."""
+        if self.weight_sync == "ipc":
+            return self._sync_ipc()
         t0 = time.perf_counter()
         adapter = self.adapter()
         loads = self.actors.broadcast("load_adapter", adapter)
@@ -152,6 +155,23 @@ class Runtime:
             "sync/adapter_mb": adapter.nbytes / 2**20,
             "sync/actor_load_s": max(x["seconds"] for x in loads),
             "sync/version": float(adapter.version),
+        }
+
+    def _sync_ipc(self) -> dict[str, float]:
+        """Full weights from learner 0 to every actor through CUDA IPC handles (vLLM's weight-transfer API); the
+        learner keeps the tensors alive until every actor has loaded them."""
+        t0 = time.perf_counter()
+        version = self.learners.call("get_version", [()])[0]
+        info = self.learners.call("ipc_weights", [()])[0]
+        try:
+            loads = self.actors.broadcast("load_weights_ipc", info, version)
+        finally:
+            self.learners.call("release_ipc_weights", [()])
+        self.version = version
+        return {
+            "time/sync_s": time.perf_counter() - t0,
+            "sync/actor_load_s": max(x["seconds"] for x in loads),
+            "sync/version": float(version),
         }
 
     def probe(self, prompts: list[list[int]], sampling: Sampling) -> float:

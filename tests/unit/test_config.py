@@ -76,10 +76,12 @@ def test_cross_field_check_names_the_key():
         ("cluster.address=127.0.0.1:1", "could not join Ray at cluster.address='127.0.0.1:1'"),
         ("model.learner_backend=unsloth", "model.learner_backend=unsloth needs CUDA GPUs"),
         ("model.learner_backend=fast", "model.learner_backend must be auto, peft or unsloth"),
+        ("cluster.weight_sync=ipc", "cluster.weight_sync=ipc shares CUDA memory between processes"),
+        ("model.full_finetune=true model.load_in_4bit=true", "model.full_finetune=true cannot train 4-bit"),
     ],
 )
 def test_bad_input_fails_with_one_line_naming_the_key(override, expected):
-    proc = run_train([override], timeout=120)
+    proc = run_train(override.split(), timeout=120)
     assert proc.returncode != 0
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1, proc.stderr

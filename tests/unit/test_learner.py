@@ -108,3 +108,19 @@ def test_cuda_only_backends_fail_clearly_on_cpu(tiny_model):
     from rl.learner import resolve_backend
 
     assert resolve_backend("auto", cuda=False) == "peft"
+
+
+@pytest.mark.gpu
+def test_ipc_weights_rebuild_to_the_learner_parameters(tiny_model):
+    """cluster.weight_sync=ipc: every parameter's CUDA IPC handle rebuilds to a tensor equal to the parameter
+    (what vLLM's IPC weight-transfer engine does in the actor's process). Skipped without a GPU."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    learner = PeftLearner(str(tiny_model), dtype="float32", full_finetune=True, num_threads=1)
+    info = learner.ipc_weights()
+    params = dict(learner.model.named_parameters())
+    assert info["names"] == list(params)
+    for name, handle in zip(info["names"], info["ipc_handles"]):
+        (args,) = handle.values()
+        assert torch.equal(rebuild_cuda_tensor(*args), params[name])
+    learner.release_ipc_weights()
