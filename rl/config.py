@@ -183,6 +183,8 @@ class ClusterConfig:
     gpu_memory_utilization: float = 0.2  # vLLM memory fraction (on CPU: of RAM, for the KV cache)
     enforce_eager: bool = True  # vLLM: no CUDA graphs / compilation (faster start; set false for long GPU runs)
     ray_num_cpus: int | None = None  # CPUs a local Ray advertises (null: what Ray detects)
+    staleness: int = 0  # steps actors may run ahead of learners (0: synchronous; k: generate step t+k while training t)
+    actor_max_restarts: int = 2  # times Ray restarts a dead rollout actor (its prompts go to a live one meanwhile)
 
     def __post_init__(self) -> None:
         _check(self.num_actors >= 1, f"cluster.num_actors must be >= 1 (got {self.num_actors})")
@@ -196,11 +198,18 @@ class ClusterConfig:
             self.lora_mode in ("auto", "native", "merged"),
             f"cluster.lora_mode must be auto, native or merged (got {self.lora_mode!r})",
         )
+        _check(self.staleness >= 0, f"cluster.staleness must be >= 0 (0: synchronous; got {self.staleness})")
+        _check(self.actor_max_restarts >= 0, f"cluster.actor_max_restarts must be >= 0 (got {self.actor_max_restarts})")
         if self.mode == ClusterMode.local:
             _check(
                 self.num_actors == 1 and self.num_learners == 1,
                 "cluster.mode=local runs one actor and one learner in-process: set cluster.num_actors=1 "
                 "cluster.num_learners=1, or use cluster.mode=ray",
+            )
+            _check(
+                self.staleness == 0,
+                f"cluster.mode=local runs the roles one after the other, so it cannot overlap them: set "
+                f"cluster.staleness=0 (got {self.staleness}) or use cluster.mode=ray",
             )
 
 
@@ -244,6 +253,7 @@ class TrainConfig:
     output_dir: str | None = None  # run directory (null: Hydra's run directory)
     save_interval: int = 5  # checkpoint every N steps and after the last one, in <run dir>/checkpoints (0: never)
     keep_last: int = 2  # checkpoints kept; older ones are deleted after each save (0: keep all)
+    max_nonfinite_steps: int = 3  # stop the run after this many steps in a row with a NaN/inf loss (each is skipped)
     resume: str | None = None  # null: start fresh | auto: latest checkpoint in output_dir | a checkpoints/step_N path
 
     def __post_init__(self) -> None:
@@ -253,6 +263,7 @@ class TrainConfig:
         _check(self.eval_size >= 0, f"eval_size must be >= 0 (got {self.eval_size})")
         _check(self.eval_every >= 0, f"eval_every must be >= 0 (got {self.eval_every})")
         _check(self.save_interval >= 0, f"save_interval must be >= 0 (0: no checkpoints; got {self.save_interval})")
+        _check(self.max_nonfinite_steps >= 1, f"max_nonfinite_steps must be >= 1 (got {self.max_nonfinite_steps})")
         _check(self.keep_last >= 0, f"keep_last must be >= 0 (0: keep every checkpoint; got {self.keep_last})")
         _check(
             self.resume != "auto" or self.output_dir is not None,

@@ -8,12 +8,24 @@ The logic (sharding prompts, publishing the adapter, checking versions) is writt
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample
 
 
+class MemberDied(RuntimeError):
+    """A role's process died during a call (with Ray: RayActorError). Names the role, its index and the cause."""
+
+    def __init__(self, role: str, index: int, cause: str):
+        super().__init__(f"{role} {index} died: {cause}")
+        self.role, self.index, self.cause = role, index, cause
+
+
 class Group(Protocol):
+    """Members of one role. Calls on one member run one at a time, in submission order (as Ray actor methods do);
+    calls on different members run concurrently where the group allows."""
+
     def __len__(self) -> int: ...
 
     def call(self, method: str, args: list[tuple]) -> list[Any]:
@@ -22,23 +34,53 @@ class Group(Protocol):
     def broadcast(self, method: str, *args: Any) -> list[Any]:
         """Call `method(*args)` on every member with the same (possibly large) arguments."""
 
+    def submit(self, index: int, method: str, *args: Any) -> Any:
+        """Start `method(*args)` on member `index`; returns a handle for `result` (AttributeError: no such method)."""
+
+    def result(self, handle: Any) -> Any:
+        """Wait for a submitted call; raises MemberDied when the member's process died."""
+
+    def put(self, value: Any) -> Any:
+        """Share a (large) argument once for several calls."""
+
+    def pop_busy_s(self) -> float:
+        """Member-seconds spent inside calls whose results were collected since the last pop."""
+
     def close(self) -> None: ...
 
 
 class LocalGroup:
-    """Members are plain objects in this process."""
+    """Members are plain objects in this process; a submitted call runs at once (nothing overlaps)."""
 
     def __init__(self, members: list[Any]):
         self.members = members
+        self._busy_s = 0.0
 
     def __len__(self) -> int:
         return len(self.members)
 
+    def submit(self, index: int, method: str, *args: Any) -> Any:
+        fn = getattr(self.members[index], method)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self._busy_s += time.perf_counter() - t0
+        return out
+
+    def result(self, handle: Any) -> Any:
+        return handle
+
+    def put(self, value: Any) -> Any:
+        return value
+
     def call(self, method: str, args: list[tuple]) -> list[Any]:
-        return [getattr(m, method)(*a) for m, a in zip(self.members, args)]
+        return [self.submit(i, method, *a) for i, a in enumerate(args)]
 
     def broadcast(self, method: str, *args: Any) -> list[Any]:
-        return [getattr(m, method)(*args) for m in self.members]
+        return [self.submit(i, method, *args) for i in range(len(self.members))]
+
+    def pop_busy_s(self) -> float:
+        busy, self._busy_s = self._busy_s, 0.0
+        return busy
 
     def close(self) -> None:
         for m in self.members:
@@ -92,31 +134,184 @@ class VersionMismatch(RuntimeError):
     pass
 
 
+@dataclass
+class _Call:
+    actor: int
+    epoch: int  # the actor's death count when the call was sent: a failure of an older epoch was already handled
+    handle: Any
+
+
+@dataclass
+class PendingGeneration:
+    """Generation sent to the actors and not yet collected (`Runtime.submit_generate` / `Runtime.collect`)."""
+
+    parts: list[list[list[int]]]  # prompts per call, in prompt order
+    sampling: Sampling
+    calls: list[_Call]
+
+
 class Runtime:
-    def __init__(self, actors: Group, learners: Group):
+    """Splits work over the roles and keeps the actors' adapter versions honest.
+
+    Bounded staleness: with `staleness` k the actors may generate with any of the last k+1 published adapter
+    versions. A rollout from a version that was never published (or from the future) is a sync bug and fails
+    fast (VersionMismatch); one from a published version older than the bound (a restarted actor that had not
+    got the adapter again yet) is dropped, counted in `async/dropped_stale` (samples) and its prompt generated
+    again, so no prompt is lost.
+
+    Fault tolerance: a rollout actor whose process dies during a call (MemberDied) is restarted by Ray (up to
+    `actor_max_restarts` times); its prompts go to a live actor, the current adapter is queued to the restarted
+    one before anything else is sent to it (a restart runs __init__ again: base model, version 0), and a console
+    line and `fault/actor_restarts` say so. A learner's death is not handled here: it ends the run (rl/driver.py).
+    """
+
+    def __init__(self, actors: Group, learners: Group, *, staleness: int = 0, actor_max_restarts: int = 0):
         self.actors, self.learners = actors, learners
-        self.version = 0  # adapter version the actors are expected to hold
+        self.staleness, self.actor_max_restarts = staleness, actor_max_restarts
+        self._published = [0]  # adapter versions published by sync(), oldest first; the base model is version 0
+        self._adapter_ref: Any = None  # the last published adapter (put once), re-sent to restarted actors
+        self._deaths = [0] * len(actors)
+        self._gone: set[int] = set()  # actors that used up their restarts
+        self._loads: list[_Call] = []  # adapter loads not yet collected (staleness > 0 does not wait for them)
+        self._counts = {"fault/actor_restarts": 0.0, "async/dropped_stale": 0.0}
+
+    @property
+    def version(self) -> int:
+        """The adapter version last published to the actors."""
+        return self._published[-1]
+
+    @version.setter
+    def version(self, v: int) -> None:
+        self._published.append(v)
+
+    def allowed_versions(self) -> list[int]:
+        return self._published[-(self.staleness + 1) :]
+
+    def steps_behind(self, version: int) -> int:
+        """How many syncs ago `version` was published (0: the current one)."""
+        return len(self._published) - 1 - max(i for i, v in enumerate(self._published) if v == version)
+
+    # ------------------------------------------------------------------------------------------------ generation
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
-        """Sample on every actor (prompts sharded); fail fast if any actor used an unexpected adapter version."""
-        parts = shard(prompts, len(self.actors))
-        results = self.actors.call("generate", [(part, sampling) for part in parts])
-        self._check_versions(results)
+        """Sample on every live actor (prompts sharded) and wait; see submit_generate / collect."""
+        return self.collect(self.submit_generate(prompts, sampling))
+
+    def submit_generate(self, prompts: list[list[int]], sampling: Sampling) -> PendingGeneration:
+        """Send the prompts to the live actors (sharded) without waiting. Calls queue behind the actors' earlier
+        calls, so an adapter load sent before applies to them and one sent after does not."""
+        live = self.live_actors()
+        parts = shard(prompts, len(live))
+        calls = [self._submit(i, "generate", part, sampling) for i, part in zip(live, parts)]
+        return PendingGeneration(parts, sampling, calls)
+
+    def collect(self, pending: PendingGeneration) -> list[PromptRollout]:
+        """Wait for a submitted generation: all prompts' rollouts in prompt order, whatever died on the way."""
         out: list[PromptRollout] = []
-        for i, res in enumerate(results):
-            for r in res:
-                r.actor = i
-                out.append(r)
+        for part, call in zip(pending.parts, pending.calls):
+            out.extend(self._finish_part(part, pending.sampling, call))
         return out
 
-    def _check_versions(self, per_actor: list[list[PromptRollout]]) -> None:
-        for i, res in enumerate(per_actor):
-            for r in res:
-                if r.adapter_version != self.version:
-                    raise VersionMismatch(
-                        f"rollout actor {i} generated with adapter version {r.adapter_version}, expected "
-                        f"{self.version}: the adapter sync did not reach it"
-                    )
+    def _finish_part(
+        self, part: list[list[int]], sampling: Sampling, call: _Call, again: bool = False
+    ) -> list[PromptRollout]:
+        while True:
+            try:
+                rollouts = self.actors.result(call.handle)
+                break
+            except MemberDied as e:
+                to = self._actor_died(call, "generate", e, len(part))
+                call = self._submit(to, "generate", part, sampling)
+        for r in rollouts:
+            r.actor = call.actor
+        stale = [k for k, r in enumerate(rollouts) if not self._version_ok(call.actor, r.adapter_version)]
+        if stale:
+            if again:  # the adapter was re-sent before this call: the actor did not take it
+                self._raise_mismatch(call.actor, rollouts[stale[0]].adapter_version)
+            self._counts["async/dropped_stale"] += sum(len(rollouts[k].completions) for k in stale)
+            print(
+                f"rollout actor {call.actor} generated {len(stale)} prompt(s) with adapter version "
+                f"{rollouts[stale[0]].adapter_version}, older than the staleness bound (allowed "
+                f"{self.allowed_versions()}): dropped (async/dropped_stale) and generated again",
+                flush=True,
+            )
+            redo = [part[k] for k in stale]
+            fresh = self._finish_part(redo, sampling, self._submit(call.actor, "generate", redo, sampling), again=True)
+            for k, r in zip(stale, fresh):
+                rollouts[k] = r
+        return rollouts
+
+    def _version_ok(self, actor: int, version: int) -> bool:
+        """True within the bound, False for a published version older than it; raises for any other version."""
+        if version in self.allowed_versions():
+            return True
+        if version in self._published:
+            return False
+        self._raise_mismatch(actor, version)
+
+    def _raise_mismatch(self, actor: int, version: int) -> None:
+        expected = self.version if self.staleness == 0 else f"one of {self.allowed_versions()}"
+        raise VersionMismatch(
+            f"rollout actor {actor} generated with adapter version {version}, expected {expected}: "
+            "the adapter sync did not reach it"
+        )
+
+    # ------------------------------------------------------------------------------------------------ faults
+
+    def live_actors(self) -> list[int]:
+        return [i for i in range(len(self.actors)) if i not in self._gone]
+
+    def _submit(self, actor: int, method: str, *args: Any) -> _Call:
+        return _Call(actor, self._deaths[actor], self.actors.submit(actor, method, *args))
+
+    def _actor_died(self, call: _Call, method: str, e: MemberDied, n_prompts: int) -> int:
+        """Handle a dead rollout actor (once per death: later failures of calls sent before it are the same
+        death); returns the live actor that takes over its work."""
+        i = call.actor
+        if call.epoch == self._deaths[i]:
+            self._deaths[i] += 1
+            self._counts["fault/actor_restarts"] += 1
+            if self._deaths[i] > self.actor_max_restarts:
+                self._gone.add(i)
+                what = (
+                    f"it used up its {self.actor_max_restarts} restart(s) (cluster.actor_max_restarts) and is left out"
+                )
+            else:
+                what = f"Ray restarts it (restart {self._deaths[i]} of {self.actor_max_restarts})"
+                if self._adapter_ref is not None:  # queued first: the restarted actor runs nothing older
+                    self.actors.submit(i, "load_adapter", self._adapter_ref)
+                    what += f" and adapter version {self.version} is sent to it again"
+            live = self.live_actors()
+            if not live:
+                raise RuntimeError(
+                    f"every rollout actor is dead (the last, actor {i}, during {method}: {e.cause}); raise "
+                    "cluster.actor_max_restarts or find why they die (out of memory? see the Ray logs)"
+                ) from e
+        else:
+            what, live = "already handled", self.live_actors()
+        others = [j for j in live if j != i]
+        to = min(others, key=lambda j: (j - i) % len(self.actors)) if others else i
+        if n_prompts:
+            what += f"; its {n_prompts} prompt(s) go to actor {to}"
+        print(f"rollout actor {i} died during {method} ({e.cause}): {what}", flush=True)
+        return to
+
+    def pop_counts(self) -> dict[str, float]:
+        """fault/actor_restarts and async/dropped_stale since the last call."""
+        out = dict(self._counts)
+        self._counts = dict.fromkeys(self._counts, 0.0)
+        return out
+
+    def pop_idle(self, elapsed_s: float) -> dict[str, float]:
+        """Share of `elapsed_s` each role spent outside calls (from the calls collected meanwhile)."""
+        n_act, n_learn = max(len(self.live_actors()), 1), len(self.learners)
+        busy_a, busy_l = self.actors.pop_busy_s(), self.learners.pop_busy_s()
+        return {
+            "perf/actor_idle_frac": min(max(1.0 - busy_a / max(elapsed_s * n_act, 1e-9), 0.0), 1.0),
+            "perf/learner_idle_frac": min(max(1.0 - busy_l / max(elapsed_s * n_learn, 1e-9), 0.0), 1.0),
+        }
+
+    # ------------------------------------------------------------------------------------------------ learning
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
         """One optimizer step on every learner, data-parallel: each gets a shard of whole prompt groups, the
@@ -141,25 +336,58 @@ class Runtime:
         """Learner 0's current adapter."""
         return self.learners.call("get_adapter", [()])[0]
 
+    # ------------------------------------------------------------------------------------------------ sync
+
     def sync(self) -> dict[str, float]:
-        """Publish learner 0's adapter to every rollout actor as a new version."""
+        """Publish learner 0's adapter to every live rollout actor as a new version. The loads queue behind the
+        actors' calls in flight; with staleness > 0 they are not waited for (sync/actor_load_s is then the
+        previous sync's)."""
         t0 = time.perf_counter()
         adapter = self.adapter()
-        loads = self.actors.broadcast("load_adapter", adapter)
+        loaded = self._collect_loads()
+        self._adapter_ref = self.actors.put(adapter)
         self.version = adapter.version
-        return {
+        self._loads = [self._submit(i, "load_adapter", self._adapter_ref) for i in self.live_actors()]
+        if self.staleness == 0:
+            loaded = self._collect_loads()
+        out = {
             "time/sync_s": time.perf_counter() - t0,
             "sync/adapter_mb": adapter.nbytes / 2**20,
-            "sync/actor_load_s": max(x["seconds"] for x in loads),
             "sync/version": float(adapter.version),
         }
+        if loaded:
+            out["sync/actor_load_s"] = max(x["seconds"] for x in loaded)
+        return out
 
-    def probe(self, prompts: list[list[int]], sampling: Sampling) -> float:
-        """Mean |logp_learner - logp_actor| over tokens each actor samples for fixed prompts (sync check)."""
-        per_actor = self.actors.broadcast("generate", prompts, sampling)
-        self._check_versions(per_actor)
-        diffs = []
-        for rollouts in per_actor:
+    def _collect_loads(self) -> list[dict]:
+        out = []
+        for call in self._loads:
+            try:
+                out.append(self.actors.result(call.handle))
+            except MemberDied as e:
+                self._actor_died(call, "load_adapter", e, 0)
+        self._loads = []
+        return out
+
+    def probe_submit(self, prompts: list[list[int]], sampling: Sampling) -> list[_Call]:
+        """Start the sync probe on every live actor (it queues behind the adapter load of the last sync)."""
+        return [self._submit(i, "generate", prompts, sampling) for i in self.live_actors()]
+
+    def probe_finish(self, calls: list[_Call]) -> float:
+        """Mean |logp_learner - logp_actor| over the probe's tokens; call it before the learners step again.
+        An actor that died meanwhile is left out of this probe (it is restarted and re-sent the adapter)."""
+        per_actor = []
+        for call in calls:
+            try:
+                per_actor.append((call.actor, self.actors.result(call.handle)))
+            except MemberDied as e:
+                self._actor_died(call, "the sync probe", e, 0)
+        for i, rollouts in per_actor:
+            for r in rollouts:
+                if r.adapter_version != self.version:
+                    self._raise_mismatch(i, r.adapter_version)
+        diffs: list[float] = []
+        for _, rollouts in per_actor:
             p_ids = [r.prompt_ids for r in rollouts for _ in r.completions]
             c_ids = [c.token_ids for r in rollouts for c in r.completions]
             actor_lp = [c.logprobs for r in rollouts for c in r.completions]
@@ -167,6 +395,10 @@ class Runtime:
             for a, b in zip(actor_lp, learner_lp):
                 diffs.extend(abs(x - y) for x, y in zip(a, b))
         return sum(diffs) / max(len(diffs), 1)
+
+    def probe(self, prompts: list[list[int]], sampling: Sampling) -> float:
+        """Mean |logp_learner - logp_actor| over tokens each actor samples for fixed prompts (sync check)."""
+        return self.probe_finish(self.probe_submit(prompts, sampling))
 
     def close(self) -> None:
         for group in (self.actors, self.learners):
