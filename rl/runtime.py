@@ -49,6 +49,11 @@ class Group(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass
+class _Raised:
+    error: Exception
+
+
 class LocalGroup:
     """Members are plain objects in this process; a submitted call runs at once (nothing overlaps)."""
 
@@ -62,21 +67,26 @@ class LocalGroup:
     def submit(self, index: int, method: str, *args: Any) -> Any:
         fn = getattr(self.members[index], method)
         t0 = time.perf_counter()
-        out = fn(*args)
+        try:
+            out = fn(*args)
+        except Exception as e:  # raised by result(), as a remote call's error is
+            out = _Raised(e)
         self._busy_s += time.perf_counter() - t0
         return out
 
     def result(self, handle: Any) -> Any:
+        if isinstance(handle, _Raised):
+            raise handle.error
         return handle
 
     def put(self, value: Any) -> Any:
         return value
 
     def call(self, method: str, args: list[tuple]) -> list[Any]:
-        return [self.submit(i, method, *a) for i, a in enumerate(args)]
+        return [self.result(self.submit(i, method, *a)) for i, a in enumerate(args)]
 
     def broadcast(self, method: str, *args: Any) -> list[Any]:
-        return [self.submit(i, method, *args) for i in range(len(self.members))]
+        return [self.result(self.submit(i, method, *args)) for i in range(len(self.members))]
 
     def pop_busy_s(self) -> float:
         busy, self._busy_s = self._busy_s, 0.0

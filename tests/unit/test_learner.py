@@ -3,6 +3,8 @@ moves the adapter only when there is signal."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -72,3 +74,15 @@ def test_adapter_round_trips_through_bytes(tiny_model):
     tensors = load(adapter.weights)
     assert adapter.config["r"] == 16 and sorted(adapter.config["target_modules"]) == ["q_proj", "up_proj", "v_proj"]
     assert any("lora_B" in k and float(v.abs().sum()) > 0 for k, v in tensors.items())
+
+
+def test_nonfinite_loss_skips_the_optimizer_step(tiny_model):
+    learner = make_learner(tiny_model)
+    before = learner.adapter_checksum()
+    samples = make_samples()
+    samples[0].advantage = float("nan")  # e.g. a NaN reward: its group's advantages are NaN
+    metrics = learner.train_step(samples)
+    assert metrics["train/skipped_nonfinite"] == 1.0 and not math.isfinite(metrics["train/loss"])
+    assert learner.adapter_checksum() == before  # the weights never saw the NaN
+    assert learner.train_step(make_samples())["train/skipped_nonfinite"] == 0.0
+    assert learner.adapter_checksum() != before
