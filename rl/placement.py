@@ -57,7 +57,7 @@ class RayGroup:
         try:
             out, seconds = ray.get(ref)
         except RayActorError as e:
-            raise MemberDied(self.role, index, _first_line(e)) from e
+            raise MemberDied(self.role, index, _actor_error(e)) from e
         self._busy_s += seconds
         return out
 
@@ -65,6 +65,16 @@ class RayGroup:
         import ray
 
         return ray.put(value)
+
+    def ready(self, index: int, timeout_s: float = 2.0) -> bool:
+        """True when the member answers (a restarting actor fails at once with ActorUnavailableError)."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        try:
+            return bool(ray.get(self.handles[index].__ray_ready__.remote(), timeout=timeout_s))
+        except (RayActorError, GetTimeoutError):
+            return False
 
     def call(self, method: str, args: list[tuple]) -> list[Any]:
         calls = [self.submit(i, method, *a) for i, a in enumerate(args)]
@@ -289,6 +299,12 @@ def stop_ray(started_here: bool) -> None:
 
     if started_here and ray.is_initialized():
         ray.shutdown()
+
+
+def _actor_error(e: BaseException) -> str:
+    """RayActorError in a few words: its type and the first sentence (the rest is Ray's general advice)."""
+    text = " ".join(str(e).split()).split(". ")[0]
+    return f"{type(e).__name__}: {text[:160]}"
 
 
 def _first_line(e: BaseException) -> str:

@@ -43,6 +43,9 @@ class Group(Protocol):
     def put(self, value: Any) -> Any:
         """Share a (large) argument once for several calls."""
 
+    def ready(self, index: int) -> bool:
+        """Whether member `index` takes calls now (False while Ray restarts it)."""
+
     def pop_busy_s(self) -> float:
         """Member-seconds spent inside calls whose results were collected since the last pop."""
 
@@ -81,6 +84,9 @@ class LocalGroup:
 
     def put(self, value: Any) -> Any:
         return value
+
+    def ready(self, index: int) -> bool:
+        return True
 
     def call(self, method: str, args: list[tuple]) -> list[Any]:
         return [self.result(self.submit(i, method, *a)) for i, a in enumerate(args)]
@@ -140,6 +146,9 @@ def merge_learner_metrics(results: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+REJOIN_TIMEOUT_S = 600.0  # how long to wait for a restarting actor when no other actor is live
+
+
 class VersionMismatch(RuntimeError):
     pass
 
@@ -182,6 +191,7 @@ class Runtime:
         self._adapter_ref: Any = None  # the last published adapter (put once), re-sent to restarted actors
         self._deaths = [0] * len(actors)
         self._gone: set[int] = set()  # actors that used up their restarts
+        self._restarting: set[int] = set()  # actors Ray is restarting: no work until they are ready again
         self._loads: list[_Call] = []  # adapter loads not yet collected (staleness > 0 does not wait for them)
         self._counts = {"fault/actor_restarts": 0.0, "async/dropped_stale": 0.0}
 
@@ -210,6 +220,7 @@ class Runtime:
     def submit_generate(self, prompts: list[list[int]], sampling: Sampling) -> PendingGeneration:
         """Send the prompts to the live actors (sharded) without waiting. Calls queue behind the actors' earlier
         calls, so an adapter load sent before applies to them and one sent after does not."""
+        self._rejoin(wait=True)
         live = self.live_actors()
         parts = shard(prompts, len(live))
         calls = [self._submit(i, "generate", part, sampling) for i, part in zip(live, parts)]
@@ -269,38 +280,53 @@ class Runtime:
     # ------------------------------------------------------------------------------------------------ faults
 
     def live_actors(self) -> list[int]:
-        return [i for i in range(len(self.actors)) if i not in self._gone]
+        """Actors that take new work: not past their restarts and not restarting."""
+        return [i for i in range(len(self.actors)) if i not in self._gone and i not in self._restarting]
 
     def _submit(self, actor: int, method: str, *args: Any) -> _Call:
         return _Call(actor, self._deaths[actor], self.actors.submit(actor, method, *args))
 
+    def _rejoin(self, wait: bool) -> None:
+        """Take back restarted actors that are ready again, the current adapter queued before any work (a restart
+        ran __init__ again: base model, version 0). With `wait`, wait while no actor at all is live."""
+        deadline = time.monotonic() + REJOIN_TIMEOUT_S
+        while True:
+            for i in sorted(self._restarting):
+                if self.actors.ready(i):
+                    self._restarting.discard(i)
+                    if self._adapter_ref is not None:
+                        self._loads.append(self._submit(i, "load_adapter", self._adapter_ref))
+                    print(f"rollout actor {i} is back after its restart; adapter version {self.version} sent first")
+            if self.live_actors() or not wait:
+                return
+            if not self._restarting:
+                raise RuntimeError(
+                    "every rollout actor is dead and none has restarts left (cluster.actor_max_restarts): find why "
+                    "they die (out of memory? the Ray logs say) or raise cluster.actor_max_restarts"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no rollout actor came back from its restart within {REJOIN_TIMEOUT_S:.0f} s")
+            time.sleep(0.5)
+
     def _actor_died(self, call: _Call, method: str, e: MemberDied, n_prompts: int) -> int:
-        """Handle a dead rollout actor (once per death: later failures of calls sent before it are the same
-        death); returns the live actor that takes over its work."""
+        """Handle a dead rollout actor once per death (calls sent to it before the death fail with it, and calls
+        to a restarting actor fail at once: neither is a new death); returns the live actor that takes its work."""
         i = call.actor
         if call.epoch == self._deaths[i]:
             self._deaths[i] += 1
             self._counts["fault/actor_restarts"] += 1
             if self._deaths[i] > self.actor_max_restarts:
                 self._gone.add(i)
-                what = (
-                    f"it used up its {self.actor_max_restarts} restart(s) (cluster.actor_max_restarts) and is left out"
-                )
+                what = f"it used up its {self.actor_max_restarts} restart(s) (cluster.actor_max_restarts): left out"
             else:
+                self._restarting.add(i)
                 what = f"Ray restarts it (restart {self._deaths[i]} of {self.actor_max_restarts})"
-                if self._adapter_ref is not None:  # queued first: the restarted actor runs nothing older
-                    self.actors.submit(i, "load_adapter", self._adapter_ref)
-                    what += f" and adapter version {self.version} is sent to it again"
-            live = self.live_actors()
-            if not live:
-                raise RuntimeError(
-                    f"every rollout actor is dead (the last, actor {i}, during {method}: {e.cause}); raise "
-                    "cluster.actor_max_restarts or find why they die (out of memory? see the Ray logs)"
-                ) from e
         else:
-            what, live = "already handled", self.live_actors()
+            what = "the same death"
+        self._rejoin(wait=True)
+        live = self.live_actors()
         others = [j for j in live if j != i]
-        to = min(others, key=lambda j: (j - i) % len(self.actors)) if others else i
+        to = min(others, key=lambda j: (j - i) % len(self.actors)) if others else live[0]
         if n_prompts:
             what += f"; its {n_prompts} prompt(s) go to actor {to}"
         print(f"rollout actor {i} died during {method} ({e.cause}): {what}", flush=True)
@@ -355,6 +381,7 @@ class Runtime:
         t0 = time.perf_counter()
         adapter = self.adapter()
         loaded = self._collect_loads()
+        self._rejoin(wait=False)
         self._adapter_ref = self.actors.put(adapter)
         self.version = adapter.version
         self._loads = [self._submit(i, "load_adapter", self._adapter_ref) for i in self.live_actors()]
@@ -381,6 +408,7 @@ class Runtime:
 
     def probe_submit(self, prompts: list[list[int]], sampling: Sampling) -> list[_Call]:
         """Start the sync probe on every live actor (it queues behind the adapter load of the last sync)."""
+        self._rejoin(wait=True)
         return [self._submit(i, "generate", prompts, sampling) for i in self.live_actors()]
 
     def probe_finish(self, calls: list[_Call]) -> float:
