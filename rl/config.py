@@ -185,6 +185,7 @@ class ClusterConfig:
     ray_num_cpus: int | None = None  # CPUs a local Ray advertises (null: what Ray detects)
     staleness: int = 0  # steps actors may run ahead of learners (0: synchronous; k: generate step t+k while training t)
     actor_max_restarts: int = 2  # times Ray restarts a dead rollout actor (its prompts go to a live one meanwhile)
+    learner_chunk_size: int = 0  # prompts each learner generates per generate call, HF generate (0: actors only)
 
     def __post_init__(self) -> None:
         _check(self.num_actors >= 1, f"cluster.num_actors must be >= 1 (got {self.num_actors})")
@@ -199,6 +200,10 @@ class ClusterConfig:
             f"cluster.lora_mode must be auto, native or merged (got {self.lora_mode!r})",
         )
         _check(self.staleness >= 0, f"cluster.staleness must be >= 0 (0: synchronous; got {self.staleness})")
+        _check(
+            self.learner_chunk_size >= 0,
+            f"cluster.learner_chunk_size must be >= 0 (0: only the actors generate; got {self.learner_chunk_size})",
+        )
         _check(self.actor_max_restarts >= 0, f"cluster.actor_max_restarts must be >= 0 (got {self.actor_max_restarts})")
         if self.mode == ClusterMode.local:
             _check(

@@ -510,7 +510,7 @@ def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[
         os.environ.update(actor_env)
         learner = PeftLearner(model_path, **learner_kwargs)
         rollout = rollout_cls(model_path, **rollout_kwargs)
-        runtime = Runtime(LocalGroup([rollout]), LocalGroup([learner]))  # staleness 0 (rl/config.py)
+        runtime = Runtime(LocalGroup([rollout]), LocalGroup([learner]), learner_chunk_size=c.learner_chunk_size)
         return runtime, runtime.close
 
     from rl import placement
@@ -533,6 +533,7 @@ def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[
             actor_env=actor_env,
             staleness=c.staleness,
             actor_max_restarts=c.actor_max_restarts,
+            learner_chunk_size=c.learner_chunk_size,
         )
     except BaseException:
         placement.stop_ray(started)

@@ -215,6 +215,7 @@ def build_ray_runtime(
     actor_env: dict[str, str],
     staleness: int = 0,
     actor_max_restarts: int = 0,
+    learner_chunk_size: int = 0,
 ) -> Runtime:
     """Place and start the roles. Rollout actors are restarted by Ray up to `actor_max_restarts` times, with no
     task retries: a call in flight when one dies fails, and the Runtime sends its work to a live actor. Learners
@@ -265,6 +266,7 @@ def build_ray_runtime(
         RayGroup(handles["learner"], pg, "learner"),
         staleness=staleness,
         actor_max_restarts=actor_max_restarts,
+        learner_chunk_size=learner_chunk_size,
     )
 
 

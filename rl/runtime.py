@@ -8,7 +8,7 @@ The logic (sharding prompts, publishing the adapter, checking versions) is writt
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample
@@ -164,9 +164,11 @@ class _Call:
 class PendingGeneration:
     """Generation sent to the actors and not yet collected (`Runtime.submit_generate` / `Runtime.collect`)."""
 
-    parts: list[list[list[int]]]  # prompts per call, in prompt order
+    parts: list[list[list[int]]]  # prompts per actor call, in prompt order (after the learners' share)
     sampling: Sampling
     calls: list[_Call]
+    learner_parts: list[list[list[int]]] = field(default_factory=list)  # the learners' share, first in order
+    learner_calls: list[Any] = field(default_factory=list)
 
 
 class Runtime:
@@ -184,8 +186,17 @@ class Runtime:
     line and `fault/actor_restarts` say so. A learner's death is not handled here: it ends the run (rl/driver.py).
     """
 
-    def __init__(self, actors: Group, learners: Group, *, staleness: int = 0, actor_max_restarts: int = 0):
+    def __init__(
+        self,
+        actors: Group,
+        learners: Group,
+        *,
+        staleness: int = 0,
+        actor_max_restarts: int = 0,
+        learner_chunk_size: int = 0,
+    ):
         self.actors, self.learners = actors, learners
+        self.learner_chunk_size = learner_chunk_size  # prompts each learner generates per call (0: actors only)
         self.staleness, self.actor_max_restarts = staleness, actor_max_restarts
         self._published = [0]  # adapter versions published by sync(), oldest first; the base model is version 0
         self._adapter_ref: Any = None  # the last published adapter (put once), re-sent to restarted actors
@@ -218,17 +229,31 @@ class Runtime:
         return self.collect(self.submit_generate(prompts, sampling))
 
     def submit_generate(self, prompts: list[list[int]], sampling: Sampling) -> PendingGeneration:
-        """Send the prompts to the live actors (sharded) without waiting. Calls queue behind the actors' earlier
+        """Send the prompts out without waiting: the first learner_chunk_size x learners to the learners (learner
+        generation, DistRL-LLM), the rest sharded over the live actors. Calls queue behind each member's earlier
         calls, so an adapter load sent before applies to them and one sent after does not."""
+        n_learn = min(self.learner_chunk_size * len(self.learners), len(prompts))
+        learner_parts = shard(prompts[:n_learn], len(self.learners)) if n_learn else []
+        learner_calls = [self.learners.submit(j, "generate", p, sampling) for j, p in enumerate(learner_parts) if p]
         self._rejoin(wait=True)
         live = self.live_actors()
-        parts = shard(prompts, len(live))
+        parts = shard(prompts[n_learn:], len(live))
         calls = [self._submit(i, "generate", part, sampling) for i, part in zip(live, parts)]
-        return PendingGeneration(parts, sampling, calls)
+        return PendingGeneration(parts, sampling, calls, [p for p in learner_parts if p], learner_calls)
 
     def collect(self, pending: PendingGeneration) -> list[PromptRollout]:
         """Wait for a submitted generation: all prompts' rollouts in prompt order, whatever died on the way."""
         out: list[PromptRollout] = []
+        for j, handle in enumerate(pending.learner_calls):
+            rollouts = self.learners.result(handle)
+            for r in rollouts:
+                if r.adapter_version not in self.allowed_versions():
+                    raise VersionMismatch(
+                        f"learner {j} generated with adapter version {r.adapter_version}, expected one of "
+                        f"{self.allowed_versions()}: it is not the version the actors were sent"
+                    )
+                r.actor = -1 - j  # learners are -1, -2, ... in PromptRollout.actor
+            out.extend(rollouts)
         for part, call in zip(pending.parts, pending.calls):
             out.extend(self._finish_part(part, pending.sampling, call))
         return out

@@ -51,6 +51,7 @@ class FakeLearner:
     def __init__(self, losses=None, die_at: int | None = None):
         self.version, self.losses, self.die_at = 0, list(losses or []), die_at
         self.trained: list[list[int]] = []  # prompt ids of each step's prompt groups
+        self.calls, self.die_on, self.prompts = 0, (), []  # generate() is the fake actor's
 
     def train_step(self, samples):
         if self.die_at == len(self.trained) + 1:
@@ -62,6 +63,9 @@ class FakeLearner:
 
     def get_adapter(self):
         return Adapter(self.version, {}, b"")
+
+    def generate(self, prompts, sampling):
+        return FakeActor.generate(self, prompts, sampling)
 
     def sequence_logprobs(self, prompt_ids, completion_ids, reference=False):
         return [[-1.0] * len(c) for c in completion_ids]
@@ -214,3 +218,15 @@ def test_nonfinite_losses_are_skipped_and_logged_and_too_many_in_a_row_stop_the_
 def test_a_dead_learner_stops_the_run_naming_the_checkpoint_and_how_to_resume(tmp_path):
     with pytest.raises(RunStopped, match=r"learner 0 died at step 2 \(ActorDiedError: out of memory\); no checkpoint"):
         run_loop(tmp_path, fake_runtime([FakeActor()], FakeLearner(die_at=2)), steps=3)
+
+
+def test_learner_generation_takes_the_first_chunk_of_prompts_per_learner():
+    actors, learner = [FakeActor(0), FakeActor(1)], FakeLearner()
+    runtime = Runtime(LocalGroup(actors), LocalGroup([learner]), learner_chunk_size=2)
+    rollouts = runtime.generate([[1], [2], [3], [4], [5]], Sampling(n=1))
+    assert [r.prompt_ids[0] for r in rollouts] == [1, 2, 3, 4, 5]
+    assert [r.actor for r in rollouts] == [-1, -1, 0, 0, 1]  # learner 0 is -1
+    assert learner.prompts == [[1], [2]] and actors[0].prompts == [[3], [4]] and actors[1].prompts == [[5]]
+    learner.version = 7  # a learner that generates with a version never published is a sync bug
+    with pytest.raises(VersionMismatch, match=r"learner 0 generated with adapter version 7, expected one of \[0\]"):
+        runtime.generate([[1]], Sampling(n=1))

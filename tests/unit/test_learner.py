@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rl.learner import PeftLearner, token_logprobs
-from rl.types import TrainSample
+from rl.types import Sampling, TrainSample
 from tests.helpers import make_samples
 
 
@@ -86,3 +86,18 @@ def test_nonfinite_loss_skips_the_optimizer_step(tiny_model):
     assert learner.adapter_checksum() == before  # the weights never saw the NaN
     assert learner.train_step(make_samples())["train/skipped_nonfinite"] == 0.0
     assert learner.adapter_checksum() != before
+
+
+def test_learner_generation_logprobs_are_the_learners_own_at_the_temperature(tiny_model):
+    learner = make_learner(tiny_model, temperature=0.7)
+    learner.version = 3
+    prompts = [[1, 2, 3, 4], [5, 6, 7]]
+    rollouts = learner.generate(prompts, Sampling(n=2, temperature=0.7, max_tokens=6))
+    assert [r.prompt_ids for r in rollouts] == prompts and {r.adapter_version for r in rollouts} == {3}
+    comps = [(r.prompt_ids, c) for r in rollouts for c in r.completions]
+    assert len(comps) == 4 and all(1 <= len(c.token_ids) == len(c.logprobs) <= 6 for _, c in comps)
+    # the behaviour logprobs are the learner's own (processed: after temperature), so the first ratio is 1
+    again = learner.sequence_logprobs([p for p, _ in comps], [c.token_ids for _, c in comps])
+    for (_, c), lp in zip(comps, again):
+        assert lp == pytest.approx(c.logprobs, abs=1e-4)
+    assert learner.model.training  # back to training mode
