@@ -64,6 +64,12 @@ class FakeLearner:
     def get_adapter(self):
         return Adapter(self.version, {}, b"")
 
+    def state_dict(self):
+        return {"adapter": self.get_adapter(), "optimizer": b""}
+
+    def load_state(self, state):
+        self.version = state["adapter"].version
+
     def generate(self, prompts, sampling):
         return FakeActor.generate(self, prompts, sampling)
 
@@ -95,8 +101,8 @@ def fake_runtime(actors, learner, staleness=0, restarts=0) -> Runtime:
     return Runtime(LocalGroup(actors), LocalGroup([learner]), staleness=staleness, actor_max_restarts=restarts)
 
 
-def run_loop(tmp_path, runtime, *, steps=4, staleness=0, max_nonfinite_steps=3):
-    cfg = TrainConfig(steps=steps, prompts_per_step=2, eval_size=0, save_interval=0, seed=3)
+def run_loop(tmp_path, runtime, *, steps=4, staleness=0, max_nonfinite_steps=3, save_interval=0, resume=None):
+    cfg = TrainConfig(steps=steps, prompts_per_step=2, eval_size=0, save_interval=save_interval, seed=3, resume=resume)
     cfg.algorithm = AlgorithmConfig(group_size=2)
     cfg.model.use_chat_template = False
     cfg.cluster.staleness, cfg.max_nonfinite_steps = staleness, max_nonfinite_steps
@@ -230,3 +236,14 @@ def test_learner_generation_takes_the_first_chunk_of_prompts_per_learner():
     learner.version = 7  # a learner that generates with a version never published is a sync bug
     with pytest.raises(VersionMismatch, match=r"learner 0 generated with adapter version 7, expected one of \[0\]"):
         runtime.generate([[1]], Sampling(n=1))
+
+
+def test_prompts_in_flight_at_a_checkpoint_are_generated_again_on_resume(tmp_path):
+    first = FakeLearner(die_at=4)  # the run stops in step 4; step 3 (and 4, staleness 2) were in flight at step 2
+    with pytest.raises(RunStopped, match=r"last checkpoint: .*step_0002"):
+        run_loop(tmp_path, fake_runtime([FakeActor()], first, staleness=2), steps=6, staleness=2, save_interval=2)
+    again = FakeLearner()
+    ckpt = str(tmp_path / "checkpoints" / "step_0002")
+    run_loop(tmp_path, fake_runtime([FakeActor()], again, staleness=2), steps=6, staleness=2, resume=ckpt)
+    # steps 1-2 before the checkpoint, then steps 3-6 from the data position before the batches in flight
+    assert first.trained[:2] + again.trained == expected_batches(6)
