@@ -366,6 +366,7 @@ def train(
                 "async/staleness_mean": float(np.mean(behind)),
                 "async/staleness_max": float(max(behind)),
                 "actor/adapter_version": float(min(r.adapter_version for r in rollouts)),
+                "data/learner_generated_frac": float(np.mean([r.actor < 0 for r in rollouts])),
             }
 
             metrics.update(learn(runtime, samples, a.updates_per_step))

@@ -167,8 +167,7 @@ class PendingGeneration:
     parts: list[list[list[int]]]  # prompts per actor call, in prompt order (after the learners' share)
     sampling: Sampling
     calls: list[_Call]
-    learner_parts: list[list[list[int]]] = field(default_factory=list)  # the learners' share, first in order
-    learner_calls: list[Any] = field(default_factory=list)
+    learner_calls: list[Any] = field(default_factory=list)  # the learners' share (the first prompts), in order
 
 
 class Runtime:
@@ -181,9 +180,13 @@ class Runtime:
     again, so no prompt is lost.
 
     Fault tolerance: a rollout actor whose process dies during a call (MemberDied) is restarted by Ray (up to
-    `actor_max_restarts` times); its prompts go to a live actor, the current adapter is queued to the restarted
-    one before anything else is sent to it (a restart runs __init__ again: base model, version 0), and a console
-    line and `fault/actor_restarts` say so. A learner's death is not handled here: it ends the run (rl/driver.py).
+    `actor_max_restarts` times); its prompts go to a live actor; the restarted one (a restart runs __init__ again:
+    base model, version 0) gets no work until it answers again, and then the current adapter before anything
+    else; a console line and `fault/actor_restarts` say so. A learner's death is not handled here: it ends the
+    run (rl/driver.py).
+
+    Learner generation (`learner_chunk_size`, DistRL-LLM): the first chunk of each generate call's prompts goes
+    to the learners, which sample them with their own model concurrently with the actors.
     """
 
     def __init__(
@@ -239,7 +242,7 @@ class Runtime:
         live = self.live_actors()
         parts = shard(prompts[n_learn:], len(live))
         calls = [self._submit(i, "generate", part, sampling) for i, part in zip(live, parts)]
-        return PendingGeneration(parts, sampling, calls, [p for p in learner_parts if p], learner_calls)
+        return PendingGeneration(parts, sampling, calls, learner_calls)
 
     def collect(self, pending: PendingGeneration) -> list[PromptRollout]:
         """Wait for a submitted generation: all prompts' rollouts in prompt order, whatever died on the way."""

@@ -141,3 +141,35 @@ def test_staleness_one_with_vllm_engines(tiny_model, tmp_path):
     assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
     assert all(r["sync/logprob_abs_diff"] < 0.01 for r in rows[1:])  # the probe of each sync, read a step later
     assert all(0 <= r["perf/actor_idle_frac"] <= 1 and 0 <= r["perf/learner_idle_frac"] <= 1 for r in rows)
+
+
+def test_learner_generation_with_staleness_on_ray(tiny_model, tmp_path):
+    out = tmp_path / "run"
+    proc = run_train(
+        [
+            f"model.path={tiny_model}",
+            f"output_dir={out}",
+            "cluster=1a1l",
+            "cluster.rollout_backend=hf",
+            "cluster.staleness=1",
+            "cluster.learner_chunk_size=1",
+            "cluster.learner_threads=1",
+            "steps=3",
+            "prompts_per_step=4",
+            "algorithm.group_size=4",
+            "eval_size=2",
+            "model.max_new_tokens=8",
+            "reward._target_=tests.helpers.LengthReward",
+            "~reward.extract",
+            "model.dtype=float32",
+            "model.learner_dtype=float32",
+            "sync_probe_threshold=0.01",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["data/learner_generated_frac"] for r in steps] == [0.25] * 3  # 1 of 4 prompts on the learner
+    assert [r["async/staleness_max"] for r in steps] == [0.0, 1.0, 1.0]
+    assert all(r["data/kept_groups"] == 4 for r in steps)
+    assert all(r["sync/logprob_abs_diff"] < 0.01 for r in steps[1:])
