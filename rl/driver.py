@@ -352,6 +352,8 @@ def train(
                 max_rounds=a.dynamic_sampling_max_rounds if a.dynamic_sampling else 1,
                 first=queue.take,
             )
+            if cfg.cluster.staleness:  # the batch was generated while the learners worked: its wait is no rate
+                stats.pop("perf/rollout_tokens_per_s")
             probe_diff = check_probe(runtime.probe_finish(probe), step - 1, probe_threshold) if probe else None
             shaped, kl_metrics = kl_reward_penalty(runtime, rollouts, rewards, a) if a.kl_in_reward else (rewards, {})
             samples, adv, sample_metrics = prepare_samples(rollouts, shaped, a, m.max_new_tokens)
