@@ -247,3 +247,21 @@ def test_prompts_in_flight_at_a_checkpoint_are_generated_again_on_resume(tmp_pat
     run_loop(tmp_path, fake_runtime([FakeActor()], again, staleness=2), steps=6, staleness=2, resume=ckpt)
     # steps 1-2 before the checkpoint, then steps 3-6 from the data position before the batches in flight
     assert first.trained[:2] + again.trained == expected_batches(6)
+
+
+def test_async_and_fault_keys_are_checked():
+    from omegaconf import OmegaConf
+
+    from rl.config import ConfigError
+
+    def typed(**overrides) -> TrainConfig:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), overrides))
+
+    with pytest.raises(ConfigError, match="cluster.mode=local .* set cluster.staleness=0"):
+        typed(cluster={"mode": "local", "staleness": 1})
+    for key in ("staleness", "actor_max_restarts", "learner_chunk_size"):
+        with pytest.raises(ConfigError, match=f"cluster.{key} must be >= 0"):
+            typed(cluster={key: -1})
+    with pytest.raises(ConfigError, match="max_nonfinite_steps must be >= 1"):
+        typed(max_nonfinite_steps=0)
+    assert typed(cluster={"staleness": 2}).cluster.staleness == 2
