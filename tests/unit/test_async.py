@@ -265,3 +265,24 @@ def test_async_and_fault_keys_are_checked():
     with pytest.raises(ConfigError, match="max_nonfinite_steps must be >= 1"):
         typed(max_nonfinite_steps=0)
     assert typed(cluster={"staleness": 2}).cluster.staleness == 2
+
+
+def test_dynamic_sampling_rounds_follow_a_batch_sent_ahead():
+    from rl.driver import sample_batch
+
+    data = PromptData(Env(5).train_items(), NumberTokenizer(), max_prompt_tokens=9, use_chat_template=False, seed=3)
+    idx = data.next_batch(2)
+    flat = [PromptRollout([i], [Completion([7], [-1.0], "stop", "")] * 2, 0) for i in idx]  # reward 0: filtered
+    runtime = fake_runtime([FakeActor()], FakeLearner())
+    rollouts, rewards, stats = sample_batch(
+        runtime,
+        data,
+        length_reward,
+        Sampling(n=2),
+        2,
+        filter_range=[0.01, 0.99],
+        max_rounds=2,
+        first=lambda: (idx, flat),
+    )
+    assert [r.prompt_ids[0] for r in rollouts] == expected_batches(2)[1]  # the second round, generated here
+    assert rewards == [0.0, 1.0, 0.0, 1.0] and stats["data/sample_utilization"] == 0.5
