@@ -6,7 +6,9 @@ counts as `reward/errors` and `reward/timeouts` (`pop_metrics`).
 
 Workers are spawned (not forked: the driver holds Ray and torch threads) on the first call and reused. A worker
 stuck on one sample (math-verify/sympy can hang on adversarial strings) is killed and replaced; the other
-workers keep going. With `workers=0` scoring runs in this process and the timeout is math-verify's own
+workers keep going. A worker whose process dies on a sample (a crash, os._exit, the OOM killer) is replaced the
+same way and the sample scores 0, counted in `reward/errors`; only when a fresh worker cannot even start does
+scoring fall back to this process. With `workers=0` scoring runs in this process and the timeout is math-verify's own
 (signal-based, main thread only); a plain Python reward that hangs then hangs the run.
 """
 
@@ -54,7 +56,6 @@ class _Worker:
         self.proc.start()
         child.close()
         self.job: int | None = None  # sample index in flight
-        self.answered = 0  # samples scored by this worker
         self.deadline = math.inf
 
     def wait_ready(self, timeout_s: float) -> bool:
@@ -171,10 +172,16 @@ class RewardRunner:
         todo = list(range(len(completions)))[::-1]
         busy: dict[Connection, _Worker] = {}
         while todo or busy:
-            for w in self._pool:
+            for w in list(self._pool):
                 if w.job is None and todo:
                     i = todo.pop()
-                    w.conn.send((i, completions[i], answer[i], extras[i]))
+                    try:
+                        w.conn.send((i, completions[i], answer[i], extras[i]))
+                    except OSError:  # it died while idle (killed from outside): replace it, the sample waits
+                        todo.append(i)
+                        if not self._replace(w):
+                            return self._fall_back(self._pool[-1], busy, todo, completions, answer, extras, scores)
+                        continue
                     w.job, w.deadline = i, time.monotonic() + self.timeout_s
                     busy[w.conn] = w
             if not busy:
@@ -184,21 +191,22 @@ class RewardRunner:
                 w = busy.pop(conn)
                 try:
                     i, score, kind, msg = conn.recv()
-                except (EOFError, OSError):  # the worker died (e.g. out of memory): replace it
-                    if not w.answered:  # it never started: score here instead of respawning forever
-                        return self._fall_back(w, busy, todo, completions, answer, extras, scores)
-                    scores[w.job] = self._record("error", "reward worker exited", 0.0)
-                    self._replace(w)
+                except (EOFError, OSError):  # the worker died on this sample (a crash, os._exit, out of memory)
+                    w.proc.join(timeout=1)
+                    msg = f"reward worker died on a sample (exit code {w.proc.exitcode}); worker replaced"
+                    scores[w.job] = self._record("error", msg, 0.0)
+                    if not self._replace(w):  # a replacement cannot start: score the rest here
+                        return self._fall_back(self._pool[-1], busy, todo, completions, answer, extras, scores)
                     continue
                 scores[i] = self._record(kind, msg, float(score))
                 w.job = None
-                w.answered += 1
             now = time.monotonic()
             for conn, w in list(busy.items()):
                 if w.deadline <= now:
                     del busy[conn]
                     scores[w.job] = self._record("timeout", f"sample took over {self.timeout_s}s; worker replaced", 0.0)
-                    self._replace(w)
+                    if not self._replace(w):
+                        return self._fall_back(self._pool[-1], busy, todo, completions, answer, extras, scores)
         return scores
 
     def _fall_back(
@@ -222,7 +230,8 @@ class RewardRunner:
             scores[i] = self._in_process(completions[i], answer[i], extras[i])
         return scores
 
-    def _replace(self, w: _Worker) -> None:
+    def _replace(self, w: _Worker) -> bool:
+        """Kill `w` and start a fresh worker; False if it could not start."""
         w.stop(kill=True)
         self._pool.remove(w)
-        self._start_pool()
+        return self._start_pool()

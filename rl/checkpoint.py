@@ -19,7 +19,9 @@ Not restored, by design or because there is nothing to restore:
   and its generator cannot be read or set from outside, so a resumed vLLM run samples from the engine seed's
   stream again: it continues from the right step, data position and adapter, but its samples differ from the
   uninterrupted run's. With the hf backend the sampling generator is saved and a resume is bitwise exact.
-- no LR scheduler (the learning rate is constant) and no staleness queue (the loop is synchronous) exist yet.
+- no LR scheduler exists (the learning rate is constant). With `cluster.staleness` > 0, generations still in
+  flight at a checkpoint are not saved: the data position saved is the one before them (rl/pipeline.py), so a
+  resumed run generates those prompts again with the checkpoint's adapter.
 
 The .pkl files are pickles of plain data (bytes, ints, lists): load checkpoints only from runs you trust.
 """

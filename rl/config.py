@@ -199,6 +199,9 @@ class ClusterConfig:
     weight_sync: str = (
         "object_store"  # full fine-tuning sync: object_store (any device) | ipc (CUDA, one GPU; untested)
     )
+    staleness: int = 0  # steps actors may run ahead of learners (0: synchronous; k: generate step t+k while training t)
+    actor_max_restarts: int = 2  # times Ray restarts a dead rollout actor (its prompts go to a live one meanwhile)
+    learner_chunk_size: int = 0  # prompts each learner generates per generate call, HF generate (0: actors only)
 
     def __post_init__(self) -> None:
         _check(self.num_actors >= 1, f"cluster.num_actors must be >= 1 (got {self.num_actors})")
@@ -224,11 +227,22 @@ class ClusterConfig:
             self.weight_sync == "object_store" or self.mode == ClusterMode.ray,
             "cluster.weight_sync=ipc connects separate processes: use cluster.mode=ray",
         )
+        _check(self.staleness >= 0, f"cluster.staleness must be >= 0 (0: synchronous; got {self.staleness})")
+        _check(
+            self.learner_chunk_size >= 0,
+            f"cluster.learner_chunk_size must be >= 0 (0: only the actors generate; got {self.learner_chunk_size})",
+        )
+        _check(self.actor_max_restarts >= 0, f"cluster.actor_max_restarts must be >= 0 (got {self.actor_max_restarts})")
         if self.mode == ClusterMode.local:
             _check(
                 self.num_actors == 1 and self.num_learners == 1,
                 "cluster.mode=local runs one actor and one learner in-process: set cluster.num_actors=1 "
                 "cluster.num_learners=1, or use cluster.mode=ray",
+            )
+            _check(
+                self.staleness == 0,
+                f"cluster.mode=local runs the roles one after the other, so it cannot overlap them: set "
+                f"cluster.staleness=0 (got {self.staleness}) or use cluster.mode=ray",
             )
 
 
@@ -279,6 +293,7 @@ class TrainConfig:
     output_dir: str | None = None  # run directory (null: Hydra's run directory)
     save_interval: int = 5  # checkpoint every N steps and after the last one, in <run dir>/checkpoints (0: never)
     keep_last: int = 2  # checkpoints kept; older ones are deleted after each save (0: keep all)
+    max_nonfinite_steps: int = 3  # stop the run after this many steps in a row with a NaN/inf loss (each is skipped)
     resume: str | None = None  # null: start fresh | auto: latest checkpoint in output_dir | a checkpoints/step_N path
     plan: bool = False  # print the GPU map and a memory estimate per role, then exit (nothing starts; rl/plan.py)
     plan_gpu_memory_gib: float | None = None  # GPU memory plan=true assumes per GPU (null: nvidia-smi's, else 80)
@@ -308,6 +323,7 @@ class TrainConfig:
             self.plan_gpu_memory_gib is None or self.plan_gpu_memory_gib > 0,
             f"plan_gpu_memory_gib must be > 0 or null (got {self.plan_gpu_memory_gib})",
         )
+        _check(self.max_nonfinite_steps >= 1, f"max_nonfinite_steps must be >= 1 (got {self.max_nonfinite_steps})")
         _check(self.keep_last >= 0, f"keep_last must be >= 0 (0: keep every checkpoint; got {self.keep_last})")
         _check(
             self.resume != "auto" or self.output_dir is not None,

@@ -23,9 +23,11 @@ import numpy as np
 import torch
 
 from rl import algorithms, checkpoint, evaluation, filters
+from rl.app import UserFacingError
 from rl.config import AlgorithmConfig, ClusterMode, ConfigError, TrainConfig
 from rl.metrics import MetricsLogger
-from rl.runtime import Runtime, shard
+from rl.pipeline import RolloutQueue
+from rl.runtime import MemberDied, Runtime, shard
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample
 
 log = logging.getLogger(__name__)
@@ -115,8 +117,12 @@ def sample_batch(
     n_prompts: int,
     filter_range: list[float] | None = None,
     max_rounds: int = 1,
+    first: Callable[[], tuple[list[int], list[PromptRollout]]] | None = None,
 ) -> tuple[list[PromptRollout], list[float], dict]:
     """Generate and score n_prompts groups of sampling.n completions; returns rollouts, task rewards, stats.
+
+    `first` returns the first round's prompt indices and rollouts when they were sent ahead (rl/pipeline.py);
+    later rounds are generated here, with the actors' current adapter.
 
     With `filter_range` (dynamic sampling, DAPO eq. 11) only groups whose accuracy lies in the range are kept, and
     generation repeats, at most `max_rounds` batches, until n_prompts groups are kept. When the rounds run out it
@@ -126,10 +132,13 @@ def sample_batch(
     kept, kept_rewards = [], []
     generated = gen_tokens = 0
     t_rollout = t_reward = 0.0
-    for _ in range(max_rounds):
-        idx = data.next_batch(n_prompts)
+    for round_ in range(max_rounds):
         t0 = time.perf_counter()
-        rollouts = runtime.generate([data.prompt_ids[i] for i in idx], sampling)
+        if round_ == 0 and first is not None:
+            idx, rollouts = first()
+        else:
+            idx = data.next_batch(n_prompts)
+            rollouts = runtime.generate([data.prompt_ids[i] for i in idx], sampling)
         t_rollout += time.perf_counter() - t0
         t0 = time.perf_counter()
         rewards = score(reward_fn, rollouts, [data.items[i] for i in idx])
@@ -385,56 +394,87 @@ def train(
         logger.console(0, before)
         summary["eval/accuracy_before"] = before["eval/accuracy"]
 
+    queue = RolloutQueue(runtime, train_data, sampling, cfg.prompts_per_step, cfg.cluster.staleness)
+    probe = None  # the last sync's probe, when it is read in the next step (staleness > 0: the actors are busy)
+    nonfinite = 0  # steps in a row whose loss was NaN/inf (each optimizer step skipped)
+    runtime.pop_idle(1.0)  # idle time is measured from here
     t_run = time.perf_counter()
     logger.start_progress(start - 1)
-    for step in range(start, cfg.steps + 1):
-        t_step = time.perf_counter()
-        rollouts, rewards, stats = sample_batch(
-            runtime,
-            train_data,
-            reward_fn,
-            sampling,
-            cfg.prompts_per_step,
-            filter_range=list(a.filter_range) if a.dynamic_sampling else None,
-            max_rounds=a.dynamic_sampling_max_rounds if a.dynamic_sampling else 1,
-        )
-        shaped, kl_metrics = kl_reward_penalty(runtime, rollouts, rewards, a) if a.kl_in_reward else (rewards, {})
-        samples, adv, sample_metrics = prepare_samples(rollouts, shaped, a, m.max_new_tokens)
-        if cfg.rollout_save_interval and step % cfg.rollout_save_interval == 0:
-            path = rollout_dir / f"{checkpoint.step_dir_name(step)}.jsonl"
-            save_rollouts(path, step, tokenizer, rollouts, rewards, shaped, adv, a, m.max_new_tokens)
-        metrics = {
-            **kl_metrics,
-            **rollout_metrics(rollouts, rewards, adv, a.group_size),
-            **stats,
-            **sample_metrics,
-            **reward_counts(reward_fn),
-        }
-
-        metrics.update(learn(runtime, samples, a.updates_per_step))
-        metrics.update(runtime.sync())
-        diff = runtime.probe(probe_prompts, probe_sampling)
-        metrics["sync/logprob_abs_diff"] = diff
-        if diff > probe_threshold:
-            raise RuntimeError(
-                f"adapter sync check failed at step {step}: mean |logp_learner - logp_actor| = {diff:.4f} > "
-                f"{probe_threshold} (sync_probe_threshold): the actor is not running the learner's adapter"
+    step = start
+    try:
+        for step in range(start, cfg.steps + 1):
+            t_step = time.perf_counter()
+            queue.fill(steps_left=cfg.steps - step + 1)
+            rollouts, rewards, stats = sample_batch(
+                runtime,
+                train_data,
+                reward_fn,
+                sampling,
+                cfg.prompts_per_step,
+                filter_range=list(a.filter_range) if a.dynamic_sampling else None,
+                max_rounds=a.dynamic_sampling_max_rounds if a.dynamic_sampling else 1,
+                first=queue.take,
             )
-
-        metrics.update(
-            {
+            if cfg.cluster.staleness:  # the batch was generated while the learners worked: its wait is no rate
+                stats.pop("perf/rollout_tokens_per_s")
+            probe_diff = check_probe(runtime.probe_finish(probe), step - 1, probe_threshold) if probe else None
+            shaped, kl_metrics = kl_reward_penalty(runtime, rollouts, rewards, a) if a.kl_in_reward else (rewards, {})
+            samples, adv, sample_metrics = prepare_samples(rollouts, shaped, a, m.max_new_tokens)
+            if cfg.rollout_save_interval and step % cfg.rollout_save_interval == 0:
+                path = rollout_dir / f"{checkpoint.step_dir_name(step)}.jsonl"
+                save_rollouts(path, step, tokenizer, rollouts, rewards, shaped, adv, a, m.max_new_tokens)
+            behind = [runtime.steps_behind(r.adapter_version) for r in rollouts]
+            metrics = {
+                **kl_metrics,
+                **rollout_metrics(rollouts, rewards, adv, a.group_size),
+                **stats,
+                **sample_metrics,
+                **reward_counts(reward_fn),
+                **runtime.pop_counts(),
+                "async/staleness_mean": float(np.mean(behind)),
+                "async/staleness_max": float(max(behind)),
                 "actor/adapter_version": float(min(r.adapter_version for r in rollouts)),
-                "time/step_s": time.perf_counter() - t_step,
-                "data/cursor": float(train_data.cursor),
+                "data/learner_generated_frac": float(np.mean([r.actor < 0 for r in rollouts])),
             }
-        )
-        if cfg.eval_size and cfg.eval_interval and step % cfg.eval_interval == 0 and step != cfg.steps:
-            metrics.update(evaluate(runtime, eval_data, reward_fn, eval_spec, step))
-        logger.log(step, metrics)
-        logger.console(step, metrics)
-        summary["reward/last"] = metrics["reward/mean"]
-        if cfg.save_interval and (step % cfg.save_interval == 0 or step == cfg.steps):
-            checkpoint.save_run(run_dir, step, runtime, train_data, keep_last=cfg.keep_last, config=resolved)
+
+            metrics.update(learn(runtime, samples, a.updates_per_step))
+            nonfinite = nonfinite + 1 if metrics["train/skipped_nonfinite"] else 0
+            if nonfinite:
+                print(
+                    f"step {step}: non-finite loss ({metrics['train/loss']}), optimizer step skipped "
+                    f"({nonfinite} in a row; the run stops at max_nonfinite_steps={cfg.max_nonfinite_steps})",
+                    flush=True,
+                )
+            metrics.update(runtime.sync())
+            probe = runtime.probe_submit(probe_prompts, probe_sampling)
+            if cfg.cluster.staleness == 0 or step == cfg.steps:
+                probe_diff, probe = check_probe(runtime.probe_finish(probe), step, probe_threshold), None
+            if probe_diff is not None:  # with staleness > 0: the previous step's sync, read before this step learnt
+                metrics["sync/logprob_abs_diff"] = probe_diff
+
+            metrics.update({"time/step_s": time.perf_counter() - t_step, "data/cursor": float(train_data.cursor)})
+            metrics.update(runtime.pop_idle(metrics["time/step_s"]))
+            if cfg.eval_size and cfg.eval_interval and step % cfg.eval_interval == 0 and step != cfg.steps:
+                metrics.update(evaluate(runtime, eval_data, reward_fn, eval_spec, step))
+            logger.log(step, metrics)
+            logger.console(step, metrics)
+            summary["reward/last"] = metrics["reward/mean"]
+            if cfg.save_interval and (step % cfg.save_interval == 0 or step == cfg.steps):
+                # `queue` saves the data position before the prompts still in flight: a resume generates them again
+                checkpoint.save_run(run_dir, step, runtime, queue, keep_last=cfg.keep_last, config=resolved)
+            if nonfinite >= cfg.max_nonfinite_steps:
+                raise RunStopped(
+                    stop_message(
+                        f"{nonfinite} steps in a row had a non-finite loss (NaN/inf; max_nonfinite_steps="
+                        f"{cfg.max_nonfinite_steps}), stopped after step {step}; check the reward for NaN/inf or "
+                        "lower algorithm.lr",
+                        run_dir,
+                    )
+                )
+    except MemberDied as e:
+        if e.role != "learner":
+            raise
+        raise RunStopped(stop_message(f"learner {e.index} died at step {step} ({e.cause})", run_dir)) from e
 
     summary["time/train_s"] = time.perf_counter() - t_run
     final = runtime.adapter()
@@ -447,6 +487,25 @@ def train(
         logger.log(cfg.steps, after)
         summary["eval/accuracy_after"] = after["eval/accuracy"]
     return summary
+
+
+class RunStopped(UserFacingError):
+    """The run cannot go on (a learner died, the loss stays non-finite); the message says how to resume."""
+
+
+def stop_message(reason: str, run_dir: Path) -> str:
+    last = checkpoint.latest(run_dir)
+    where = f"last checkpoint: {last}" if last else "no checkpoint was saved yet (save_interval)"
+    return f"{reason}; {where}; resume with: python train.py resume=auto output_dir={run_dir} (same overrides)"
+
+
+def check_probe(diff: float, step: int, threshold: float) -> float:
+    if diff > threshold:
+        raise RuntimeError(
+            f"adapter sync check failed at step {step}: mean |logp_learner - logp_actor| = {diff:.4f} > "
+            f"{threshold} (sync_probe_threshold): the actor is not running the learner's adapter"
+        )
+    return diff
 
 
 def learn(runtime: Runtime, samples: list[TrainSample], updates: int) -> dict[str, float]:
@@ -557,7 +616,12 @@ def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[
             import unsloth  # noqa: F401
         learner = PeftLearner(model_path, **learner_kwargs)
         rollout = rollout_cls(model_path, **rollout_kwargs)
-        runtime = Runtime(LocalGroup([rollout]), LocalGroup([learner]))
+        runtime = Runtime(
+            LocalGroup([rollout]),
+            LocalGroup([learner]),
+            learner_chunk_size=c.learner_chunk_size,
+            weight_sync=c.weight_sync,
+        )
         return runtime, runtime.close
 
     from rl import placement
@@ -579,11 +643,14 @@ def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[
             strategy=c.placement_strategy,
             actor_env=actor_env,
             learner_env=learner_env,
+            staleness=c.staleness,
+            actor_max_restarts=c.actor_max_restarts,
+            learner_chunk_size=c.learner_chunk_size,
+            weight_sync=c.weight_sync,
         )
     except BaseException:
         placement.stop_ray(started)
         raise
-    runtime.weight_sync = c.weight_sync
 
     def teardown() -> None:
         runtime.close()

@@ -4,6 +4,7 @@ machines without vLLM. Same interface as rl.rollout.VLLMRollout; the adapter is 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -28,8 +29,6 @@ class HFRollout:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.seed = seed
         self.version = 0
-        self.eos = self.model.generation_config.eos_token_id
-        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
 
     def load_adapter(self, adapter: Adapter) -> dict:
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
@@ -57,38 +56,52 @@ class HFRollout:
     def load_state(self, state: dict) -> None:
         self.generator.set_state(torch.frombuffer(bytearray(state["generator"]), dtype=torch.uint8))
 
-    @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
-        out = []
-        eos = set(self.eos if isinstance(self.eos, list) else [self.eos])
-        for prompt in prompts:
-            ids = torch.tensor([prompt] * sampling.n, device=self.device)
-            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator)))
-            greedy = sampling.temperature == 0
-            gen = self.model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=sampling.max_tokens,
-                do_sample=not greedy,
-                temperature=None if greedy else sampling.temperature,
-                top_p=None if greedy else sampling.top_p,
-                top_k=None,
-                pad_token_id=self.pad,
-                output_scores=True,
-                return_dict_in_generate=True,
-            )
-            new = gen.sequences[:, len(prompt) :]
-            logps = torch.stack(gen.scores, 1).float().log_softmax(-1)  # processed scores: what was sampled from
-            comps = []
-            for row, lp in zip(new, logps):
-                toks = row.tolist()
-                n = next((i + 1 for i, t in enumerate(toks) if t in eos), len(toks))
-                toks = toks[:n]
-                lps = lp[torch.arange(n), row[:n]].tolist()
-                reason = "stop" if toks and toks[-1] in eos else "length"
-                comps.append(Completion(toks, lps, reason, self.tokenizer.decode(toks, skip_special_tokens=True)))
-            out.append(PromptRollout(list(prompt), comps, self.version))
-        return out
+        return hf_generate(self.model, self.tokenizer, prompts, sampling, self.generator, self.version)
 
     def close(self) -> None:
         pass
+
+
+@torch.no_grad()
+def hf_generate(
+    model: Any, tokenizer: Any, prompts: list[list[int]], sampling: Sampling, generator: torch.Generator, version: int
+) -> list[PromptRollout]:
+    """Sample `sampling.n` completions per prompt with transformers `generate`; the behaviour logprobs are of the
+    processed distribution (after temperature and top-p), the one sampled from, as vLLM's processed_logprobs.
+    Shared by HFRollout and the learners' own generation (PeftLearner.generate). Draws one seed per prompt from
+    `generator`, so a saved generator state makes the samples repeatable."""
+    eos_ids = model.generation_config.eos_token_id
+    eos = set(eos_ids if isinstance(eos_ids, list) else [eos_ids])
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    device = next(model.parameters()).device
+    out = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt] * sampling.n, device=device)
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+        greedy = sampling.temperature == 0
+        gen = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=sampling.max_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None,
+            pad_token_id=pad,
+            output_scores=True,
+            return_dict_in_generate=True,
+            use_cache=True,
+        )
+        new = gen.sequences[:, len(prompt) :]
+        logps = torch.stack(gen.scores, 1).float().log_softmax(-1)  # processed scores: what was sampled from
+        comps = []
+        for row, lp in zip(new, logps):
+            toks = row.tolist()
+            n = next((i + 1 for i, t in enumerate(toks) if t in eos), len(toks))
+            toks = toks[:n]
+            lps = lp[torch.arange(n), row[:n]].tolist()
+            reason = "stop" if toks and toks[-1] in eos else "length"
+            comps.append(Completion(toks, lps, reason, tokenizer.decode(toks, skip_special_tokens=True)))
+        out.append(PromptRollout(list(prompt), comps, version))
+    return out

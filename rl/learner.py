@@ -22,7 +22,7 @@ import time
 import torch
 
 from rl import algorithms
-from rl.types import Adapter, TrainSample
+from rl.types import Adapter, PromptRollout, Sampling, TrainSample
 
 
 def pick_dtype(name: str) -> torch.dtype:
@@ -157,6 +157,7 @@ class PeftLearner:
         self.version = 0
         self.pad_id = 0
         self.world_size, self.rank = 1, 0  # data-parallel group (init_process_group)
+        self.model_path, self.trust_remote_code, self.seed = model_path, trust_remote_code, seed  # for generate()
 
     # ------------------------------------------------------------------------------------------------ models
 
@@ -423,6 +424,27 @@ class PeftLearner:
             }
         )
         return out
+
+    # ------------------------------------------------------------------------------------------------ generation
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
+        """Learner generation (DistRL-LLM's learner_chunk_size, `cluster.learner_chunk_size`): sample a share of
+        the step's prompts with this learner's own PEFT model instead of waiting for the actors; the rollouts
+        carry this learner's adapter version and the processed-distribution logprobs, as an actor's do."""
+        from rl.hf_rollout import hf_generate
+
+        if not hasattr(self, "_gen_tokenizer"):  # built on first use: most runs never generate here
+            from transformers import AutoTokenizer
+
+            self._gen_tokenizer = AutoTokenizer.from_pretrained(
+                self.model_path, trust_remote_code=self.trust_remote_code
+            )
+            self._gen_rng = torch.Generator(device=self.device).manual_seed(self.seed + 1 + self.rank)
+        self.model.eval()
+        try:
+            return hf_generate(self.model, self._gen_tokenizer, prompts, sampling, self._gen_rng, self.version)
+        finally:
+            self.model.train()
 
     # ------------------------------------------------------------------------------------------------ data parallel
 

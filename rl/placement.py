@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rl.runtime import Runtime
+from rl.runtime import MemberDied, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -23,26 +24,70 @@ class RayStartError(RuntimeError):
     pass
 
 
-class RayGroup:
-    """Members are Ray actor handles; calls run concurrently and are gathered in member order."""
+def _timed(member: Any, method: str, *args: Any) -> tuple[Any, float]:
+    """Runs inside the actor (through Ray's __ray_call__): the call's result and the seconds it took there."""
+    t0 = time.perf_counter()
+    out = getattr(member, method)(*args)
+    return out, time.perf_counter() - t0
 
-    def __init__(self, handles: list[Any], pg: Any = None):
+
+class RayGroup:
+    """Members are Ray actor handles of one role; calls run concurrently and are gathered in member order.
+    A member whose process dies turns the failed calls into MemberDied (role and index named)."""
+
+    def __init__(self, handles: list[Any], pg: Any = None, role: str = "actor"):
         self.handles = handles
         self.pg = pg
+        self.role = role
+        self._busy_s = 0.0
 
     def __len__(self) -> int:
         return len(self.handles)
 
-    def call(self, method: str, args: list[tuple]) -> list[Any]:
+    def submit(self, index: int, method: str, *args: Any) -> tuple[int, Any]:
+        handle = self.handles[index]
+        getattr(handle, method)  # AttributeError here, at once, when the role has no such method
+        return index, handle.__ray_call__.remote(_timed, method, *args)
+
+    def result(self, submitted: tuple[int, Any]) -> Any:
+        import ray
+        from ray.exceptions import RayActorError
+
+        index, ref = submitted
+        try:
+            out, seconds = ray.get(ref)
+        except RayActorError as e:
+            raise MemberDied(self.role, index, _actor_error(e)) from e
+        self._busy_s += seconds
+        return out
+
+    def put(self, value: Any) -> Any:
         import ray
 
-        return ray.get([getattr(h, method).remote(*a) for h, a in zip(self.handles, args)])
+        return ray.put(value)
+
+    def ready(self, index: int, timeout_s: float = 2.0) -> bool:
+        """True when the member answers (a restarting actor fails at once with ActorUnavailableError)."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        try:
+            return bool(ray.get(self.handles[index].__ray_ready__.remote(), timeout=timeout_s))
+        except (RayActorError, GetTimeoutError):
+            return False
+
+    def call(self, method: str, args: list[tuple]) -> list[Any]:
+        calls = [self.submit(i, method, *a) for i, a in enumerate(args)]
+        return [self.result(c) for c in calls]
 
     def broadcast(self, method: str, *args: Any) -> list[Any]:
-        import ray
+        refs = [self.put(a) for a in args]  # one copy in the object store, shared by every member
+        calls = [self.submit(i, method, *refs) for i in range(len(self.handles))]
+        return [self.result(c) for c in calls]
 
-        refs = [ray.put(a) for a in args]  # one copy in the object store, shared by every member
-        return ray.get([getattr(h, method).remote(*refs) for h in self.handles])
+    def pop_busy_s(self) -> float:
+        busy, self._busy_s = self._busy_s, 0.0
+        return busy
 
     def close(self) -> None:
         import ray
@@ -170,8 +215,15 @@ def build_ray_runtime(
     cpus_per_learner: float,
     strategy: str,
     actor_env: dict[str, str],
+    staleness: int = 0,
+    actor_max_restarts: int = 0,
+    learner_chunk_size: int = 0,
     learner_env: dict[str, str] | None = None,
+    weight_sync: str = "object_store",
 ) -> Runtime:
+    """Place and start the roles. Rollout actors are restarted by Ray up to `actor_max_restarts` times, with no
+    task retries: a call in flight when one dies fails, and the Runtime sends its work to a live actor. Learners
+    are never restarted (their optimizer state would be lost): a learner's death ends the run."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -207,6 +259,8 @@ def build_ray_runtime(
             num_gpus=p.resources.get("GPU", 0),
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=b),
             runtime_env={"env_vars": dict(actor_env) if p.role == "actor" else dict(learner_env or {})},
+            max_restarts=actor_max_restarts if p.role == "actor" else 0,
+            max_task_retries=0,
         )
         handles[p.role].append(ray.remote(**opts)(cls).remote(**kwargs))
     wait_ready("actor")
@@ -218,7 +272,14 @@ def build_ray_runtime(
             for hh in handles["actor"] + handles["learner"]:
                 ray.kill(hh)
             raise
-    return Runtime(RayGroup(handles["actor"], pg), RayGroup(handles["learner"], pg))
+    return Runtime(
+        RayGroup(handles["actor"], pg, "rollout actor"),
+        RayGroup(handles["learner"], pg, "learner"),
+        staleness=staleness,
+        actor_max_restarts=actor_max_restarts,
+        learner_chunk_size=learner_chunk_size,
+        weight_sync=weight_sync,
+    )
 
 
 def connect_learners(learners: list[Any], pg: Any, *, first_bundle: int) -> None:
@@ -252,6 +313,12 @@ def stop_ray(started_here: bool) -> None:
 
     if started_here and ray.is_initialized():
         ray.shutdown()
+
+
+def _actor_error(e: BaseException) -> str:
+    """RayActorError in a few words: its type and the first sentence (the rest is Ray's general advice)."""
+    text = " ".join(str(e).split()).split(". ")[0]
+    return f"{type(e).__name__}: {text[:160]}"
 
 
 def _first_line(e: BaseException) -> str:

@@ -8,12 +8,24 @@ The logic (sharding prompts, publishing the adapter, checking versions) is writt
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample
 
 
+class MemberDied(RuntimeError):
+    """A role's process died during a call (with Ray: RayActorError). Names the role, its index and the cause."""
+
+    def __init__(self, role: str, index: int, cause: str):
+        super().__init__(f"{role} {index} died: {cause}")
+        self.role, self.index, self.cause = role, index, cause
+
+
 class Group(Protocol):
+    """Members of one role. Calls on one member run one at a time, in submission order (as Ray actor methods do);
+    calls on different members run concurrently where the group allows."""
+
     def __len__(self) -> int: ...
 
     def call(self, method: str, args: list[tuple]) -> list[Any]:
@@ -22,23 +34,69 @@ class Group(Protocol):
     def broadcast(self, method: str, *args: Any) -> list[Any]:
         """Call `method(*args)` on every member with the same (possibly large) arguments."""
 
+    def submit(self, index: int, method: str, *args: Any) -> Any:
+        """Start `method(*args)` on member `index`; returns a handle for `result` (AttributeError: no such method)."""
+
+    def result(self, handle: Any) -> Any:
+        """Wait for a submitted call; raises MemberDied when the member's process died."""
+
+    def put(self, value: Any) -> Any:
+        """Share a (large) argument once for several calls."""
+
+    def ready(self, index: int) -> bool:
+        """Whether member `index` takes calls now (False while Ray restarts it)."""
+
+    def pop_busy_s(self) -> float:
+        """Member-seconds spent inside calls whose results were collected since the last pop."""
+
     def close(self) -> None: ...
 
 
+@dataclass
+class _Raised:
+    error: Exception
+
+
 class LocalGroup:
-    """Members are plain objects in this process."""
+    """Members are plain objects in this process; a submitted call runs at once (nothing overlaps)."""
 
     def __init__(self, members: list[Any]):
         self.members = members
+        self._busy_s = 0.0
 
     def __len__(self) -> int:
         return len(self.members)
 
+    def submit(self, index: int, method: str, *args: Any) -> Any:
+        fn = getattr(self.members[index], method)
+        t0 = time.perf_counter()
+        try:
+            out = fn(*args)
+        except Exception as e:  # raised by result(), as a remote call's error is
+            out = _Raised(e)
+        self._busy_s += time.perf_counter() - t0
+        return out
+
+    def result(self, handle: Any) -> Any:
+        if isinstance(handle, _Raised):
+            raise handle.error
+        return handle
+
+    def put(self, value: Any) -> Any:
+        return value
+
+    def ready(self, index: int) -> bool:
+        return True
+
     def call(self, method: str, args: list[tuple]) -> list[Any]:
-        return [getattr(m, method)(*a) for m, a in zip(self.members, args)]
+        return [self.result(self.submit(i, method, *a)) for i, a in enumerate(args)]
 
     def broadcast(self, method: str, *args: Any) -> list[Any]:
-        return [getattr(m, method)(*args) for m in self.members]
+        return [self.result(self.submit(i, method, *args)) for i in range(len(self.members))]
+
+    def pop_busy_s(self) -> float:
+        busy, self._busy_s = self._busy_s, 0.0
+        return busy
 
     def close(self) -> None:
         for m in self.members:
@@ -88,36 +146,238 @@ def merge_learner_metrics(results: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+REJOIN_TIMEOUT_S = 600.0  # how long to wait for a restarting actor when no other actor is live
+
+
 class VersionMismatch(RuntimeError):
     pass
 
 
+@dataclass
+class _Call:
+    actor: int
+    epoch: int  # the actor's death count when the call was sent: a failure of an older epoch was already handled
+    handle: Any
+
+
+@dataclass
+class PendingGeneration:
+    """Generation sent to the actors and not yet collected (`Runtime.submit_generate` / `Runtime.collect`)."""
+
+    parts: list[list[list[int]]]  # prompts per actor call, in prompt order (after the learners' share)
+    sampling: Sampling
+    calls: list[_Call]
+    learner_calls: list[Any] = field(default_factory=list)  # the learners' share (the first prompts), in order
+
+
 class Runtime:
-    def __init__(self, actors: Group, learners: Group, weight_sync: str = "object_store"):
+    """Splits work over the roles and keeps the actors' adapter versions honest.
+
+    Bounded staleness: with `staleness` k the actors may generate with any of the last k+1 published adapter
+    versions. A rollout from a version that was never published (or from the future) is a sync bug and fails
+    fast (VersionMismatch); one from a published version older than the bound (a restarted actor that had not
+    got the adapter again yet) is dropped, counted in `async/dropped_stale` (samples) and its prompt generated
+    again, so no prompt is lost.
+
+    Fault tolerance: a rollout actor whose process dies during a call (MemberDied) is restarted by Ray (up to
+    `actor_max_restarts` times); its prompts go to a live actor; the restarted one (a restart runs __init__ again:
+    base model, version 0) gets no work until it answers again, and then the current adapter before anything
+    else; a console line and `fault/actor_restarts` say so. A learner's death is not handled here: it ends the
+    run (rl/driver.py).
+
+    Learner generation (`learner_chunk_size`, DistRL-LLM): the first chunk of each generate call's prompts goes
+    to the learners, which sample them with their own model concurrently with the actors.
+    """
+
+    def __init__(
+        self,
+        actors: Group,
+        learners: Group,
+        *,
+        staleness: int = 0,
+        actor_max_restarts: int = 0,
+        learner_chunk_size: int = 0,
+        weight_sync: str = "object_store",
+    ):
         self.actors, self.learners = actors, learners
-        self.version = 0  # adapter version the actors are expected to hold
         self.weight_sync = weight_sync  # object_store (adapter/weights as bytes) | ipc (full weights, CUDA)
+        self.learner_chunk_size = learner_chunk_size  # prompts each learner generates per call (0: actors only)
+        self.staleness, self.actor_max_restarts = staleness, actor_max_restarts
+        self._published = [0]  # adapter versions published by sync(), oldest first; the base model is version 0
+        self._adapter_ref: Any = None  # the last published adapter (put once), re-sent to restarted actors
+        self._deaths = [0] * len(actors)
+        self._gone: set[int] = set()  # actors that used up their restarts
+        self._restarting: set[int] = set()  # actors Ray is restarting: no work until they are ready again
+        self._loads: list[_Call] = []  # adapter loads not yet collected (staleness > 0 does not wait for them)
+        self._counts = {"fault/actor_restarts": 0.0, "async/dropped_stale": 0.0}
+
+    @property
+    def version(self) -> int:
+        """The adapter version last published to the actors."""
+        return self._published[-1]
+
+    @version.setter
+    def version(self, v: int) -> None:
+        self._published.append(v)
+
+    def allowed_versions(self) -> list[int]:
+        return self._published[-(self.staleness + 1) :]
+
+    def steps_behind(self, version: int) -> int:
+        """How many syncs ago `version` was published (0: the current one)."""
+        return len(self._published) - 1 - max(i for i, v in enumerate(self._published) if v == version)
+
+    # ------------------------------------------------------------------------------------------------ generation
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
-        """Sample on every actor (prompts sharded); fail fast if any actor used an unexpected adapter version."""
-        parts = shard(prompts, len(self.actors))
-        results = self.actors.call("generate", [(part, sampling) for part in parts])
-        self._check_versions(results)
+        """Sample on every live actor (prompts sharded) and wait; see submit_generate / collect."""
+        return self.collect(self.submit_generate(prompts, sampling))
+
+    def submit_generate(self, prompts: list[list[int]], sampling: Sampling) -> PendingGeneration:
+        """Send the prompts out without waiting: the first learner_chunk_size x learners to the learners (learner
+        generation, DistRL-LLM), the rest sharded over the live actors. Calls queue behind each member's earlier
+        calls, so an adapter load sent before applies to them and one sent after does not."""
+        n_learn = min(self.learner_chunk_size * len(self.learners), len(prompts))
+        learner_parts = shard(prompts[:n_learn], len(self.learners)) if n_learn else []
+        learner_calls = [self.learners.submit(j, "generate", p, sampling) for j, p in enumerate(learner_parts) if p]
+        self._rejoin(wait=True)
+        live = self.live_actors()
+        parts = shard(prompts[n_learn:], len(live))
+        calls = [self._submit(i, "generate", part, sampling) for i, part in zip(live, parts)]
+        return PendingGeneration(parts, sampling, calls, learner_calls)
+
+    def collect(self, pending: PendingGeneration) -> list[PromptRollout]:
+        """Wait for a submitted generation: all prompts' rollouts in prompt order, whatever died on the way."""
         out: list[PromptRollout] = []
-        for i, res in enumerate(results):
-            for r in res:
-                r.actor = i
-                out.append(r)
+        for j, handle in enumerate(pending.learner_calls):
+            rollouts = self.learners.result(handle)
+            for r in rollouts:
+                if r.adapter_version not in self.allowed_versions():
+                    raise VersionMismatch(
+                        f"learner {j} generated with adapter version {r.adapter_version}, expected one of "
+                        f"{self.allowed_versions()}: it is not the version the actors were sent"
+                    )
+                r.actor = -1 - j  # learners are -1, -2, ... in PromptRollout.actor
+            out.extend(rollouts)
+        for part, call in zip(pending.parts, pending.calls):
+            out.extend(self._finish_part(part, pending.sampling, call))
         return out
 
-    def _check_versions(self, per_actor: list[list[PromptRollout]]) -> None:
-        for i, res in enumerate(per_actor):
-            for r in res:
-                if r.adapter_version != self.version:
-                    raise VersionMismatch(
-                        f"rollout actor {i} generated with adapter version {r.adapter_version}, expected "
-                        f"{self.version}: the adapter sync did not reach it"
-                    )
+    def _finish_part(
+        self, part: list[list[int]], sampling: Sampling, call: _Call, again: bool = False
+    ) -> list[PromptRollout]:
+        while True:
+            try:
+                rollouts = self.actors.result(call.handle)
+                break
+            except MemberDied as e:
+                to = self._actor_died(call, "generate", e, len(part))
+                call = self._submit(to, "generate", part, sampling)
+        for r in rollouts:
+            r.actor = call.actor
+        stale = [k for k, r in enumerate(rollouts) if not self._version_ok(call.actor, r.adapter_version)]
+        if stale:
+            if again:  # the adapter was re-sent before this call: the actor did not take it
+                self._raise_mismatch(call.actor, rollouts[stale[0]].adapter_version)
+            self._counts["async/dropped_stale"] += sum(len(rollouts[k].completions) for k in stale)
+            print(
+                f"rollout actor {call.actor} generated {len(stale)} prompt(s) with adapter version "
+                f"{rollouts[stale[0]].adapter_version}, older than the staleness bound (allowed "
+                f"{self.allowed_versions()}): dropped (async/dropped_stale) and generated again",
+                flush=True,
+            )
+            redo = [part[k] for k in stale]
+            fresh = self._finish_part(redo, sampling, self._submit(call.actor, "generate", redo, sampling), again=True)
+            for k, r in zip(stale, fresh):
+                rollouts[k] = r
+        return rollouts
+
+    def _version_ok(self, actor: int, version: int) -> bool:
+        """True within the bound, False for a published version older than it; raises for any other version."""
+        if version in self.allowed_versions():
+            return True
+        if version in self._published:
+            return False
+        self._raise_mismatch(actor, version)
+
+    def _raise_mismatch(self, actor: int, version: int) -> None:
+        expected = self.version if self.staleness == 0 else f"one of {self.allowed_versions()}"
+        raise VersionMismatch(
+            f"rollout actor {actor} generated with adapter version {version}, expected {expected}: "
+            "the adapter sync did not reach it"
+        )
+
+    # ------------------------------------------------------------------------------------------------ faults
+
+    def live_actors(self) -> list[int]:
+        """Actors that take new work: not past their restarts and not restarting."""
+        return [i for i in range(len(self.actors)) if i not in self._gone and i not in self._restarting]
+
+    def _submit(self, actor: int, method: str, *args: Any) -> _Call:
+        return _Call(actor, self._deaths[actor], self.actors.submit(actor, method, *args))
+
+    def _rejoin(self, wait: bool) -> None:
+        """Take back restarted actors that are ready again, the current adapter queued before any work (a restart
+        ran __init__ again: base model, version 0). With `wait`, wait while no actor at all is live."""
+        deadline = time.monotonic() + REJOIN_TIMEOUT_S
+        while True:
+            for i in sorted(self._restarting):
+                if self.actors.ready(i):
+                    self._restarting.discard(i)
+                    if self._adapter_ref is not None:
+                        self._loads.append(self._submit(i, "load_adapter", self._adapter_ref))
+                    print(f"rollout actor {i} is back after its restart; adapter version {self.version} sent first")
+            if self.live_actors() or not wait:
+                return
+            if not self._restarting:
+                raise RuntimeError(
+                    "every rollout actor is dead and none has restarts left (cluster.actor_max_restarts): find why "
+                    "they die (out of memory? the Ray logs say) or raise cluster.actor_max_restarts"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no rollout actor came back from its restart within {REJOIN_TIMEOUT_S:.0f} s")
+            time.sleep(0.5)
+
+    def _actor_died(self, call: _Call, method: str, e: MemberDied, n_prompts: int) -> int:
+        """Handle a dead rollout actor once per death (calls sent to it before the death fail with it, and calls
+        to a restarting actor fail at once: neither is a new death); returns the live actor that takes its work."""
+        i = call.actor
+        if call.epoch == self._deaths[i]:
+            self._deaths[i] += 1
+            self._counts["fault/actor_restarts"] += 1
+            if self._deaths[i] > self.actor_max_restarts:
+                self._gone.add(i)
+                what = f"it used up its {self.actor_max_restarts} restart(s) (cluster.actor_max_restarts): left out"
+            else:
+                self._restarting.add(i)
+                what = f"Ray restarts it (restart {self._deaths[i]} of {self.actor_max_restarts})"
+        else:
+            what = "the same death"
+        self._rejoin(wait=True)
+        live = self.live_actors()
+        others = [j for j in live if j != i]
+        to = min(others, key=lambda j: (j - i) % len(self.actors)) if others else live[0]
+        if n_prompts:
+            what += f"; its {n_prompts} prompt(s) go to actor {to}"
+        print(f"rollout actor {i} died during {method} ({e.cause}): {what}", flush=True)
+        return to
+
+    def pop_counts(self) -> dict[str, float]:
+        """fault/actor_restarts and async/dropped_stale since the last call."""
+        out = dict(self._counts)
+        self._counts = dict.fromkeys(self._counts, 0.0)
+        return out
+
+    def pop_idle(self, elapsed_s: float) -> dict[str, float]:
+        """Share of `elapsed_s` each role spent outside calls (from the calls collected meanwhile)."""
+        n_act, n_learn = max(len(self.live_actors()), 1), len(self.learners)
+        busy_a, busy_l = self.actors.pop_busy_s(), self.learners.pop_busy_s()
+        return {
+            "perf/actor_idle_frac": min(max(1.0 - busy_a / max(elapsed_s * n_act, 1e-9), 0.0), 1.0),
+            "perf/learner_idle_frac": min(max(1.0 - busy_l / max(elapsed_s * n_learn, 1e-9), 0.0), 1.0),
+        }
+
+    # ------------------------------------------------------------------------------------------------ learning
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
         """One optimizer step on every learner, data-parallel: each gets a shard of whole prompt groups, the
@@ -142,29 +402,43 @@ class Runtime:
         """Learner 0's current adapter."""
         return self.learners.call("get_adapter", [()])[0]
 
+    # ------------------------------------------------------------------------------------------------ sync
+
     def sync(self) -> dict[str, float]:
-        """Publish learner 0's adapter to every rollout actor as a new version."""
+        """Publish learner 0's adapter to every live rollout actor as a new version. The loads queue behind the
+        actors' calls in flight; with staleness > 0 they are not waited for (sync/actor_load_s is then the
+        previous sync's)."""
         if self.weight_sync == "ipc":
             return self._sync_ipc()
         t0 = time.perf_counter()
         adapter = self.adapter()
-        loads = self.actors.broadcast("load_adapter", adapter)
+        loaded = self._collect_loads()
+        self._adapter_ref = self.actors.put(adapter)
         self.version = adapter.version
-        return {
+        self._loads = [self._submit(i, "load_adapter", self._adapter_ref) for i in self.live_actors()]
+        self._rejoin(wait=False)  # a restarted actor that is ready again gets this adapter too
+        if self.staleness == 0:
+            loaded = self._collect_loads()
+        out = {
             "time/sync_s": time.perf_counter() - t0,
             "sync/adapter_mb": adapter.nbytes / 2**20,
-            "sync/actor_load_s": max(x["seconds"] for x in loads),
             "sync/version": float(adapter.version),
         }
+        if loaded:
+            out["sync/actor_load_s"] = max(x["seconds"] for x in loaded)
+        return out
 
     def _sync_ipc(self) -> dict[str, float]:
-        """Full weights from learner 0 to every actor through CUDA IPC handles (vLLM's weight-transfer API); the
-        learner keeps the tensors alive until every actor has loaded them."""
+        """Full weights from learner 0 to every live actor through CUDA IPC handles (vLLM's weight-transfer API),
+        synchronously whatever the staleness: the learner keeps the tensors alive until every actor loaded them.
+        A restarted actor is not re-sent these (it rejoins at the next object-store sync); not yet run on a GPU."""
         t0 = time.perf_counter()
+        self._collect_loads()
         version = self.learners.call("get_version", [()])[0]
         info = self.learners.call("ipc_weights", [()])[0]
         try:
-            loads = self.actors.broadcast("load_weights_ipc", info, version)
+            calls = [self._submit(i, "load_weights_ipc", info, version) for i in self.live_actors()]
+            loads = [self.actors.result(c.handle) for c in calls]
         finally:
             self.learners.call("release_ipc_weights", [()])
         self.version = version
@@ -174,12 +448,41 @@ class Runtime:
             "sync/version": float(version),
         }
 
-    def probe(self, prompts: list[list[int]], sampling: Sampling) -> float:
-        """Mean |logp_learner - logp_actor| over tokens each actor samples for fixed prompts (sync check)."""
-        per_actor = self.actors.broadcast("generate", prompts, sampling)
-        self._check_versions(per_actor)
-        diffs = []
-        for rollouts in per_actor:
+    def _collect_loads(self) -> list[dict]:
+        out = []
+        for call in self._loads:
+            try:
+                out.append(self.actors.result(call.handle))
+            except MemberDied as e:
+                self._actor_died(call, "load_adapter", e, 0)
+        self._loads = []
+        return out
+
+    def probe_submit(self, prompts: list[list[int]], sampling: Sampling) -> list[_Call]:
+        """Start the sync probe on every live actor (it queues behind the adapter load of the last sync)."""
+        self._rejoin(wait=True)
+        return [self._submit(i, "generate", prompts, sampling) for i in self.live_actors()]
+
+    def probe_finish(self, calls: list[_Call]) -> float:
+        """Mean |logp_learner - logp_actor| over the probe's tokens; call it before the learners step again.
+        An actor that died meanwhile is left out of this probe (it is restarted and re-sent the adapter)."""
+        per_actor = []
+        for call in calls:
+            try:
+                per_actor.append((call.actor, self.actors.result(call.handle)))
+            except MemberDied as e:
+                self._actor_died(call, "the sync probe", e, 0)
+        for i, rollouts in list(per_actor):
+            for r in rollouts:
+                if r.adapter_version != self.version and not self._version_ok(i, r.adapter_version):
+                    # an older published version: an actor restarted just before the probe; it is not compared
+                    print(f"sync probe: rollout actor {i} answered with adapter version {r.adapter_version}; skipped")
+                    per_actor.remove((i, rollouts))
+                    break
+                if r.adapter_version != self.version:
+                    self._raise_mismatch(i, r.adapter_version)
+        diffs: list[float] = []
+        for _, rollouts in per_actor:
             p_ids = [r.prompt_ids for r in rollouts for _ in r.completions]
             c_ids = [c.token_ids for r in rollouts for c in r.completions]
             actor_lp = [c.logprobs for r in rollouts for c in r.completions]
@@ -187,6 +490,10 @@ class Runtime:
             for a, b in zip(actor_lp, learner_lp):
                 diffs.extend(abs(x - y) for x, y in zip(a, b))
         return sum(diffs) / max(len(diffs), 1)
+
+    def probe(self, prompts: list[list[int]], sampling: Sampling) -> float:
+        """Mean |logp_learner - logp_actor| over tokens each actor samples for fixed prompts (sync check)."""
+        return self.probe_finish(self.probe_submit(prompts, sampling))
 
     def close(self) -> None:
         for group in (self.actors, self.learners):

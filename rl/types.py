@@ -29,7 +29,7 @@ class PromptRollout:
     prompt_ids: list[int]
     completions: list[Completion]
     adapter_version: int  # the LoRA version the actor generated with (0 = base model)
-    actor: int = 0  # index of the rollout actor that produced it
+    actor: int = 0  # index of the rollout actor that produced it (-1 - j: learner j, cluster.learner_chunk_size)
 
 
 @dataclass

@@ -3,11 +3,13 @@ moves the adapter only when there is signal."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from rl.learner import PeftLearner, token_logprobs
-from rl.types import TrainSample
+from rl.types import Sampling, TrainSample
 from tests.helpers import make_samples
 
 
@@ -124,3 +126,30 @@ def test_ipc_weights_rebuild_to_the_learner_parameters(tiny_model):
         (args,) = handle.values()
         assert torch.equal(rebuild_cuda_tensor(*args), params[name])
     learner.release_ipc_weights()
+
+
+def test_nonfinite_loss_skips_the_optimizer_step(tiny_model):
+    learner = make_learner(tiny_model)
+    before = learner.adapter_checksum()
+    samples = make_samples()
+    samples[0].advantage = float("nan")  # e.g. a NaN reward: its group's advantages are NaN
+    metrics = learner.train_step(samples)
+    assert metrics["train/skipped_nonfinite"] == 1.0 and not math.isfinite(metrics["train/loss"])
+    assert learner.adapter_checksum() == before  # the weights never saw the NaN
+    assert learner.train_step(make_samples())["train/skipped_nonfinite"] == 0.0
+    assert learner.adapter_checksum() != before
+
+
+def test_learner_generation_logprobs_are_the_learners_own_at_the_temperature(tiny_model):
+    learner = make_learner(tiny_model, temperature=0.7)
+    learner.version = 3
+    prompts = [[1, 2, 3, 4], [5, 6, 7]]
+    rollouts = learner.generate(prompts, Sampling(n=2, temperature=0.7, max_tokens=6))
+    assert [r.prompt_ids for r in rollouts] == prompts and {r.adapter_version for r in rollouts} == {3}
+    comps = [(r.prompt_ids, c) for r in rollouts for c in r.completions]
+    assert len(comps) == 4 and all(1 <= len(c.token_ids) == len(c.logprobs) <= 6 for _, c in comps)
+    # the behaviour logprobs are the learner's own (processed: after temperature), so the first ratio is 1
+    again = learner.sequence_logprobs([p for p, _ in comps], [c.token_ids for _, c in comps])
+    for (_, c), lp in zip(comps, again):
+        assert lp == pytest.approx(c.logprobs, abs=1e-4)
+    assert learner.model.training  # back to training mode

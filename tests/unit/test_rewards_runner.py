@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import time
 
@@ -21,6 +22,15 @@ class StallOrFail:
         if text == "boom":
             raise RuntimeError("boom")
         return [float("nan")] if text == "nan" else [1.0]
+
+
+class ExitOnDie:
+    """A reward whose process dies (os._exit, as a segfault or the OOM killer would end it) on "die", else 1."""
+
+    def __call__(self, completions, *, answer, **kwargs):
+        if completions[0] == "die":
+            os._exit(3)
+        return [1.0]
 
 
 def test_in_process_counts_errors_and_non_finite_scores():
@@ -60,3 +70,15 @@ def test_runner_is_picklable_and_validates_its_settings():
         RewardRunner(BoxedReward(), workers=-1)
     with pytest.raises(ValueError, match="cannot be loaded"):
         RewardRunner("rewards.math.NoSuchReward")
+
+
+def test_a_worker_that_dies_is_replaced_and_its_sample_scores_0_as_an_error():
+    runner = RewardRunner(ExitOnDie(), workers=2, timeout_s=30.0)
+    try:
+        # the first sample a fresh worker takes kills it: a crash, not a worker that cannot start
+        assert runner(["die", "a", "b", "die", "c"], answer=["1"] * 5) == [0.0, 1.0, 1.0, 0.0, 1.0]
+        assert runner.pop_metrics() == {"reward/errors": 2.0, "reward/timeouts": 0.0}
+        assert runner.workers == 2 and len(runner._pool) == 2 and all(w.proc.is_alive() for w in runner._pool)
+        assert runner(["d", "e", "f"], answer=["1"] * 3) == [1.0, 1.0, 1.0]  # the replacements serve
+    finally:
+        runner.close()

@@ -1,0 +1,175 @@
+"""Asynchronous rollouts and faults on a real local Ray: a rollout actor killed with SIGKILL in the middle of a
+run (staleness 1, two actors) is restarted by Ray, its prompts go to the other actor, every prompt of every step
+is trained exactly once and the log says what happened; and staleness 1 with real vLLM engines through train.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from rl.hf_rollout import HFRollout
+from tests.helpers import LengthReward, run_train
+
+pytestmark = pytest.mark.slow
+
+
+class KilledOnce(HFRollout):
+    """Kills its own process with SIGKILL when its second generate call starts: the first actor to get there
+    in a run does it (the marker file, created exclusively, says which pid); its restart does not."""
+
+    def __init__(self, model_path: str, *, marker: str, **kwargs):
+        super().__init__(model_path, **kwargs)
+        self.marker, self.calls = marker, 0
+
+    def generate(self, prompts, sampling):
+        self.calls += 1
+        if self.calls == 2:
+            try:
+                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().generate(prompts, sampling)
+
+
+class Env:
+    def train_items(self):
+        return [{"messages": [{"role": "user", "content": f"Say {i} things."}], "answer": ""} for i in range(12)]
+
+    def eval_items(self):
+        return []
+
+
+def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, tmp_path, monkeypatch, capsys):
+    from transformers import AutoTokenizer
+
+    from rl import driver
+    from rl.config import AlgorithmConfig, ClusterConfig, DType, ModelConfig, RolloutBackend, TrainConfig
+    from rl.metrics import MetricsLogger
+    from rl.types import Sampling
+
+    marker = tmp_path / "killed.pid"
+    cfg = TrainConfig(
+        steps=4,
+        prompts_per_step=4,
+        eval_size=0,
+        save_interval=0,
+        sync_probe_threshold=0.01,
+        algorithm=AlgorithmConfig(group_size=2),
+        model=ModelConfig(
+            path=str(tiny_model), dtype=DType.float32, learner_dtype=DType.float32, max_new_tokens=8, lora_rank=4
+        ),
+        cluster=ClusterConfig(
+            num_actors=2,
+            rollout_backend=RolloutBackend.hf,
+            cpus_per_actor=0.5,
+            cpus_per_learner=1,
+            learner_threads=1,
+            staleness=1,
+            actor_max_restarts=2,
+        ),
+    )
+    real_role = driver.rollout_role
+    monkeypatch.setattr(
+        driver, "rollout_role", lambda c, p: (KilledOnce, {**real_role(c, p)[1], "marker": str(marker)})
+    )
+    runtime, teardown = driver.build_runtime(cfg, str(tiny_model))
+    trained: list[list[tuple[int, ...]]] = []  # each optimizer step's prompt groups
+    real_step = runtime.train_step
+    runtime.train_step = lambda samples: (
+        trained.append(list(dict.fromkeys(tuple(s.prompt_ids) for s in samples))),
+        real_step(samples),
+    )[1]
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    logger = MetricsLogger(tmp_path / "run", kind="none", total_steps=cfg.steps)
+    try:
+        driver.train(cfg, runtime, tokenizer, Env(), LengthReward(), logger, probe_threshold=0.01)
+        after = runtime.generate([[1, 2, 3]] * 4, Sampling(n=1, max_tokens=4))  # both actors serve again
+    finally:
+        teardown()
+        logger.close()
+
+    data = driver.PromptData(Env().train_items(), tokenizer, max_prompt_tokens=256, use_chat_template=True, seed=0)
+    expected = [[tuple(data.prompt_ids[i]) for i in data.next_batch(4)] for _ in range(cfg.steps)]
+    assert trained == expected  # every prompt of every step, once, in order
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert sum(r["fault/actor_restarts"] for r in rows) == 1.0
+    assert all(r["data/kept_groups"] == 4 for r in rows)
+    assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert marker.is_file()  # it really was killed
+    out = capsys.readouterr().out
+    assert "died during generate" in out and "Ray restarts it (restart 1 of 2)" in out
+    assert "prompt(s) go to actor" in out and "is back after its restart" in out
+    assert {r.actor for r in after} == {0, 1} and {r.adapter_version for r in after} == {runtime.version}
+
+
+def test_staleness_one_with_vllm_engines(tiny_model, tmp_path):
+    out = tmp_path / "run"
+    proc = run_train(
+        [
+            f"model.path={tiny_model}",
+            f"output_dir={out}",
+            "cluster=2a1l",
+            "cluster.staleness=1",
+            "cluster.gpu_memory_utilization=0.1",
+            "cluster.actor_threads=1",
+            "cluster.learner_threads=1",
+            "steps=3",
+            "prompts_per_step=2",
+            "algorithm.group_size=4",
+            "eval_size=0",
+            "model.max_new_tokens=12",
+            "reward._target_=tests.helpers.LengthReward",
+            "~reward.extract",
+            "model.dtype=float32",
+            "model.learner_dtype=float32",
+            "sync_probe_threshold=0.01",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    # step 3 trains on samples of the adapter published after step 1 while the learner holds step 2's
+    assert [r["actor/adapter_version"] for r in rows] == [0.0, 0.0, 1.0]
+    assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
+    assert all(r["sync/logprob_abs_diff"] < 0.01 for r in rows[1:])  # the probe of each sync, read a step later
+    assert all(0 <= r["perf/actor_idle_frac"] <= 1 and 0 <= r["perf/learner_idle_frac"] <= 1 for r in rows)
+
+
+def test_learner_generation_with_staleness_on_ray(tiny_model, tmp_path):
+    out = tmp_path / "run"
+    proc = run_train(
+        [
+            f"model.path={tiny_model}",
+            f"output_dir={out}",
+            "cluster=1a1l",
+            "cluster.rollout_backend=hf",
+            "cluster.staleness=1",
+            "cluster.learner_chunk_size=1",
+            "cluster.learner_threads=1",
+            "steps=3",
+            "prompts_per_step=4",
+            "algorithm.group_size=4",
+            "eval_size=2",
+            "model.max_new_tokens=8",
+            "reward._target_=tests.helpers.LengthReward",
+            "~reward.extract",
+            "model.dtype=float32",
+            "model.learner_dtype=float32",
+            "sync_probe_threshold=0.01",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["data/learner_generated_frac"] for r in steps] == [0.25] * 3  # 1 of 4 prompts on the learner
+    assert [r["async/staleness_max"] for r in steps] == [0.0, 1.0, 1.0]
+    assert all(r["data/kept_groups"] == 4 for r in steps)
+    assert all(r["sync/logprob_abs_diff"] < 0.01 for r in steps[1:])

@@ -1,0 +1,288 @@
+"""Bounded staleness and fault handling with fake roles (no Ray, no model): the versions an actor may use, a dead
+actor's prompts going to a live one, batches sent ahead, and the driver loop's stops (NaN/inf loss, dead learner)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from rl.config import AlgorithmConfig, TrainConfig
+from rl.driver import PromptData, RunStopped, train
+from rl.metrics import MetricsLogger
+from rl.pipeline import RolloutQueue
+from rl.runtime import LocalGroup, MemberDied, Runtime, VersionMismatch
+from rl.types import Adapter, Completion, PromptRollout, Sampling
+
+
+class FakeActor:
+    """Generates one completion per sample with logprob -1 and its adapter version; `die_on` call numbers raise
+    MemberDied as a killed Ray actor would, and come back as a restarted actor does (__init__ again: version 0)."""
+
+    def __init__(self, index: int = 0, die_on: tuple[int, ...] = ()):
+        self.index, self.version, self.calls, self.die_on = index, 0, 0, die_on
+        self.prompts: list[list[int]] = []
+
+    def generate(self, prompts, sampling):
+        self.calls += 1
+        if self.calls in self.die_on:
+            self.version = 0
+            raise MemberDied("rollout actor", self.index, "ActorDiedError: SIGKILL")
+        self.prompts.extend(prompts)
+        return [
+            PromptRollout(
+                p,
+                [Completion([7] * (1 + k), [-1.0] * (1 + k), "stop", "x" * k) for k in range(sampling.n)],
+                self.version,
+            )
+            for p in prompts
+        ]
+
+    def load_adapter(self, adapter):
+        self.version = adapter.version
+        return {"seconds": 0.0}
+
+
+class FakeLearner:
+    """Returns scripted losses (NaN/inf ones are reported skipped, as PeftLearner does) and records the prompts
+    it trained on; `die_at` raises MemberDied on that train_step call."""
+
+    def __init__(self, losses=None, die_at: int | None = None):
+        self.version, self.losses, self.die_at = 0, list(losses or []), die_at
+        self.trained: list[list[int]] = []  # prompt ids of each step's prompt groups
+        self.calls, self.die_on, self.prompts = 0, (), []  # generate() is the fake actor's
+
+    def train_step(self, samples):
+        if self.die_at == len(self.trained) + 1:
+            raise MemberDied("learner", 0, "ActorDiedError: out of memory")
+        self.trained.append(list(dict.fromkeys(s.prompt_ids[0] for s in samples)))
+        self.version += 1
+        loss = self.losses.pop(0) if self.losses else 0.5
+        return {"train/loss": loss, "train/skipped_nonfinite": float(not math.isfinite(loss)), "time/learn_s": 0.0}
+
+    def get_adapter(self):
+        return Adapter(self.version, {}, b"")
+
+    def state_dict(self):
+        return {"adapter": self.get_adapter(), "optimizer": b""}
+
+    def load_state(self, state):
+        self.version = state["adapter"].version
+
+    def generate(self, prompts, sampling):
+        return FakeActor.generate(self, prompts, sampling)
+
+    def sequence_logprobs(self, prompt_ids, completion_ids, reference=False):
+        return [[-1.0] * len(c) for c in completion_ids]
+
+
+class NumberTokenizer:
+    def __call__(self, text):
+        return {"input_ids": [int(text[1:])]}  # "q7" -> [7]: the prompt id is the prompt's index
+
+
+class Env:
+    def __init__(self, n: int):
+        self.n = n
+
+    def train_items(self):
+        return [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": ""} for i in range(self.n)]
+
+    def eval_items(self):
+        return []
+
+
+def length_reward(texts, *, answer, **_):
+    return [float(len(t)) for t in texts]
+
+
+def fake_runtime(actors, learner, staleness=0, restarts=0) -> Runtime:
+    return Runtime(LocalGroup(actors), LocalGroup([learner]), staleness=staleness, actor_max_restarts=restarts)
+
+
+def run_loop(tmp_path, runtime, *, steps=4, staleness=0, max_nonfinite_steps=3, save_interval=0, resume=None):
+    cfg = TrainConfig(steps=steps, prompts_per_step=2, eval_size=0, save_interval=save_interval, seed=3, resume=resume)
+    cfg.algorithm = AlgorithmConfig(group_size=2)
+    cfg.model.use_chat_template = False
+    cfg.cluster.staleness, cfg.max_nonfinite_steps = staleness, max_nonfinite_steps
+    logger = MetricsLogger(tmp_path, kind="none", total_steps=steps)
+    try:
+        train(cfg, runtime, NumberTokenizer(), Env(5), length_reward, logger)
+    finally:
+        logger.close()
+    return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+
+def expected_batches(steps: int) -> list[list[int]]:
+    """The prompt indices the data order serves, step by step (same seed as run_loop)."""
+    data = PromptData(Env(5).train_items(), NumberTokenizer(), max_prompt_tokens=9, use_chat_template=False, seed=3)
+    return [data.next_batch(2) for _ in range(steps)]
+
+
+# ------------------------------------------------------------------------------------------------ versions
+
+
+def test_staleness_bounds_the_versions_an_actor_may_use():
+    actor = FakeActor()
+    runtime = fake_runtime([actor], FakeLearner(), staleness=1)
+    runtime.version, runtime.version = 1, 2  # two syncs published
+    actor.version = 1  # one sync behind: allowed with staleness 1
+    assert [r.adapter_version for r in runtime.generate([[5]], Sampling(n=1))] == [1]
+    actor.version = 3  # never published
+    with pytest.raises(VersionMismatch, match=r"actor 0 generated with adapter version 3, expected one of \[1, 2\]"):
+        runtime.generate([[5]], Sampling(n=1))
+
+
+def test_a_sample_older_than_the_bound_is_dropped_counted_and_generated_again(capsys):
+    class CatchesUp(FakeActor):  # answers once with an old adapter, then has the current one
+        def generate(self, prompts, sampling):
+            out = super().generate(prompts, sampling)
+            self.version = 2
+            return out
+
+    actor = CatchesUp()
+    runtime = fake_runtime([actor], FakeLearner(), staleness=1)
+    runtime.version, runtime.version = 1, 2
+    rollouts = runtime.generate([[5], [6]], Sampling(n=3))
+    assert [(r.prompt_ids, r.adapter_version) for r in rollouts] == [([5], 2), ([6], 2)]
+    assert runtime.pop_counts() == {"fault/actor_restarts": 0.0, "async/dropped_stale": 6.0}
+    assert "older than the staleness bound" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------ faults
+
+
+def test_dead_actor_prompts_go_to_a_live_actor_and_it_gets_the_adapter_again(capsys):
+    actors = [FakeActor(0, die_on=(2,)), FakeActor(1)]
+    runtime = fake_runtime(actors, FakeLearner(), restarts=2)
+    runtime.generate([[1], [2]], Sampling(n=1))
+    runtime.learners.members[0].version = 4
+    runtime.sync()
+    rollouts = runtime.generate([[1], [2], [3], [4]], Sampling(n=2))
+    assert [r.prompt_ids[0] for r in rollouts] == [1, 2, 3, 4]  # every prompt, in order
+    assert [r.actor for r in rollouts] == [1, 1, 1, 1] and {r.adapter_version for r in rollouts} == {4}
+    assert actors[0].version == 4  # the restarted actor was sent the current adapter again
+    assert runtime.pop_counts()["fault/actor_restarts"] == 1.0
+    out = capsys.readouterr().out
+    assert "rollout actor 0 died during generate (ActorDiedError: SIGKILL): Ray restarts it (restart 1 of 2)" in out
+    assert "its 2 prompt(s) go to actor 1" in out
+    assert "rollout actor 0 is back after its restart; adapter version 4 sent first" in out
+    assert len(runtime.generate([[1], [2]], Sampling(n=1))) == 2 and actors[0].calls == 3  # back in service
+
+
+def test_an_actor_past_its_restarts_is_left_out_and_the_last_one_dying_stops_the_run():
+    actors = [FakeActor(0, die_on=(1,)), FakeActor(1, die_on=(3,))]
+    runtime = fake_runtime(actors, FakeLearner(), restarts=0)
+    assert len(runtime.generate([[1], [2]], Sampling(n=1))) == 2
+    assert runtime.live_actors() == [1]
+    with pytest.raises(RuntimeError, match="every rollout actor is dead"):
+        runtime.generate([[1], [2]], Sampling(n=1))
+
+
+# ------------------------------------------------------------------------------------------------ queue + loop
+
+
+def test_queue_sends_ahead_and_checkpoints_the_data_before_what_is_in_flight():
+    data = PromptData(Env(5).train_items(), NumberTokenizer(), max_prompt_tokens=9, use_chat_template=False, seed=3)
+    actor = FakeActor()
+    queue = RolloutQueue(fake_runtime([actor], FakeLearner(), staleness=1), data, Sampling(n=1), 2, staleness=1)
+    queue.fill(steps_left=5)
+    assert data.cursor == 4 and len(actor.prompts) == 4  # two batches sent
+    assert queue.state_dict()["cursor"] == 0
+    idx, rollouts = queue.take()
+    assert [r.prompt_ids[0] for r in rollouts] == idx and queue.state_dict()["cursor"] == 2
+    queue.fill(steps_left=1)  # the last step: nothing more is sent
+    assert data.cursor == 4
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_loop_trains_every_prompt_once_on_rollouts_at_most_k_syncs_old(tmp_path, staleness):
+    learner = FakeLearner()
+    rows = run_loop(tmp_path, fake_runtime([FakeActor()], learner, staleness=staleness), steps=5, staleness=staleness)
+    assert learner.trained == expected_batches(5)
+    assert [r["async/staleness_max"] for r in rows] == [min(s, staleness) for s in range(5)]
+    # the sync probe is read every step; with staleness > 0 in the next step's row (step 1 has none)
+    assert [r.get("sync/logprob_abs_diff") for r in rows] == [None if staleness else 0.0] + [0.0] * 4
+    assert all(0.0 <= r["perf/actor_idle_frac"] <= 1.0 and 0.0 <= r["perf/learner_idle_frac"] <= 1.0 for r in rows)
+
+
+def test_nonfinite_losses_are_skipped_and_logged_and_too_many_in_a_row_stop_the_run(tmp_path, capsys):
+    learner = FakeLearner(losses=[float("nan"), 0.5, float("inf"), float("nan")])
+    with pytest.raises(RunStopped) as stop:
+        run_loop(tmp_path, fake_runtime([FakeActor()], learner), steps=6, max_nonfinite_steps=2)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train/skipped_nonfinite"] for r in rows] == [1.0, 0.0, 1.0, 1.0]  # step 2 reset the count
+    out = capsys.readouterr().out
+    assert "step 1: non-finite loss (nan), optimizer step skipped (1 in a row" in out
+    assert "step 4: non-finite loss (nan), optimizer step skipped (2 in a row" in out
+    msg = str(stop.value)
+    assert "2 steps in a row had a non-finite loss" in msg and "stopped after step 4" in msg
+    assert f"resume=auto output_dir={tmp_path}" in msg and "\n" not in msg
+
+
+def test_a_dead_learner_stops_the_run_naming_the_checkpoint_and_how_to_resume(tmp_path):
+    with pytest.raises(RunStopped, match=r"learner 0 died at step 2 \(ActorDiedError: out of memory\); no checkpoint"):
+        run_loop(tmp_path, fake_runtime([FakeActor()], FakeLearner(die_at=2)), steps=3)
+
+
+def test_learner_generation_takes_the_first_chunk_of_prompts_per_learner():
+    actors, learner = [FakeActor(0), FakeActor(1)], FakeLearner()
+    runtime = Runtime(LocalGroup(actors), LocalGroup([learner]), learner_chunk_size=2)
+    rollouts = runtime.generate([[1], [2], [3], [4], [5]], Sampling(n=1))
+    assert [r.prompt_ids[0] for r in rollouts] == [1, 2, 3, 4, 5]
+    assert [r.actor for r in rollouts] == [-1, -1, 0, 0, 1]  # learner 0 is -1
+    assert learner.prompts == [[1], [2]] and actors[0].prompts == [[3], [4]] and actors[1].prompts == [[5]]
+    learner.version = 7  # a learner that generates with a version never published is a sync bug
+    with pytest.raises(VersionMismatch, match=r"learner 0 generated with adapter version 7, expected one of \[0\]"):
+        runtime.generate([[1]], Sampling(n=1))
+
+
+def test_prompts_in_flight_at_a_checkpoint_are_generated_again_on_resume(tmp_path):
+    first = FakeLearner(die_at=4)  # the run stops in step 4; step 3 (and 4, staleness 2) were in flight at step 2
+    with pytest.raises(RunStopped, match=r"last checkpoint: .*step_0002"):
+        run_loop(tmp_path, fake_runtime([FakeActor()], first, staleness=2), steps=6, staleness=2, save_interval=2)
+    again = FakeLearner()
+    ckpt = str(tmp_path / "checkpoints" / "step_0002")
+    run_loop(tmp_path, fake_runtime([FakeActor()], again, staleness=2), steps=6, staleness=2, resume=ckpt)
+    # steps 1-2 before the checkpoint, then steps 3-6 from the data position before the batches in flight
+    assert first.trained[:2] + again.trained == expected_batches(6)
+
+
+def test_async_and_fault_keys_are_checked():
+    from omegaconf import OmegaConf
+
+    from rl.config import ConfigError
+
+    def typed(**overrides) -> TrainConfig:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), overrides))
+
+    with pytest.raises(ConfigError, match="cluster.mode=local .* set cluster.staleness=0"):
+        typed(cluster={"mode": "local", "staleness": 1})
+    for key in ("staleness", "actor_max_restarts", "learner_chunk_size"):
+        with pytest.raises(ConfigError, match=f"cluster.{key} must be >= 0"):
+            typed(cluster={key: -1})
+    with pytest.raises(ConfigError, match="max_nonfinite_steps must be >= 1"):
+        typed(max_nonfinite_steps=0)
+    assert typed(cluster={"staleness": 2}).cluster.staleness == 2
+
+
+def test_dynamic_sampling_rounds_follow_a_batch_sent_ahead():
+    from rl.driver import sample_batch
+
+    data = PromptData(Env(5).train_items(), NumberTokenizer(), max_prompt_tokens=9, use_chat_template=False, seed=3)
+    idx = data.next_batch(2)
+    flat = [PromptRollout([i], [Completion([7], [-1.0], "stop", "")] * 2, 0) for i in idx]  # reward 0: filtered
+    runtime = fake_runtime([FakeActor()], FakeLearner())
+    rollouts, rewards, stats = sample_batch(
+        runtime,
+        data,
+        length_reward,
+        Sampling(n=2),
+        2,
+        filter_range=[0.01, 0.99],
+        max_rounds=2,
+        first=lambda: (idx, flat),
+    )
+    assert [r.prompt_ids[0] for r in rollouts] == expected_batches(2)[1]  # the second round, generated here
+    assert rewards == [0.0, 1.0, 0.0, 1.0] and stats["data/sample_utilization"] == 0.5
