@@ -287,9 +287,7 @@ class TrainConfig:
     eval_save_dir: str | None = None  # per-sample eval jsonl, one step_N.jsonl per evaluation (null: <run dir>/eval)
     rollout_save_interval: int = 0  # write every completion of every N-th step to a jsonl (0: never)
     rollout_save_dir: str | None = None  # where those step_N.jsonl go (null: <run dir>/rollouts)
-    sync_probe_threshold: float = (
-        0.2  # fail when mean |logp_learner - logp_actor| on the sync probe exceeds this (bf16 noise: ~0.03-0.09)
-    )
+    sync_probe_threshold: float = 0.2  # fail when the sync probe's mean |dlogp| exceeds its pre-training floor + this
     output_dir: str | None = None  # run directory (null: Hydra's run directory)
     save_interval: int = 5  # checkpoint every N steps and after the last one, in <run dir>/checkpoints (0: never)
     keep_last: int = 2  # checkpoints kept; older ones are deleted after each save (0: keep all)

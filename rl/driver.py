@@ -394,6 +394,13 @@ def train(
         logger.console(0, before)
         summary["eval/accuracy_before"] = before["eval/accuracy"]
 
+    # The probe's floor: learner vs actor on the same, correctly synced version before any training step (base
+    # model, or the resumed adapter). It is numerics (bf16: ~0.03-0.09) and, with a 4-bit learner against a bf16
+    # actor, quantisation (~0.2 on Qwen2.5-0.5B shapes); a missed sync shows as a rise above it.
+    floor = runtime.probe_finish(runtime.probe_submit(probe_prompts, probe_sampling))
+    summary["sync/probe_floor"] = floor
+    probe_threshold = floor + probe_threshold
+    print(f"sync probe floor {floor:.4f}: a step fails above {probe_threshold:.4f}", flush=True)
     queue = RolloutQueue(runtime, train_data, sampling, cfg.prompts_per_step, cfg.cluster.staleness)
     probe = None  # the last sync's probe, when it is read in the next step (staleness > 0: the actors are busy)
     nonfinite = 0  # steps in a row whose loss was NaN/inf (each optimizer step skipped)
@@ -500,10 +507,12 @@ def stop_message(reason: str, run_dir: Path) -> str:
 
 
 def check_probe(diff: float, step: int, threshold: float) -> float:
+    """`threshold` = the floor measured before training + sync_probe_threshold."""
     if diff > threshold:
         raise RuntimeError(
             f"adapter sync check failed at step {step}: mean |logp_learner - logp_actor| = {diff:.4f} > "
-            f"{threshold} (sync_probe_threshold): the actor is not running the learner's adapter"
+            f"{threshold:.4f} (probe floor before training + sync_probe_threshold): the actor is not running the "
+            "learner's adapter"
         )
     return diff
 

@@ -286,3 +286,25 @@ def test_dynamic_sampling_rounds_follow_a_batch_sent_ahead():
     )
     assert [r.prompt_ids[0] for r in rollouts] == expected_batches(2)[1]  # the second round, generated here
     assert rewards == [0.0, 1.0, 0.0, 1.0] and stats["data/sample_utilization"] == 0.5
+
+
+class OffsetLearner(FakeLearner):
+    """Its logprobs differ from the actors' by `floor` (a 4-bit learner against a bf16 actor) plus `drift` per
+    adapter version (an actor that never receives the adapter falls further behind)."""
+
+    def __init__(self, floor: float, drift: float):
+        super().__init__()
+        self.floor, self.drift = floor, drift
+
+    def sequence_logprobs(self, prompt_ids, completion_ids, reference=False):
+        return [[-1.0 - self.floor - self.drift * self.version] * len(c) for c in completion_ids]
+
+
+def test_sync_probe_is_checked_against_its_floor_before_training(tmp_path, capsys):
+    # a constant mismatch above the threshold (train()'s default 0.1 here) is the floor, not a sync failure
+    rows = run_loop(tmp_path / "a", fake_runtime([FakeActor()], OffsetLearner(floor=0.3, drift=0.0)), steps=3)
+    assert [r["sync/logprob_abs_diff"] for r in rows] == pytest.approx([0.3] * 3)
+    assert "sync probe floor 0.3000: a step fails above 0.4000" in capsys.readouterr().out
+    # a mismatch that grows with the adapter versions is caught once it exceeds floor + threshold
+    with pytest.raises(RuntimeError, match=r"adapter sync check failed at step 1: .* = 0\.4500 > 0\.4000"):
+        run_loop(tmp_path / "b", fake_runtime([FakeActor()], OffsetLearner(floor=0.3, drift=0.15)), steps=3)
