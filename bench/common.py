@@ -18,6 +18,26 @@ def add_model_args(ap) -> None:
     ap.add_argument("--shape", default=None, help="random-init model of a named shape (bench/shapes.py) instead")
     ap.add_argument("--layers", type=int, default=None, help="with --shape: fewer layers than the real model")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    add_threads_arg(ap)
+
+
+def add_threads_arg(ap) -> None:
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads per process, the same on both sides (default: all cores). On a shared, loaded machine use "
+        "1: with more threads than free cores, OpenMP's spinning barriers slow torch by 10-40x (seen here)",
+    )
+
+
+def set_threads(n: int | None) -> int:
+    """Use n torch threads in this process (all cores when None); returns n."""
+    import torch
+
+    n = n or os.cpu_count() or 1
+    torch.set_num_threads(n)
+    return n
 
 
 def model_path(args) -> str:
@@ -48,14 +68,22 @@ def demo_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
     return out
 
 
-def random_adapter(path: str, rank: int = 16, *, dtype: str = "float32", seed: int = 0):
+def random_adapter(path: str, rank: int = 16, *, dtype: str = "float32", seed: int = 0, threads: int | None = None):
     """A PEFT adapter (rl.types.Adapter) on all 7 projections with small random non-zero B (a trained-looking
     adapter: merging or applying it costs what a real one does)."""
     import torch
 
     from rl.learner import PeftLearner
 
-    learner = PeftLearner(path, lora_rank=rank, lora_alpha=2 * rank, dtype=dtype, lora_targets=LORA_TARGETS, seed=seed)
+    learner = PeftLearner(
+        path,
+        lora_rank=rank,
+        lora_alpha=2 * rank,
+        dtype=dtype,
+        lora_targets=LORA_TARGETS,
+        seed=seed,
+        num_threads=threads,
+    )
     with torch.no_grad():
         for name, p in learner.model.named_parameters():
             if "lora_B" in name:

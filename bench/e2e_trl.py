@@ -29,12 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import LORA_TARGETS, REPO, machine, machine_label
+from bench.common import LORA_TARGETS, REPO, add_threads_arg, machine, machine_label, set_threads
 
 PROMPTS, G, MAX_NEW, RANK, LR, KL = 8, 8, 32, 16, 2e-4, 0.01
 
 
-def run_ours(steps: int, out: Path) -> dict:
+def run_ours(steps: int, out: Path, threads: int | None) -> dict:
     """train.py's demo settings with `steps` steps, no eval and no checkpoints; step times from metrics.jsonl."""
     cmd = [
         sys.executable,
@@ -49,7 +49,10 @@ def run_ours(steps: int, out: Path) -> dict:
         f"algorithm.group_size={G}",
         f"model.max_new_tokens={MAX_NEW}",
         f"model.lora_rank={RANK}",
+        "cluster.gpu_memory_utilization=0.05",  # 1.2 GB of KV cache on CPU: plenty for 64 x 90 tokens, shared machine
     ]
+    if threads:
+        cmd += [f"cluster.actor_threads={threads}", f"cluster.learner_threads={threads}"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     wall = time.perf_counter() - t0
@@ -70,7 +73,7 @@ def run_ours(steps: int, out: Path) -> dict:
     }
 
 
-def run_trl(steps: int, out: Path, use_vllm: bool) -> dict:
+def run_trl(steps: int, out: Path, use_vllm: bool, threads: int | None) -> dict:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -145,7 +148,7 @@ def run_trl(steps: int, out: Path, use_vllm: bool) -> dict:
         peft_config=lora,
         callbacks=[StepTimes()],
     )
-    torch.set_num_threads(os.cpu_count() or 1)
+    set_threads(threads)
     trainer.train()
     times = [b - a for a, b in zip(marks, marks[1:])]
     rewards = [round(h["reward"], 3) for h in trainer.state.log_history if "reward" in h]
@@ -163,6 +166,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--trl-vllm", action="store_true", help="TRL with use_vllm=True, vllm_mode=colocate")
     ap.add_argument("--only", choices=["ours", "trl"], default=None)
+    add_threads_arg(ap)
     args = ap.parse_args()
     import trl
 
@@ -170,10 +174,10 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="rlft-e2e-") as tmp:
         if args.only != "trl":
-            rows.append(run_ours(args.steps, Path(tmp) / "ours"))
+            rows.append(run_ours(args.steps, Path(tmp) / "ours", args.threads))
             print(json.dumps({"bench": "e2e_trl", **rows[-1], "load_avg": machine()["load_avg"]}), flush=True)
         if args.only != "ours":
-            rows.append(run_trl(args.steps, Path(tmp) / "trl", args.trl_vllm))
+            rows.append(run_trl(args.steps, Path(tmp) / "trl", args.trl_vllm, args.threads))
             print(json.dumps({"bench": "e2e_trl", **rows[-1], "load_avg": machine()["load_avg"]}), flush=True)
     info = machine()
     info["load_avg_before"] = before["load_avg"]

@@ -5,8 +5,9 @@ CPU (about 4 min here):  python -m bench.learner
 CUDA, random Qwen2.5-0.5B shape:  python -m bench.learner --device cuda --shape qwen2.5-0.5b --groups 16 \
     --prompt-len 128 --completion-len 64:256
 
-Raw step: right-padded forward of prompt+completion, token-mean cross-entropy on the completion tokens,
-backward, AdamW step (what a hand-written PEFT loop does; no behaviour logprobs, no clipping, no metrics).
+Raw step: right-padded forward of prompt+completion, token-mean cross-entropy on the completion tokens (only
+their logits upcast to fp32, as ours), backward, grad-norm clip, AdamW step (a lean hand-written PEFT loop: no
+behaviour logprobs, no clipping ratio, no entropy or other metrics).
 Ours runs twice: `share_prompt_prefix=False` (the same full forward as raw: the ratio is our overhead) and the
 default `share_prompt_prefix=True` (each group's prompt run once: what a user gets). kl_coef=0 on our side (the
 demo's GRPO adds a no-grad reference forward; that is more work, not overhead). Token ids are random (speed does
@@ -25,7 +26,7 @@ import json
 import random
 import time
 
-from bench.common import LORA_TARGETS, add_model_args, machine, machine_label, median, model_path
+from bench.common import LORA_TARGETS, add_model_args, machine, machine_label, median, model_path, set_threads
 
 
 def make_samples(args):
@@ -59,6 +60,7 @@ def build_ours(args, path: str, *, share_prompt_prefix: bool):
         micro_batch_size=args.micro_batch_size,
         share_prompt_prefix=share_prompt_prefix,
         kl_coef=0.0,
+        num_threads=args.threads,
     )
     if args.backend != "peft":
         accepted = inspect.signature(PeftLearner).parameters
@@ -106,12 +108,10 @@ class RawPeftStep:
                 attn[j, : len(seq)] = 1
                 labels[j, len(s.prompt_ids) : len(seq)] = torch.tensor(s.completion_ids)
             logits = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device)).logits
-            loss = torch.nn.functional.cross_entropy(
-                logits[:, :-1].float().reshape(-1, logits.shape[-1]),
-                labels[:, 1:].reshape(-1).to(self.device),
-                ignore_index=-100,
-                reduction="sum",
-            )
+            # only the completion positions go through the fp32 log-softmax (as ours does): position t predicts t + 1
+            target = labels[:, 1:].to(self.device)
+            keep = target != -100
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1][keep].float(), target[keep], reduction="sum")
             (loss / n_tok).backward()
         torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
         self.opt.step()
@@ -123,6 +123,7 @@ def build_raw(args, path: str) -> RawPeftStep:
     import torch
     from peft import LoraConfig, get_peft_model
 
+    set_threads(args.threads)
     dtype = torch.bfloat16 if args.dtype == "auto" else getattr(torch, args.dtype)
     lora = LoraConfig(
         r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"
@@ -156,15 +157,27 @@ def build_raw(args, path: str) -> RawPeftStep:
 # ------------------------------------------------------------------------------------------------ timing
 
 
-def time_steps(learner, samples, repeats: int) -> float:
-    learner.train_step(samples)  # warm-up (allocations, optimizer state)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def time_round_robin(learners: dict, samples, repeats: int) -> dict[str, float]:
+    """Median step time of each learner, timed in turns (raw, ours, ours, raw, ...) so that a change in the
+    machine's load hits every side alike; one warm-up step each first (allocations, optimizer state)."""
+    for learner in learners.values():
         learner.train_step(samples)
-        _sync()
-        times.append(time.perf_counter() - t0)
-    return median(times)
+    times: dict[str, list[float]] = {k: [] for k in learners}
+    for _ in range(repeats):
+        for side, learner in learners.items():
+            t0 = time.perf_counter()
+            learner.train_step(samples)
+            _sync()
+            times[side].append(time.perf_counter() - t0)
+    return {k: median(v) for k, v in times.items()}
+
+
+def _zero_entropy(logits, with_grad: bool):
+    """Stands in for PeftLearner._entropy (a no-grad full-vocabulary softmax per completion token, for the
+    policy/entropy metric) in the --probe-entropy side: the step time without that pass."""
+    import torch
+
+    return torch.zeros(logits.shape[:2], device=logits.device)
 
 
 def _sync() -> None:
@@ -186,9 +199,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--micro-batch-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--probe-entropy", action="store_true", help="also time ours without the entropy metric")
     args = ap.parse_args()
-
-    import gc
 
     from transformers import AutoConfig
 
@@ -197,19 +209,22 @@ def main() -> None:
     samples = make_samples(args)
     tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     before = machine()
-    rows = {}
-    for side in ("raw", "ours_full", "ours_shared"):
+    learners, build_s = {}, {}
+    sides = ["raw", "ours_full", "ours_shared"] + (["ours_full_no_entropy"] if args.probe_entropy else [])
+    for side in sides:  # all in memory at once (a LoRA learner of SmolLM2 is ~0.6 GB)
         t0 = time.perf_counter()
-        learner = (
-            build_raw(args, path)
-            if side == "raw"
-            else build_ours(args, path, share_prompt_prefix=side == "ours_shared")
-        )
-        build_s = time.perf_counter() - t0
-        step_s = time_steps(learner, samples, args.repeats)
-        rows[side] = {"step_s": round(step_s, 3), "tokens_per_s": round(tokens / step_s, 1), "build_s": round(build_s)}
-        del learner
-        gc.collect()
+        if side == "raw":
+            learners[side] = build_raw(args, path)
+        else:
+            learners[side] = build_ours(args, path, share_prompt_prefix=side == "ours_shared")
+        if side == "ours_full_no_entropy":  # where the overhead goes: the policy/entropy metric's extra pass
+            learners[side]._entropy = _zero_entropy
+        build_s[side] = time.perf_counter() - t0
+    step_s = time_round_robin(learners, samples, args.repeats)
+    rows = {
+        side: {"step_s": round(step_s[side], 3), "tokens_per_s": round(tokens / step_s[side], 1), "build_s": round(b)}
+        for side, b in build_s.items()
+    }
     info = machine()
     info["load_avg_before"] = before["load_avg"]
     work = {
@@ -221,9 +236,13 @@ def main() -> None:
         "dtype": args.dtype,
         "device": args.device,
         "micro_batch_size": args.micro_batch_size,
+        "threads": args.threads,
     }
     overhead = rows["ours_full"]["step_s"] / rows["raw"]["step_s"]
     speedup = rows["raw"]["step_s"] / rows["ours_shared"]["step_s"]
+    if "ours_full_no_entropy" in rows:
+        share = 1 - rows["ours_full_no_entropy"]["step_s"] / rows["ours_full"]["step_s"]
+        print(json.dumps({"bench": "learner", "entropy_metric_share_of_ours_full": round(share, 3)}))
     for side, row in rows.items():
         print(json.dumps({"bench": "learner", "side": side, **work, **row, "machine": info}), flush=True)
     print(

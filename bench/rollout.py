@@ -20,7 +20,16 @@ import json
 import os
 import time
 
-from bench.common import add_model_args, demo_prompts, machine, machine_label, median, model_path, random_adapter
+from bench.common import (
+    add_model_args,
+    demo_prompts,
+    machine,
+    machine_label,
+    median,
+    model_path,
+    random_adapter,
+    set_threads,
+)
 
 
 def hf_generate_rate(path: str, prompts: list[list[int]], args) -> dict:
@@ -29,6 +38,7 @@ def hf_generate_rate(path: str, prompts: list[list[int]], args) -> dict:
     from transformers import AutoModelForCausalLM
 
     device = torch.device(args.device)
+    set_threads(args.threads)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).to(device).eval()
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
@@ -125,12 +135,12 @@ def main() -> None:
     else:
         from rl.rollout import cpu_threads_env
 
-        os.environ.update(cpu_threads_env(None))
+        os.environ.update(cpu_threads_env(args.threads))
     from transformers import AutoTokenizer
 
     path = model_path(args)
     prompts = demo_prompts(AutoTokenizer.from_pretrained(path), args.prompts)
-    adapter = random_adapter(path, 16)
+    adapter = random_adapter(path, 16, threads=args.threads)
     before = machine()
     hf = hf_generate_rate(path, prompts, args)
     ours = vllm_rate(path, prompts, adapter, args)
@@ -144,6 +154,7 @@ def main() -> None:
         "prompt_len_mean": round(sum(map(len, prompts)) / len(prompts), 1),
         "dtype": args.dtype,
         "device": args.device,
+        "threads": args.threads,
     }
     ratio = ours["tokens_per_s"] / hf["tokens_per_s"]
     for row in (hf, ours):

@@ -15,9 +15,12 @@ Per rank and lora_mode it runs `Runtime.sync()` as the driver does (learner 0's 
     worker_reload_s (vLLM layerwise reload: load_weights + CPU weight repacking), reset_prefix_cache_s
   native mode: write_files_s, and first_generate_extra_s (vLLM loads a LoRARequest lazily, at its first use:
     a 1-token generate right after the load, minus the same generate again).
+The prototypes (merged mode, same actor and learner): 1. the learner's ObjectRef handed straight to the actor
+(no copy through the driver); 2. the adapter sent in bf16 (half the bytes; the merged weights are bf16 anyway);
+3. W0 + s * B @ A as one fused fp32 addmm per module in the worker (no separate delta pass).
 The step share: a demo-shaped step on the same actors (8 prompts x 8 samples x 32 tokens, GRPO with the k3 KL,
 rank 16) through rl.runtime.Runtime: generate, train_step, sync, probe; and, with --metrics, the mean
-time/sync_s / time/step_s of a real run's metrics.jsonl. It also times two candidate speed-ups (see PROTOTYPES).
+time/sync_s / time/step_s of a real run's metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import json
 import statistics
 import time
 
-from bench.common import LORA_TARGETS, demo_prompts, machine, machine_label
+from bench.common import LORA_TARGETS, add_threads_arg, demo_prompts, machine, machine_label
 from rl.learner import PeftLearner
 from rl.rollout import VLLMRollout
 
@@ -57,6 +60,13 @@ class BenchLearner(PeftLearner):
         config["target_modules"] = sorted(config["target_modules"])
         adapter = Adapter(version=self.version, config=config, weights=weights)
         return adapter, {"learner_state_dict_s": t1 - t0, "learner_serialize_s": t2 - t1}
+
+    def bump_version(self) -> int:
+        """A new adapter version without a step: every sync in this bench publishes a new version, as the driver
+        does (VLLMRollout in native mode must not be given the same version twice: it would delete the files of
+        the adapter it serves, see the report)."""
+        self.version += 1
+        return self.version
 
     def randomise_adapter(self, version: int) -> None:
         """Non-zero B (a trained-looking adapter), as a new version."""
@@ -105,8 +115,61 @@ def timed_merge(worker, config: dict, weights: bytes) -> dict:
     return {k: b - a for k, a, b in zip(parts, t, t[1:])}
 
 
+def fused_merge(worker, config: dict, weights: bytes) -> dict:
+    """PROTOTYPE 3: the same merge with W0 + s * B @ A as one fp32 `addmm` per module (no separate delta tensor, one
+    pass instead of three: B @ A, W0.float() + delta, and the dict of deltas in between); same maths and rounding
+    (one final cast to the base dtype). Timed like `timed_merge`; the reload is unchanged."""
+    import logging
+
+    import torch
+    from safetensors.torch import load as load_safetensors
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+    from rl.vllm_ext import _FUSED, _PEFT_KEY, _SIBLINGS
+
+    t = [time.perf_counter()]
+    base = worker._rlft_base()
+    tensors = load_safetensors(weights)
+    t.append(time.perf_counter())
+    r, alpha = config["r"], config["lora_alpha"]
+    scale = alpha / (r**0.5) if config.get("use_rslora") else alpha / r
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        m = _PEFT_KEY.match(key)
+        pairs.setdefault(m["module"], {})[m["ab"]] = tensor
+    names: set[str] = set()
+    for module in pairs:
+        prefix, _, proj = module.rpartition(".")
+        group = _FUSED.get(proj)
+        names.update(f"{prefix}.{s}.weight" for s in (_SIBLINGS[group] if group else (proj,)))
+    payload = []
+    for name in sorted(names):
+        w0, ab = base[name], pairs.get(name.removesuffix(".weight"))
+        if ab is None:
+            payload.append((name, w0))
+        else:
+            merged = torch.addmm(w0.float(), ab["B"].float(), ab["A"].float(), alpha=scale)
+            payload.append((name, merged.to(w0.dtype)))
+    t.append(time.perf_counter())
+    model = worker.model_runner.model
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+    initialize_layerwise_reload(model)
+    model.load_weights(weights=payload)
+    finalize_layerwise_reload(model, worker.vllm_config.model_config)
+    t.append(time.perf_counter())
+    parts = ("worker_deserialize_s", "worker_merge_s", "worker_reload_s")
+    return {k: b - a for k, a, b in zip(parts, t, t[1:])}
+
+
 class BenchRollout(VLLMRollout):
     """VLLMRollout plus a load with each part timed (same work as load_adapter)."""
+
+    def fused_load(self, adapter) -> dict:
+        """PROTOTYPE 3 on this engine: the fused merge, then the prefix-cache reset, as load_adapter does."""
+        worker = self.llm.collective_rpc(fused_merge, args=(adapter.config, adapter.weights))[0]
+        self.llm.reset_prefix_cache()
+        self.version = adapter.version
+        return worker
 
     def timed_load(self, adapter) -> dict:
         import shutil
@@ -154,6 +217,7 @@ class BenchRollout(VLLMRollout):
 
 def breakdown(ray, learner, actor, dtype: str | None = None) -> dict:
     """One sync, piece by piece, each timed where it runs."""
+    ray.get(learner.bump_version.remote())
     t0 = time.perf_counter()
     adapter, parts = ray.get(learner.timed_adapter.remote(dtype))
     parts["to_driver_s"] = time.perf_counter() - t0 - sum(parts.values())
@@ -167,8 +231,15 @@ def breakdown(ray, learner, actor, dtype: str | None = None) -> dict:
     return parts
 
 
+def fused_breakdown(ray, learner, actor) -> dict:
+    ray.get(learner.bump_version.remote())
+    adapter = ray.get(learner.get_adapter.remote())
+    return ray.get(actor.fused_load.remote(ray.put(adapter)))
+
+
 def direct_sync(ray, learner, actor) -> float:
     """PROTOTYPE 1: hand the learner's result to the actor as an ObjectRef (no copy through the driver)."""
+    ray.get(learner.bump_version.remote())
     t0 = time.perf_counter()
     ref = learner.get_adapter.remote()
     ray.get(actor.load_adapter.remote(ref))
@@ -227,6 +298,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--demo-steps", type=int, default=2, help="demo-shaped steps for the step share (0: skip)")
     ap.add_argument("--metrics", default=None, help="a run's metrics.jsonl: also report its sync share")
+    add_threads_arg(ap)
     args = ap.parse_args()
 
     import ray
@@ -242,50 +314,63 @@ def main() -> None:
     prompts = demo_prompts(AutoTokenizer.from_pretrained(path), 8)
     before = machine()
     started = placement.start_ray(None, 8, {})  # logical CPUs: roles take turns on the 2 real cores
-    actor_env = {**cpu_threads_env(None), "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # timed_merge is a callable
-    learners = {
-        r: ray.remote(num_cpus=1)(BenchLearner).remote(
-            path, lora_rank=r, lora_alpha=2 * r, lora_targets=LORA_TARGETS, kl_coef=0.01 if r == 16 else 0.0
-        )
-        for r in ranks
-    }
+    actor_env = {**cpu_threads_env(args.threads), "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # timed_merge is a callable
     results, share = [], {}
     version = 0
+    actor = learner = None
     try:
         for mode in args.modes.split(","):
+            # one actor and one learner alive at a time: the machine is shared and a learner is ~0.6 GB
             actor = ray.remote(num_cpus=1, runtime_env={"env_vars": actor_env})(BenchRollout).remote(
-                path, lora_mode=mode, max_lora_rank=max(ranks), max_model_len=512, gpu_memory_utilization=0.1
+                path, lora_mode=mode, max_lora_rank=max(ranks), max_model_len=512, gpu_memory_utilization=0.05
             )
             ray.get(actor.__ray_ready__.remote())
             for r in ranks:
+                learner = ray.remote(num_cpus=1)(BenchLearner).remote(
+                    path,
+                    lora_rank=r,
+                    lora_alpha=2 * r,
+                    lora_targets=LORA_TARGETS,
+                    kl_coef=0.01,  # the demo's GRPO (used by the demo-shaped step)
+                    num_threads=args.threads,
+                )
                 version += 1
-                ray.get(learners[r].randomise_adapter.remote(version))
-                runtime = Runtime(placement.RayGroup([actor]), placement.RayGroup([learners[r]]))
+                ray.get(learner.randomise_adapter.remote(version))
+                runtime = Runtime(placement.RayGroup([actor]), placement.RayGroup([learner]))
                 runtime.sync()  # warm-up (merged: the worker reads the base weights once)
-                synced = [runtime.sync()["time/sync_s"] for _ in range(args.repeats)]
-                parts = median_dict([breakdown(ray, learners[r], actor) for _ in range(args.repeats)])
+                synced = []
+                for _ in range(args.repeats):
+                    ray.get(learner.bump_version.remote())
+                    synced.append(runtime.sync()["time/sync_s"])
+                parts = median_dict([breakdown(ray, learner, actor) for _ in range(args.repeats)])
                 row = {"mode": mode, "rank": r, "sync_s": round(statistics.median(synced), 4), **parts}
                 if mode == "merged":  # the prototypes, on the same actor and learner
                     row["proto_direct_ref_s"] = round(
-                        statistics.median(direct_sync(ray, learners[r], actor) for _ in range(args.repeats)), 4
+                        statistics.median(direct_sync(ray, learner, actor) for _ in range(args.repeats)), 4
                     )
-                    bf16 = median_dict([breakdown(ray, learners[r], actor, "bfloat16") for _ in range(args.repeats)])
+                    bf16 = median_dict([breakdown(ray, learner, actor, "bfloat16") for _ in range(args.repeats)])
                     row["proto_bf16_total_s"], row["proto_bf16_mb"] = bf16["total_s"], bf16["adapter_mb"]
+                    fused = median_dict([fused_breakdown(ray, learner, actor) for _ in range(args.repeats)])
+                    row["proto_fused_merge_s"] = fused["worker_merge_s"]
+                    row["proto_fused_reload_s"] = fused["worker_reload_s"]
                 results.append(row)
                 print(json.dumps({"bench": "sync", **row}), flush=True)
-            if mode == "merged" and args.demo_steps and 16 in learners:
-                runtime = Runtime(placement.RayGroup([actor]), placement.RayGroup([learners[16]]))
-                runtime.version = ray.get(learners[16].get_adapter.remote()).version
-                runtime.sync()
-                steps = [demo_step(ray, runtime, prompts, i) for i in range(args.demo_steps)]
-                share = median_dict(steps)
-                share["sync_share"] = round(share["sync_s"] / share["step_s"], 4)
-                print(json.dumps({"bench": "sync", "demo_step": share}), flush=True)
+                if mode == "merged" and r == 16 and args.demo_steps:
+                    runtime.version = ray.get(learner.get_adapter.remote()).version
+                    runtime.sync()
+                    steps = [demo_step(ray, runtime, prompts, i) for i in range(args.demo_steps)]
+                    share = median_dict(steps)
+                    share["sync_share"] = round(share["sync_s"] / share["step_s"], 4)
+                    print(json.dumps({"bench": "sync", "demo_step": share}), flush=True)
+                ray.kill(learner)
+                learner = None
             ray.get(actor.close.remote())
             ray.kill(actor)
+            actor = None
     finally:
-        for h in learners.values():
-            ray.kill(h)
+        for h in (actor, learner):
+            if h is not None:
+                ray.kill(h)
         placement.stop_ray(started)
     info = machine()
     info["load_avg_before"] = before["load_avg"]
