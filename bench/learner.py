@@ -201,6 +201,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--probe-entropy", action="store_true", help="also time ours without the entropy metric")
     args = ap.parse_args()
+    if args.backend == "unsloth":
+        import unsloth  # noqa: F401 - must be the first ML import of the process (it patches transformers/peft)
 
     from transformers import AutoConfig
 
