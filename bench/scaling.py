@@ -1,7 +1,7 @@
 """Rollout throughput against the number of rollout actors (1, 2) on a local Ray, and a projection of step time to
 N GPUs from per-role throughputs.
 
-CPU (about 3 min here):  python -m bench.scaling [--shape tiny] [--actors 1,2] [--prompts 16] [--n 8]
+CPU (5-9 min on the shared 2-core machine):  python -m bench.scaling [--shape tiny] [--actors 1,2] [--prompts 16] [--n 8]
 Projection only, from GPU numbers measured with bench.rollout / bench.learner:
     python -m bench.scaling --project-only --rollout-tok-s 9000 --learner-tok-s 30000 --gpus 8
 

@@ -1,7 +1,7 @@
 """Adapter sync: time against adapter size (LoRA rank 8/16/32/64) and where it goes, on the real path (Ray
 actors: PeftLearner -> object store -> VLLMRollout), plus its share of a step of the demo's shapes.
 
-CPU (about 5 min here):  python -m bench.sync [--ranks 8,16,32,64] [--modes merged,native] [--repeats 3]
+CPU (about 8 min on the shared 2-core machine; --micro-only: 1 min):  python -m bench.sync [--ranks 8,16,32,64] [--modes merged,native] [--repeats 3]
     [--metrics outputs/<run>/metrics.jsonl]
 
 Per rank and lora_mode it runs `Runtime.sync()` as the driver does (learner 0's `get_adapter` -> driver ->
