@@ -202,7 +202,10 @@ def main() -> None:
     ap.add_argument("--probe-entropy", action="store_true", help="also time ours without the entropy metric")
     args = ap.parse_args()
     if args.backend == "unsloth":
-        import unsloth  # noqa: F401 - must be the first ML import of the process (it patches transformers/peft)
+        try:
+            import unsloth  # noqa: F401 - must be the first ML import of the process (it patches transformers/peft)
+        except ImportError as e:
+            raise SystemExit(f"--backend unsloth needs unsloth on a CUDA machine (requirements-gpu.txt): {e}") from None
 
     from transformers import AutoConfig
 
@@ -261,7 +264,7 @@ def main() -> None:
         f"({args.groups} prompts x {args.group_size}), LoRA r={args.rank} | raw PEFT {rows['raw']['step_s']:.2f} s "
         f"({rows['raw']['tokens_per_s']:.0f} tok/s) | ours, full forward {rows['ours_full']['step_s']:.2f} s "
         f"(overhead **{overhead:.2f}x**) | ours, shared prompt (default) {rows['ours_shared']['step_s']:.2f} s "
-        f"(**{speedup:.2f}x** faster than raw) | {machine_label(info)} |"
+        f"(raw / ours **{speedup:.2f}x**) | {machine_label(info)} |"
     )
 
 
