@@ -13,15 +13,13 @@ default `share_prompt_prefix=True` (each group's prompt run once: what a user ge
 demo's GRPO adds a no-grad reference forward; that is more work, not overhead). Token ids are random (speed does
 not depend on them); lengths default to the demo's (8 prompts x 8 completions, 57-token prompts, 10-40 tokens).
 
-Backends: `--backend peft` (transformers + PEFT, CPU or CUDA). `unsloth` and `peft-bnb` (4-bit base) are built
-in `build_ours` / `build_raw`: our side passes `backend`/`load_in_4bit` to PeftLearner once it takes them
-(it says so and stops if it does not yet); the raw side is the library's own documented loading path.
+Backend: transformers + PEFT (CPU or CUDA). The GPU backends (Unsloth 4-bit, PEFT + bitsandbytes 4-bit, PEFT bf16)
+against each library's own step are bench/learner_backends.py (measured on the H200, README).
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import random
 import time
@@ -49,7 +47,7 @@ def make_samples(args):
 
 
 def build_ours(args, path: str, *, share_prompt_prefix: bool):
-    """Our learner for `args.backend`; returns an object whose `train_step(samples)` is timed."""
+    """Our learner; returns an object whose `train_step(samples)` is timed."""
     from rl.learner import PeftLearner
 
     kwargs = dict(
@@ -62,15 +60,6 @@ def build_ours(args, path: str, *, share_prompt_prefix: bool):
         kl_coef=0.0,
         num_threads=args.threads,
     )
-    if args.backend != "peft":
-        accepted = inspect.signature(PeftLearner).parameters
-        if "backend" not in accepted:
-            raise SystemExit(
-                f"--backend {args.backend}: rl.learner.PeftLearner has no `backend` argument yet; use --backend peft"
-            )
-        kwargs["backend"] = "unsloth" if args.backend == "unsloth" else "peft"
-        if "load_in_4bit" in accepted:
-            kwargs["load_in_4bit"] = args.backend in ("unsloth", "peft-bnb")
     return PeftLearner(path, **kwargs)
 
 
@@ -119,7 +108,7 @@ class RawPeftStep:
 
 
 def build_raw(args, path: str) -> RawPeftStep:
-    """The raw PEFT step for `args.backend`, loaded the way each library documents."""
+    """The raw PEFT step: transformers model + PEFT LoRA, as PEFT documents it."""
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -128,27 +117,9 @@ def build_raw(args, path: str) -> RawPeftStep:
     lora = LoraConfig(
         r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"
     )
-    if args.backend == "unsloth":
-        from unsloth import FastLanguageModel
-
-        model, _ = FastLanguageModel.from_pretrained(path, dtype=dtype, load_in_4bit=True)
-        model = FastLanguageModel.get_peft_model(
-            model, r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, target_modules=LORA_TARGETS
-        )
-        return RawPeftStep(model, args)
     from transformers import AutoModelForCausalLM
 
-    kwargs = {"dtype": dtype}
-    if args.backend == "peft-bnb":
-        from transformers import BitsAndBytesConfig
-
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype
-        )
-        kwargs["device_map"] = {"": 0}
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    if args.backend == "peft":
-        model = model.to(args.device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device)
     model.config.use_cache = False
     torch.manual_seed(0)
     return RawPeftStep(get_peft_model(model, lora), args)
@@ -190,7 +161,6 @@ def _sync() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_args(ap)
-    ap.add_argument("--backend", default="peft", choices=["peft", "unsloth", "peft-bnb"])
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=57)
@@ -201,11 +171,6 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--probe-entropy", action="store_true", help="also time ours without the entropy metric")
     args = ap.parse_args()
-    if args.backend == "unsloth":
-        try:
-            import unsloth  # noqa: F401 - must be the first ML import of the process (it patches transformers/peft)
-        except ImportError as e:
-            raise SystemExit(f"--backend unsloth needs unsloth on a CUDA machine (requirements-gpu.txt): {e}") from None
 
     from transformers import AutoConfig
 
@@ -234,7 +199,7 @@ def main() -> None:
     info["load_avg_before"] = before["load_avg"]
     work = {
         "model": args.shape or args.model,
-        "backend": args.backend,
+        "backend": "peft",
         "samples": len(samples),
         "tokens": tokens,
         "rank": args.rank,
@@ -260,7 +225,7 @@ def main() -> None:
         )
     )
     print(
-        f"| learner step: {work['model']} {args.backend} {args.dtype}, {len(samples)} samples "
+        f"| learner step: {work['model']} peft {args.dtype}, {len(samples)} samples "
         f"({args.groups} prompts x {args.group_size}), LoRA r={args.rank} | raw PEFT {rows['raw']['step_s']:.2f} s "
         f"({rows['raw']['tokens_per_s']:.0f} tok/s) | ours, full forward {rows['ours_full']['step_s']:.2f} s "
         f"(overhead **{overhead:.2f}x**) | ours, shared prompt (default) {rows['ours_shared']['step_s']:.2f} s "
