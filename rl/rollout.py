@@ -76,6 +76,11 @@ class VLLMRollout:
         elif self.lora_mode == "native":
             from vllm.lora.request import LoRARequest
 
+            if self._lora_request is not None and self._lora_request.lora_int_id == adapter.version:
+                # the same version again (a rejoining actor, a resume): already in use; rewriting its folder and
+                # removing the "old" one would delete the adapter the engine reads
+                return {"seconds": time.perf_counter() - t0, "bytes": adapter.nbytes}
+
             folder = self._lora_root / f"v{adapter.version}"
             folder.mkdir(parents=True, exist_ok=True)
             import json

@@ -27,8 +27,8 @@ _FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_
 _SIBLINGS = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
 
 
-def lora_deltas(config: dict, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """PEFT LoRA tensors -> {hf_module_name: delta W [out, in]} with PEFT's scaling (alpha / r or rsLoRA)."""
+def lora_factors(config: dict, weights: dict[str, torch.Tensor]) -> tuple[dict[str, tuple], float]:
+    """PEFT LoRA tensors -> ({hf_module_name: (B [out, r], A [r, in])}, PEFT's scaling alpha / r or rsLoRA's)."""
     r, alpha = config["r"], config["lora_alpha"]
     scale = alpha / (r**0.5) if config.get("use_rslora") else alpha / r
     pairs: dict[str, dict[str, torch.Tensor]] = {}
@@ -41,8 +41,20 @@ def lora_deltas(config: dict, weights: dict[str, torch.Tensor]) -> dict[str, tor
     for module, ab in pairs.items():
         if set(ab) != {"A", "B"}:
             raise ValueError(f"adapter module {module!r} has lora_{''.join(ab)} only")
-        out[module] = (ab["B"].float() @ ab["A"].float()) * scale
-    return out
+        out[module] = (ab["B"], ab["A"])
+    return out, scale
+
+
+def merge_lora(w0: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float) -> torch.Tensor:
+    """W0 + scale * B @ A in fp32 as one fused addmm, rounded to W0's dtype (bench/sync.py: bit-identical to the
+    separate delta, 2-3x faster on this CPU)."""
+    return torch.addmm(w0.float(), b.float(), a.float(), alpha=scale).to(w0.dtype)
+
+
+def lora_deltas(config: dict, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """{hf_module_name: scale * B @ A}: the unfused form, kept for bench/sync.py's comparison with merge_lora."""
+    factors, scale = lora_factors(config, weights)
+    return {m: (b.float() @ a.float()) * scale for m, (b, a) in factors.items()}
 
 
 class LoraMergeExtension:
@@ -71,7 +83,7 @@ class LoraMergeExtension:
 
         t0 = time.perf_counter()
         base = self._rlft_base()
-        deltas = lora_deltas(config, load_safetensors(weights)) if weights else {}
+        deltas, scale = lora_factors(config, load_safetensors(weights)) if weights else ({}, 1.0)
         names: set[str] = set()
         for module in deltas:
             prefix, _, proj = module.rpartition(".")
@@ -85,8 +97,8 @@ class LoraMergeExtension:
             if name not in base:
                 raise KeyError(f"adapter targets {name}, which the base checkpoint does not have")
             w0 = base[name]
-            delta = deltas.get(name.removesuffix(".weight"))
-            payload.append((name, w0 if delta is None else (w0.float() + delta).to(w0.dtype)))
+            ba = deltas.get(name.removesuffix(".weight"))
+            payload.append((name, w0 if ba is None else merge_lora(w0, *ba, scale)))
         model = self.model_runner.model
         # Layers the adapter does not touch (norms, embeddings) keep their tensors; vLLM warns once per such
         # layer ("Failed to load weights"), which is expected here and would flood the log every step.
