@@ -381,6 +381,14 @@ def train(
         save_dir=Path(cfg.eval_save_dir) if cfg.eval_save_dir else run_dir / "eval",
     )
     rollout_dir = Path(cfg.rollout_save_dir) if cfg.rollout_save_dir else run_dir / "rollouts"
+    # The probe's floor: learner vs actor on the base model (version 0 on both sides: a correct sync) before any
+    # training step. It is numerics (bf16: ~0.03-0.09) and, with a 4-bit learner against a bf16 actor, quantisation
+    # (~0.2 on Qwen2.5-0.5B shapes); a missed sync shows as a rise above it. Measured before a checkpoint is
+    # restored, so the sampling it does never shifts a resumed run's restored random streams.
+    floor = runtime.probe_finish(runtime.probe_submit(probe_prompts, probe_sampling))
+    summary["sync/probe_floor"] = floor
+    probe_threshold = floor + probe_threshold
+    print(f"sync probe floor {floor:.4f}: a step fails above {probe_threshold:.4f}", flush=True)
     start = 1
     ckpt = checkpoint.resolve_resume(cfg.resume, run_dir)
     if ckpt is not None:
@@ -394,13 +402,6 @@ def train(
         logger.console(0, before)
         summary["eval/accuracy_before"] = before["eval/accuracy"]
 
-    # The probe's floor: learner vs actor on the same, correctly synced version before any training step (base
-    # model, or the resumed adapter). It is numerics (bf16: ~0.03-0.09) and, with a 4-bit learner against a bf16
-    # actor, quantisation (~0.2 on Qwen2.5-0.5B shapes); a missed sync shows as a rise above it.
-    floor = runtime.probe_finish(runtime.probe_submit(probe_prompts, probe_sampling))
-    summary["sync/probe_floor"] = floor
-    probe_threshold = floor + probe_threshold
-    print(f"sync probe floor {floor:.4f}: a step fails above {probe_threshold:.4f}", flush=True)
     queue = RolloutQueue(runtime, train_data, sampling, cfg.prompts_per_step, cfg.cluster.staleness)
     probe = None  # the last sync's probe, when it is read in the next step (staleness > 0: the actors are busy)
     nonfinite = 0  # steps in a row whose loss was NaN/inf (each optimizer step skipped)
