@@ -80,11 +80,9 @@ class BenchLearner(PeftLearner):
 
 
 def timed_merge(worker, config: dict, weights: bytes) -> dict:
-    """rl/vllm_ext.py's LoraMergeExtension.rlft_merge_adapter with a timer around each part (runs in the worker)."""
-    import logging
-
+    """The unfused merge rl/vllm_ext.py used before the fused addmm (all deltas B @ A, then W0.float() + delta), with a
+    timer around each part; the reload is the extension's own (runs in the worker)."""
     from safetensors.torch import load as load_safetensors
-    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
     from rl.vllm_ext import _FUSED, _SIBLINGS, lora_deltas
 
@@ -105,57 +103,27 @@ def timed_merge(worker, config: dict, weights: bytes) -> dict:
         delta = deltas.get(name.removesuffix(".weight"))
         payload.append((name, w0 if delta is None else (w0.float() + delta).to(w0.dtype)))
     t.append(time.perf_counter())
-    model = worker.model_runner.model
-    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
-    initialize_layerwise_reload(model)
-    model.load_weights(weights=payload)
-    finalize_layerwise_reload(model, worker.vllm_config.model_config)
+    worker._rlft_reload(payload)
     t.append(time.perf_counter())
     parts = ("worker_deserialize_s", "worker_delta_s", "worker_payload_s", "worker_reload_s")
     return {k: b - a for k, a, b in zip(parts, t, t[1:])}
 
 
 def fused_merge(worker, config: dict, weights: bytes) -> dict:
-    """PROTOTYPE 3: the same merge with W0 + s * B @ A as one fp32 `addmm` per module (no separate delta tensor, one
+    """The production merge (rl/vllm_ext.py, formerly PROTOTYPE 3) with W0 + s * B @ A as one fp32 `addmm` per module (no separate delta tensor, one
     pass instead of three: B @ A, W0.float() + delta, and the dict of deltas in between); same maths and rounding
     (one final cast to the base dtype). Timed like `timed_merge`; the reload is unchanged."""
-    import logging
-
-    import torch
     from safetensors.torch import load as load_safetensors
-    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
-    from rl.vllm_ext import _FUSED, _PEFT_KEY, _SIBLINGS
+    from rl.vllm_ext import lora_factors, merged_payload
 
     t = [time.perf_counter()]
     base = worker._rlft_base()
     tensors = load_safetensors(weights)
     t.append(time.perf_counter())
-    r, alpha = config["r"], config["lora_alpha"]
-    scale = alpha / (r**0.5) if config.get("use_rslora") else alpha / r
-    pairs: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in tensors.items():
-        m = _PEFT_KEY.match(key)
-        pairs.setdefault(m["module"], {})[m["ab"]] = tensor
-    names: set[str] = set()
-    for module in pairs:
-        prefix, _, proj = module.rpartition(".")
-        group = _FUSED.get(proj)
-        names.update(f"{prefix}.{s}.weight" for s in (_SIBLINGS[group] if group else (proj,)))
-    payload = []
-    for name in sorted(names):
-        w0, ab = base[name], pairs.get(name.removesuffix(".weight"))
-        if ab is None:
-            payload.append((name, w0))
-        else:
-            merged = torch.addmm(w0.float(), ab["B"].float(), ab["A"].float(), alpha=scale)
-            payload.append((name, merged.to(w0.dtype)))
+    payload = merged_payload(base, *lora_factors(config, tensors))
     t.append(time.perf_counter())
-    model = worker.model_runner.model
-    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
-    initialize_layerwise_reload(model)
-    model.load_weights(weights=payload)
-    finalize_layerwise_reload(model, worker.vllm_config.model_config)
+    worker._rlft_reload(payload)
     t.append(time.perf_counter())
     parts = ("worker_deserialize_s", "worker_merge_s", "worker_reload_s")
     return {k: b - a for k, a, b in zip(parts, t, t[1:])}
@@ -172,7 +140,6 @@ class BenchRollout(VLLMRollout):
         return worker
 
     def timed_load(self, adapter) -> dict:
-        import shutil
 
         from rl.types import Sampling
 
@@ -187,18 +154,8 @@ class BenchRollout(VLLMRollout):
             out["rpc_s"] = (t1 - t0) - sum(worker.values())
             out["reset_prefix_cache_s"] = t2 - t1
         else:
-            from vllm.lora.request import LoRARequest
-
             t0 = time.perf_counter()
-            folder = self._lora_root / f"v{adapter.version}"
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "adapter_config.json").write_text(json.dumps(adapter.config, default=str))
-            (folder / "adapter_model.safetensors").write_bytes(adapter.weights)
-            old = self._lora_request
-            self._lora_request = LoRARequest(f"v{adapter.version}", adapter.version, str(folder))
-            if old is not None:
-                self.llm.llm_engine.remove_lora(old.lora_int_id)
-                shutil.rmtree(old.lora_path, ignore_errors=True)
+            self._swap_native_adapter(adapter)
             out["write_files_s"] = time.perf_counter() - t0
             one = Sampling(n=1, temperature=0.0, max_tokens=1)
             t0 = time.perf_counter()

@@ -74,29 +74,34 @@ class VLLMRollout:
             self.llm.collective_rpc("rlft_load_weights", args=(adapter.weights,))
             self.llm.reset_prefix_cache()
         elif self.lora_mode == "native":
-            from vllm.lora.request import LoRARequest
-
             if self._lora_request is not None and self._lora_request.lora_int_id == adapter.version:
                 # the same version again (a rejoining actor, a resume): already in use; rewriting its folder and
                 # removing the "old" one would delete the adapter the engine reads
                 return {"seconds": time.perf_counter() - t0, "bytes": adapter.nbytes}
 
-            folder = self._lora_root / f"v{adapter.version}"
-            folder.mkdir(parents=True, exist_ok=True)
-            import json
-
-            (folder / "adapter_config.json").write_text(json.dumps(adapter.config, default=str))
-            (folder / "adapter_model.safetensors").write_bytes(adapter.weights)
-            old = self._lora_request
-            self._lora_request = LoRARequest(f"v{adapter.version}", adapter.version, str(folder))
-            if old is not None:
-                self.llm.llm_engine.remove_lora(old.lora_int_id)
-                shutil.rmtree(old.lora_path, ignore_errors=True)
+            self._swap_native_adapter(adapter)
         else:
             self.llm.collective_rpc("rlft_merge_adapter", args=(adapter.config, adapter.weights))
             self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.version = adapter.version
         return {"seconds": time.perf_counter() - t0, "bytes": adapter.nbytes}
+
+    def _swap_native_adapter(self, adapter: Adapter) -> None:
+        """Write the adapter to its own folder and make it the LoRARequest of later generate calls; the previous
+        version is removed from the engine and its folder deleted."""
+        import json
+
+        from vllm.lora.request import LoRARequest
+
+        folder = self._lora_root / f"v{adapter.version}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "adapter_config.json").write_text(json.dumps(adapter.config, default=str))
+        (folder / "adapter_model.safetensors").write_bytes(adapter.weights)
+        old = self._lora_request
+        self._lora_request = LoRARequest(f"v{adapter.version}", adapter.version, str(folder))
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
 
     def load_weights_ipc(self, update_info: dict, version: int) -> dict:
         """Full weights through vLLM's native weight-transfer API (IPC engine, CUDA only): the learner's

@@ -57,6 +57,27 @@ def lora_deltas(config: dict, weights: dict[str, torch.Tensor]) -> dict[str, tor
     return {m: (b.float() @ a.float()) * scale for m, (b, a) in factors.items()}
 
 
+def merged_payload(
+    base: dict[str, torch.Tensor], factors: dict[str, tuple], scale: float
+) -> list[tuple[str, torch.Tensor]]:
+    """(HF weight name, merged tensor) for every projection the adapter touches, with the untargeted siblings of a
+    fused vLLM layer at their base values; no factors = every base projection (back to the base model)."""
+    names: set[str] = set()
+    for module in factors:
+        prefix, _, proj = module.rpartition(".")
+        group = _FUSED.get(proj)
+        names.update(f"{prefix}.{s}.weight" for s in (_SIBLINGS[group] if group else (proj,)))
+    if not factors:  # back to the base: reload every projection that an earlier adapter may have changed
+        names = set(base)
+    payload = []
+    for name in sorted(names):
+        if name not in base:
+            raise KeyError(f"adapter targets {name}, which the base checkpoint does not have")
+        w0, ba = base[name], factors.get(name.removesuffix(".weight"))
+        payload.append((name, w0 if ba is None else merge_lora(w0, *ba, scale)))
+    return payload
+
+
 class LoraMergeExtension:
     """Mixed into vLLM's worker class; `self` is the worker (has `model_runner`, `vllm_config`)."""
 
@@ -79,33 +100,11 @@ class LoraMergeExtension:
     def rlft_merge_adapter(self, config: dict, weights: bytes) -> dict:
         """Set the weights to base + this adapter's delta (None weights = back to the base model)."""
         from safetensors.torch import load as load_safetensors
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
         t0 = time.perf_counter()
-        base = self._rlft_base()
-        deltas, scale = lora_factors(config, load_safetensors(weights)) if weights else ({}, 1.0)
-        names: set[str] = set()
-        for module in deltas:
-            prefix, _, proj = module.rpartition(".")
-            group = _FUSED.get(proj)
-            siblings = _SIBLINGS[group] if group else (proj,)
-            names.update(f"{prefix}.{s}.weight" for s in siblings)
-        if not deltas:  # back to the base: reload every projection that an earlier adapter may have changed
-            names = set(base)
-        payload = []
-        for name in sorted(names):
-            if name not in base:
-                raise KeyError(f"adapter targets {name}, which the base checkpoint does not have")
-            w0 = base[name]
-            ba = deltas.get(name.removesuffix(".weight"))
-            payload.append((name, w0 if ba is None else merge_lora(w0, *ba, scale)))
-        model = self.model_runner.model
-        # Layers the adapter does not touch (norms, embeddings) keep their tensors; vLLM warns once per such
-        # layer ("Failed to load weights"), which is expected here and would flood the log every step.
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
-        initialize_layerwise_reload(model)
-        model.load_weights(weights=payload)
-        finalize_layerwise_reload(model, self.vllm_config.model_config)
+        factors = lora_factors(config, load_safetensors(weights)) if weights else ({}, 1.0)
+        payload = merged_payload(self._rlft_base(), *factors)
+        self._rlft_reload(payload)
         return {"tensors": len(payload), "seconds": time.perf_counter() - t0}
 
     def rlft_load_weights(self, weights: bytes) -> dict:
@@ -114,12 +113,20 @@ class LoraMergeExtension:
         The bytes arrive through Ray's object store (no shared filesystem, any device). On CUDA, vLLM's native
         weight-transfer engines (NCCL / IPC) would avoid the host copy; this path works everywhere."""
         from safetensors.torch import load as load_safetensors
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
         t0 = time.perf_counter()
         payload = list(load_safetensors(weights).items())
+        self._rlft_reload(payload)
+        return {"tensors": len(payload), "seconds": time.perf_counter() - t0}
+
+    def _rlft_reload(self, payload: list[tuple[str, torch.Tensor]]) -> None:
+        """Load (HF name, tensor) pairs in place through vLLM's layerwise reload (re-runs weight packing)."""
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
         model = self.model_runner.model
+        # Layers the payload does not touch (norms, embeddings) keep their tensors; vLLM warns once per such
+        # layer ("Failed to load weights"), which is expected here and would flood the log every step.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         initialize_layerwise_reload(model)
         model.load_weights(weights=payload)
         finalize_layerwise_reload(model, self.vllm_config.model_config)
-        return {"tensors": len(payload), "seconds": time.perf_counter() - t0}
