@@ -20,7 +20,9 @@ from collections.abc import Callable
 
 import torch
 
-Metrics = dict[str, float]
+# Metric values are floats or 0-d tensors: a loss returns tensors so that computing them never waits for the device
+# (on a GPU a float() between forward and backward stalls the launch queue); the learner converts them once per step
+Metrics = dict[str, "float | torch.Tensor"]
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {}
 POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, Metrics]]] = {}
@@ -254,8 +256,9 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------- losses
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((x * mask).sum() / mask.sum().clamp(min=1))
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x over mask (0 when the mask is empty), as a detached 0-d tensor: no device sync."""
+    return ((x * mask).sum() / mask.sum().clamp(min=1)).detach()
 
 
 def importance_terms(
@@ -285,12 +288,12 @@ def importance_terms(
         if tis_cap > 0:
             is_ratio = torch.exp(behaviour_log_ratio)
             weight = torch.clamp(is_ratio, max=tis_cap)
-            metrics["policy/tis_clip_frac"] = _masked_mean((is_ratio > tis_cap).float(), mask)
+            metrics["policy/tis_clip_frac"] = masked_mean((is_ratio > tis_cap).float(), mask)
         if skip_threshold > 0:
             seq_ratio = (torch.exp(behaviour_log_ratio) * mask).sum(1) / mask.sum(1).clamp(min=1)  # [B]
             keep = (seq_ratio <= skip_threshold).to(logp.dtype)  # [B]
             weight = weight * keep.unsqueeze(1)
-            metrics["policy/skipped_seq_frac"] = float(1 - keep.mean()) if keep.numel() else 0.0
+            metrics["policy/skipped_seq_frac"] = (1 - keep.mean()) if keep.numel() else 0.0
     log_ratio = (logp - logp.detach()) if tis_cap > 0 else (logp - old_logp) * mask
     return log_ratio, weight, metrics
 
@@ -298,10 +301,13 @@ def importance_terms(
 def _ratio_metrics(ratio: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor) -> Metrics:
     with torch.no_grad():
         return {
-            "policy/ratio_mean": _masked_mean(ratio, mask),
-            "policy/ratio_max": float(ratio.masked_fill(mask == 0, float("-inf")).max()) if mask.any() else 1.0,
+            "policy/ratio_mean": masked_mean(ratio, mask),
+            # 1.0 when no token is in the mask, decided on the device
+            "policy/ratio_max": torch.where(mask.any(), ratio.masked_fill(mask == 0, float("-inf")).amax(), 1.0)
+            if ratio.numel()
+            else 1.0,
             # KL(pi_old || pi) by k3 on tokens sampled from pi_old: (r - 1) - log r
-            "policy/approx_kl": _masked_mean(ratio - 1 - log_ratio, mask),
+            "policy/approx_kl": masked_mean(ratio - 1 - log_ratio, mask),
         }
 
 
@@ -366,10 +372,10 @@ def clipped_surrogate_loss(
     with torch.no_grad():
         low = ((ratio < 1 - clip_low) & (adv < 0)).float()
         high = ((ratio > 1 + clip_high) & (adv > 0)).float()
-        metrics["policy/clip_frac_low"] = _masked_mean(low, mask)
-        metrics["policy/clip_frac_high"] = _masked_mean(high, mask)
+        metrics["policy/clip_frac_low"] = masked_mean(low, mask)
+        metrics["policy/clip_frac_high"] = masked_mean(high, mask)
         if dual_clip > 0:
-            metrics["policy/dual_clip_frac"] = _masked_mean(((ratio > dual_clip) & (adv < 0)).float(), mask)
+            metrics["policy/dual_clip_frac"] = masked_mean(((ratio > dual_clip) & (adv < 0)).float(), mask)
         metrics.update(_ratio_metrics(ratio, log_ratio, mask))
     return loss, metrics
 
@@ -405,10 +411,10 @@ def gspo_loss(
     loss = agg(per_token * weight, mask)
     with torch.no_grad():
         seq_ratio = torch.exp(seq_log_ratio).unsqueeze(1).expand_as(mask)  # [B, T]
-        metrics["policy/clip_frac_low"] = _masked_mean(((seq_ratio < 1 - clip_low) & (adv < 0)).float(), mask)
-        metrics["policy/clip_frac_high"] = _masked_mean(((seq_ratio > 1 + clip_high) & (adv > 0)).float(), mask)
+        metrics["policy/clip_frac_low"] = masked_mean(((seq_ratio < 1 - clip_low) & (adv < 0)).float(), mask)
+        metrics["policy/clip_frac_high"] = masked_mean(((seq_ratio > 1 + clip_high) & (adv > 0)).float(), mask)
         metrics.update(_ratio_metrics(torch.exp(token_log_ratio), token_log_ratio, mask))
-        metrics["policy/seq_ratio_mean"] = float(torch.exp(seq_log_ratio).mean()) if seq_log_ratio.numel() else 1.0
+        metrics["policy/seq_ratio_mean"] = torch.exp(seq_log_ratio).mean() if seq_log_ratio.numel() else 1.0
     return loss, metrics
 
 
@@ -438,7 +444,7 @@ def cispo_loss(
     per_token = -clipped * adv * logp
     loss = agg(per_token * weight, mask)
     with torch.no_grad():
-        metrics["policy/clip_frac_low"] = _masked_mean((ratio < 1 - clip_low).float(), mask)
-        metrics["policy/clip_frac_high"] = _masked_mean((ratio > 1 + clip_high).float(), mask)
+        metrics["policy/clip_frac_low"] = masked_mean((ratio < 1 - clip_low).float(), mask)
+        metrics["policy/clip_frac_high"] = masked_mean((ratio > 1 + clip_high).float(), mask)
         metrics.update(_ratio_metrics(ratio, log_ratio, mask))
     return loss, metrics
