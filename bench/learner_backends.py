@@ -1,6 +1,6 @@
 """Learner tokens/s inside the framework against the raw library step, on the same shapes, in one process.
 
-python -m bench.learner_backends --backend unsloth --shape qwen2.5-0.5b --batch 8 --seq 1024 [--steps 5]
+python -m bench.learner_backends --backend unsloth --shape qwen2.5-0.5b --batch 8 --seq 1024 [--rounds 2]
     --backend: unsloth (4-bit + LoRA, gradient checkpointing "unsloth") | peft-bnb (PEFT LoRA on a bitsandbytes
     NF4 base) | peft (PEFT LoRA on a bf16 base); CUDA for the first two; `peft` also runs on CPU (use --shape tiny).
 
@@ -12,7 +12,10 @@ driver calls it. Tokens/s counts every position of the forward (batch x seq) for
 steps after --warmup. Prints one JSON line per side and a markdown row with the ratio ours / raw.
 
 Models come from bench/shapes.py (random-init Qwen2.5 shapes, 32k vocabulary: speed does not depend on the
-weights). Each backend runs in its own process: Unsloth patches transformers and PEFT for the whole process.
+weights). Each side runs in its own fresh process (`--rounds` times, alternating raw / ours; the table reports each
+side's median): Unsloth patches and compiles per process, and with two Unsloth models in one process the timings
+depend on which was built and run first (H200, 0.5B: ours/raw 0.86x in one process, raw first, against 1.13x in
+fresh processes). A framework learner is always alone in its process. `--side raw|ours` runs one side here.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ import json
 import os
 import platform
 import random
+import statistics
+import subprocess
+import sys
 import time
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -148,55 +154,81 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2, help="fresh processes per side (alternating raw / ours)")
+    ap.add_argument("--side", choices=["raw", "ours", "both"], default="both", help="one side in this process")
     ap.add_argument("--models", default=os.path.expanduser("~/.cache/rlft/shapes"))
     args = ap.parse_args()
+    if args.side == "both":
+        return compare(args)
     if args.backend == "unsloth":
         # raw keeps Unsloth's default fused loss (no logits); ours sets UNSLOTH_RETURN_LOGITS=1 when it is built
         import unsloth  # noqa: F401  (first ML import of this process)
     import torch
 
-    from bench.shapes import build_model_folder
-
     cuda = torch.cuda.is_available()
     args.device = "cuda" if cuda else "cpu"
     if args.backend != "peft" and not cuda:
         raise SystemExit(f"--backend {args.backend} needs CUDA")
+    name, path = model_folder(args)
+    obj, step = (build_raw if args.side == "raw" else build_ours)(args, path)
+    sec = timed_steps(step, args.steps, args.warmup, cuda)
+    result = {
+        "side": args.side,
+        "backend": args.backend,
+        "shape": name,
+        "batch": args.batch,
+        "seq": args.seq,
+        "seconds_per_step": round(sec, 4),
+        "tokens_per_s": round(args.batch * args.seq / sec, 1),
+        "peak_gib": round(peak_gib(cuda), 2),
+        "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+    }
+    print(json.dumps(result), flush=True)
+    del obj, step
+    gc.collect()
+
+
+def model_folder(args) -> tuple[str, str]:
+    from bench.shapes import build_model_folder
+
     name = f"{args.shape}-v{args.vocab}" + (f"-l{args.layers}" if args.layers else "")
-    path = str(
-        build_model_folder(
-            args.shape, f"{args.models}/{name}", vocab_size=args.vocab, layers=args.layers, device=args.device
-        )
+    path = build_model_folder(
+        args.shape, f"{args.models}/{name}", vocab_size=args.vocab, layers=args.layers, device=args.device
     )
-    results = {}
-    for side, build in (("raw", build_raw), ("ours", build_ours)):
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        obj, step = build(args, path)
-        sec = timed_steps(step, args.steps, args.warmup, cuda)
-        results[side] = {
-            "side": side,
-            "backend": args.backend,
-            "shape": name,
-            "batch": args.batch,
-            "seq": args.seq,
-            "seconds_per_step": round(sec, 4),
-            "tokens_per_s": round(args.batch * args.seq / sec, 1),
-            "peak_gib": round(peak_gib(cuda), 2),
-        }
-        print(json.dumps(results[side]), flush=True)
-        del obj, step
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
-    ratio = results["ours"]["tokens_per_s"] / results["raw"]["tokens_per_s"]
-    device = torch.cuda.get_device_name() if cuda else platform.processor() or "cpu"
+    return name, str(path)
+
+
+def compare(args) -> None:
+    """Run each side `--rounds` times in a fresh process, alternating, and print the medians and their ratio."""
+    forward, skip = [], False
+    for a in sys.argv[1:]:  # this command line without its --side
+        if not skip and not a.startswith("--side"):
+            forward.append(a)
+        skip = a == "--side"
+    runs: dict[str, list[dict]] = {"raw": [], "ours": []}
+    for _ in range(args.rounds):
+        for side in ("raw", "ours"):
+            out = subprocess.run(
+                [sys.executable, "-m", "bench.learner_backends", *forward, "--side", side],
+                capture_output=True,
+                text=True,
+            )
+            lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
+            if out.returncode != 0 or not lines:
+                raise SystemExit(f"bench.learner_backends --side {side} failed:\n{out.stderr[-3000:]}")
+            runs[side].append(json.loads(lines[-1]))
+            print(lines[-1], flush=True)
+    med = {side: statistics.median(r["tokens_per_s"] for r in rs) for side, rs in runs.items()}
+    peak = {side: max(r["peak_gib"] for r in rs) for side, rs in runs.items()}
+    first = runs["raw"][0]
+    print(json.dumps({"median_tokens_per_s": med, "ratio_ours_over_raw": round(med["ours"] / med["raw"], 3)}))
     print(
-        f"| learner {args.backend} | {device} | {name}, batch {args.batch} x seq {args.seq}, LoRA r{args.rank} | "
-        f"raw {results['raw']['tokens_per_s']:.0f} tok/s ({results['raw']['peak_gib']} GiB) | "
-        f"ours {results['ours']['tokens_per_s']:.0f} tok/s ({results['ours']['peak_gib']} GiB) | "
-        f"**{ratio:.2f}x** | {time.strftime('%Y-%m-%d')} |"
+        f"| learner {args.backend} | {first['device']} | {first['shape']}, batch {args.batch} x seq {args.seq}, "
+        f"LoRA r{args.rank} | raw {med['raw']:.0f} tok/s ({peak['raw']} GiB) | "
+        f"ours {med['ours']:.0f} tok/s ({peak['ours']} GiB) | **{med['ours'] / med['raw']:.2f}x** | "
+        f"{time.strftime('%Y-%m-%d')} |"
     )
 
 

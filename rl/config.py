@@ -197,7 +197,7 @@ class ClusterConfig:
     enforce_eager: bool = True  # vLLM: no CUDA graphs / compilation (faster start; set false for long GPU runs)
     ray_num_cpus: int | None = None  # CPUs a local Ray advertises (null: what Ray detects)
     weight_sync: str = (
-        "object_store"  # full fine-tuning sync: object_store (any device) | ipc (CUDA, one GPU; untested)
+        "object_store"  # full fine-tuning sync: object_store (any device) | ipc (CUDA, actors on the learner's GPU)
     )
     staleness: int = 0  # steps actors may run ahead of learners (0: synchronous; k: generate step t+k while training t)
     actor_max_restarts: int = 2  # times Ray restarts a dead rollout actor (its prompts go to a live one meanwhile)

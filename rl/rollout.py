@@ -106,7 +106,7 @@ class VLLMRollout:
     def load_weights_ipc(self, update_info: dict, version: int) -> dict:
         """Full weights through vLLM's native weight-transfer API (IPC engine, CUDA only): the learner's
         parameters are opened in place from their CUDA IPC handles (`PeftLearner.ipc_weights`), no host copy.
-        NOT YET RUN on a GPU (see README); the object-store path (`load_adapter`) is the tested one."""
+        Run on one H200 (README: 3 steps of a 0.5B full fine-tune, 0.13-0.22 s per sync, probe 0.004-0.006)."""
         t0 = time.perf_counter()
         self.llm.start_weight_update()
         self.llm.update_weights({"update_info": update_info})

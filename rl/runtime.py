@@ -431,7 +431,7 @@ class Runtime:
     def _sync_ipc(self) -> dict[str, float]:
         """Full weights from learner 0 to every live actor through CUDA IPC handles (vLLM's weight-transfer API),
         synchronously whatever the staleness: the learner keeps the tensors alive until every actor loaded them.
-        A restarted actor is not re-sent these (it rejoins at the next object-store sync); not yet run on a GPU."""
+        A restarted actor is not re-sent these (it rejoins at the next sync)."""
         t0 = time.perf_counter()
         self._collect_loads()
         version = self.learners.call("get_version", [()])[0]
