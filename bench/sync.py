@@ -235,13 +235,14 @@ def demo_step(ray, runtime, prompts, version: int) -> dict:
 
 def merge_math_micro(path: str, rank: int, repeats: int) -> dict:
     """The actor's merge arithmetic alone, in this process (no engine, no IPC), timed in turns: rl/vllm_ext.py's
-    `lora_deltas` + `W0.float() + dW` (today) against one fused fp32 `addmm` per module (prototype 3), on the
-    model's real projection weights and a random rank-`rank` adapter on all 7 projections. Also checks that the
-    two give bit-identical merged weights."""
+    `lora_deltas` + `W0.float() + dW` (the first version) against one fused fp32 `addmm` per module, and against
+    `merge_lora` (what the actor runs: one addmm in the weights' dtype), on the model's real projection weights and a
+    random rank-`rank` adapter on all 7 projections. Checks that the fp32 forms give bit-identical merged weights and
+    counts how many elements the weight-dtype merge rounds differently (and by how much)."""
     import torch
     from safetensors.torch import load_file
 
-    from rl.vllm_ext import lora_deltas
+    from rl.vllm_ext import lora_deltas, merge_lora
 
     base = {}
     for f in sorted(__import__("pathlib").Path(path).glob("*.safetensors")):
@@ -267,16 +268,34 @@ def merge_math_micro(path: str, rank: int, repeats: int) -> dict:
             out[n] = out[n].to(w.dtype)
         return out
 
-    a, b = today(), fused()
+    def actor() -> dict:
+        scale = config["lora_alpha"] / config["r"]
+        out = {}
+        for n, w in base.items():
+            m = f"base_model.model.{n.removesuffix('.weight')}"
+            out[n] = merge_lora(w, weights[m + ".lora_B.weight"], weights[m + ".lora_A.weight"], scale)
+        return out
+
+    a, b, c = today(), fused(), actor()
     identical = all(torch.equal(a[n], b[n]) for n in a)
-    times = {"today_s": [], "fused_s": []}
+    differing = sum(int((b[n] != c[n]).sum()) for n in b) / sum(b[n].numel() for n in b)
+    max_diff = max(float((b[n].float() - c[n].float()).abs().max()) for n in b)
+    times = {"today_s": [], "fused_s": [], "actor_s": []}
     for _ in range(repeats):
-        for key, fn in (("today_s", today), ("fused_s", fused)):
+        for key, fn in (("today_s", today), ("fused_s", fused), ("actor_s", actor)):
             t0 = time.perf_counter()
             fn()
             times[key].append(time.perf_counter() - t0)
     out = {k: round(statistics.median(v), 4) for k, v in times.items()}
-    return {"rank": rank, **out, "speedup": round(out["today_s"] / out["fused_s"], 2), "bit_identical": identical}
+    return {
+        "rank": rank,
+        **out,
+        "speedup": round(out["today_s"] / out["fused_s"], 2),
+        "actor_speedup_over_fused": round(out["fused_s"] / out["actor_s"], 2),
+        "bit_identical": identical,
+        "actor_vs_fused_differing_frac": round(differing, 5),
+        "actor_vs_fused_max_abs_diff": max_diff,
+    }
 
 
 def metrics_share(path: str) -> dict:
@@ -324,9 +343,14 @@ def main() -> None:
         print(json.dumps({"bench": "sync", "merge_math": row}), flush=True)
     if args.micro_only:
         cells = " | ".join(
-            f"r={m['rank']}: {m['today_s']:.3f} -> {m['fused_s']:.3f} s ({m['speedup']:.2f}x)" for m in micro
+            f"r={m['rank']}: {m['today_s']:.3f} -> {m['fused_s']:.3f} -> {m['actor_s']:.3f} s "
+            f"({m['actor_vs_fused_differing_frac']:.2%} elements 1 ulp apart)"
+            for m in micro
         )
-        print(f"| actor merge arithmetic, today -> fused addmm | {cells} | {machine_label(machine())} |")
+        print(
+            f"| actor merge arithmetic, unfused fp32 -> fused fp32 addmm -> addmm in the weights' dtype (the actor's) "
+            f"| {cells} | {machine_label(machine())} |"
+        )
         return
     prompts = demo_prompts(AutoTokenizer.from_pretrained(path), 8)
     before = machine()

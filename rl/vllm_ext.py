@@ -46,9 +46,11 @@ def lora_factors(config: dict, weights: dict[str, torch.Tensor]) -> tuple[dict[s
 
 
 def merge_lora(w0: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float) -> torch.Tensor:
-    """W0 + scale * B @ A in fp32 as one fused addmm, rounded to W0's dtype (bench/sync.py: bit-identical to the
-    separate delta, 2-3x faster on this CPU)."""
-    return torch.addmm(w0.float(), b.float(), a.float(), alpha=scale).to(w0.dtype)
+    """W0 + scale * B @ A as one fused addmm in W0's dtype: the factors are rounded to that dtype first (as vLLM's
+    own LoRA kernels hold them) and the product accumulates in fp32. On this CPU a bf16 merge takes about half the
+    time of an fp32 addmm rounded afterwards, and differs from it by one unit in the last place in about 0.2% of
+    the elements (`python -m bench.sync --micro-only`)."""
+    return torch.addmm(w0, b.to(w0.dtype), a.to(w0.dtype), alpha=scale)
 
 
 def lora_deltas(config: dict, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
