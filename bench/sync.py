@@ -374,6 +374,7 @@ def main() -> None:
                     lora_targets=LORA_TARGETS,
                     kl_coef=0.01,  # the demo's GRPO (used by the demo-shaped step)
                     num_threads=args.threads,
+                    sync_dtype="bfloat16",  # as the driver sets it for a bf16 vLLM engine
                 )
                 version += 1
                 ray.get(learner.randomise_adapter.remote(version))

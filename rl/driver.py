@@ -609,6 +609,10 @@ def build_runtime(cfg: TrainConfig, model_path: str) -> tuple[Runtime, Callable[
         full_finetune=m.full_finetune,
         gradient_checkpointing=m.gradient_checkpointing,
         max_seq_length=m.max_prompt_tokens + m.max_new_tokens,
+        # a vLLM actor holds LoRA factors in its weights' dtype either way (merged or native): send them so
+        sync_dtype=m.dtype.value
+        if c.rollout_backend.value == "vllm" and m.dtype.value in ("bfloat16", "float16")
+        else None,
         keep_reference=a.kl_coef > 0,  # in the loss or folded into the reward: both need the reference policy
     )
     import os

@@ -114,6 +114,7 @@ class PeftLearner:
         gradient_checkpointing: bool | None = None,
         max_seq_length: int = 2048,
         keep_reference: bool | None = None,
+        sync_dtype: str | None = None,
     ):
         # Ray limits an actor to its num_cpus threads; roles alternate in synchronous mode, so use every core
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
@@ -175,6 +176,7 @@ class PeftLearner:
         self.micro_batch_size = micro_batch_size
         self.share_prompt_prefix = share_prompt_prefix
         self.version = 0
+        self.sync_dtype = getattr(torch, sync_dtype) if sync_dtype else None  # LoRA factors as sent to actors
         self.pad_id = 0
         self.world_size, self.rank = 1, 0  # data-parallel group (init_process_group)
         self.model_path, self.trust_remote_code, self.seed = model_path, trust_remote_code, seed  # for generate()
@@ -533,10 +535,12 @@ class PeftLearner:
 
     # ------------------------------------------------------------------------------------------------ sync
 
-    def get_adapter(self) -> Adapter:
+    def get_adapter(self, for_sync: bool = False) -> Adapter:
         """The current policy update as bytes: the LoRA adapter in PEFT format (adapter_config.json +
         safetensors), or with full fine-tuning every parameter under its HF name (config `full_weights: true`;
-        tied parameters once, as `named_parameters` lists them)."""
+        tied parameters once, as `named_parameters` lists them). `for_sync`: the LoRA factors in `sync_dtype`
+        (the rollout engine's, which rounds them to it on load anyway: half the bytes for a bf16 engine); saved
+        adapters and checkpoints keep the training precision."""
         from safetensors.torch import save
 
         if self.full_finetune:
@@ -546,6 +550,8 @@ class PeftLearner:
         from peft import get_peft_model_state_dict
 
         state = {k: v.detach().to("cpu").contiguous() for k, v in get_peft_model_state_dict(self.model).items()}
+        if for_sync and self.sync_dtype is not None:
+            state = {k: v.to(self.sync_dtype) if v.is_floating_point() else v for k, v in state.items()}
         config = self.model.peft_config["default"].to_dict()
         config["target_modules"] = sorted(config["target_modules"])  # a set in PEFT; JSON needs a list
         return Adapter(version=self.version, config=config, weights=save(state))

@@ -398,9 +398,9 @@ class Runtime:
         c_ids = [c.token_ids for r in rollouts for c in r.completions]
         return self.learners.call("sequence_logprobs", [(p_ids, c_ids, True)])[0]
 
-    def adapter(self) -> Adapter:
-        """Learner 0's current adapter."""
-        return self.learners.call("get_adapter", [()])[0]
+    def adapter(self, for_sync: bool = False) -> Adapter:
+        """Learner 0's current adapter (`for_sync`: in the precision the actors load it at)."""
+        return self.learners.call("get_adapter", [(for_sync,)])[0]
 
     # ------------------------------------------------------------------------------------------------ sync
 
@@ -411,7 +411,7 @@ class Runtime:
         if self.weight_sync == "ipc":
             return self._sync_ipc()
         t0 = time.perf_counter()
-        adapter = self.adapter()
+        adapter = self.adapter(for_sync=True)
         loaded = self._collect_loads()
         self._adapter_ref = self.actors.put(adapter)
         self.version = adapter.version

@@ -61,7 +61,7 @@ class FakeLearner:
         loss = self.losses.pop(0) if self.losses else 0.5
         return {"train/loss": loss, "train/skipped_nonfinite": float(not math.isfinite(loss)), "time/learn_s": 0.0}
 
-    def get_adapter(self):
+    def get_adapter(self, for_sync=False):
         return Adapter(self.version, {}, b"")
 
     def state_dict(self):

@@ -167,7 +167,7 @@ class FakeLearner:
     def load_state(self, state: dict) -> None:
         self.loaded, self.version = state, state["adapter"].version
 
-    def get_adapter(self) -> Adapter:
+    def get_adapter(self, for_sync: bool = False) -> Adapter:
         return fake_learner_state(self.version)["adapter"]
 
 

@@ -76,6 +76,15 @@ def test_adapter_round_trips_through_bytes(tiny_model):
     assert any("lora_B" in k and float(v.abs().sum()) > 0 for k, v in tensors.items())
 
 
+def test_sync_adapter_travels_in_the_engine_dtype_and_saved_adapters_keep_fp32(tiny_model):
+    from safetensors.torch import load
+
+    learner = make_learner(tiny_model, sync_dtype="bfloat16")
+    full, wire = load(learner.get_adapter().weights), load(learner.get_adapter(for_sync=True).weights)
+    assert {v.dtype for v in full.values()} == {torch.float32} and {v.dtype for v in wire.values()} == {torch.bfloat16}
+    assert all(torch.equal(wire[k], full[k].to(torch.bfloat16)) for k in full)
+
+
 def test_full_finetune_trains_every_parameter_against_a_frozen_reference(tiny_model):
     """Full fine-tuning: no LoRA, every parameter moves; the KL reference is a frozen copy of the initial weights
     (not the live model), and the weights round-trip through get_adapter / load_state."""
