@@ -162,3 +162,17 @@ def test_learner_generation_logprobs_are_the_learners_own_at_the_temperature(tin
     for (_, c), lp in zip(comps, again):
         assert lp == pytest.approx(c.logprobs, abs=1e-4)
     assert learner.model.training  # back to training mode
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_entropy_from_the_shared_logsumexp_equals_the_separate_softmax(temperature):
+    from rl.algorithms import token_entropy
+    from rl.learner import token_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 50, generator=g) * 4
+    targets = torch.randint(0, 50, (3, 5), generator=g)
+    logp, entropy = token_logprobs(logits, targets, temperature, with_entropy=True)
+    assert torch.equal(logp, token_logprobs(logits, targets, temperature))
+    torch.testing.assert_close(entropy, token_entropy(logits / temperature), rtol=1e-4, atol=1e-4)
+    assert not entropy.requires_grad
