@@ -7,6 +7,7 @@ import os
 import platform
 import statistics
 import subprocess
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -122,6 +123,21 @@ def machine() -> dict:
 def machine_label(info: dict) -> str:
     where = info.get("gpu") or f"{info['cpus']}-core CPU"
     return f"{where}, load {info['load_avg'][0]:.1f}, {info['date']}"
+
+
+def timed_generations(generate, prompts: list[list[int]], sampling, repeats: int, warmup: int = 2):
+    """One warm-up call on the first `warmup` prompts, then `repeats` timed calls on all of them. Returns the
+    generated tokens/s and the token count of each timed call (every completion's tokens, EOS included)."""
+    generate(prompts[:warmup], sampling)
+    rates, tokens = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = generate(prompts, sampling)
+        dt = time.perf_counter() - t0
+        n = sum(len(c.token_ids) for o in out for c in o.completions)
+        rates.append(n / dt)
+        tokens.append(n)
+    return rates, tokens
 
 
 def median(xs: list[float]) -> float:

@@ -29,6 +29,7 @@ from bench.common import (
     model_path,
     random_adapter,
     set_threads,
+    timed_generations,
 )
 
 
@@ -99,15 +100,7 @@ def vllm_rate(path: str, prompts: list[list[int]], adapter, args) -> dict:
     start_s = time.perf_counter() - t0
     load_s = r.load_adapter(adapter)["seconds"]
     sampling = Sampling(n=args.n, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens)
-    r.generate(prompts[:2], sampling)  # warm-up
-    rates, toks = [], []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        out = r.generate(prompts, sampling)
-        dt = time.perf_counter() - t0
-        n_tok = sum(len(c.token_ids) for o in out for c in o.completions)
-        rates.append(n_tok / dt)
-        toks.append(n_tok)
+    rates, toks = timed_generations(r.generate, prompts, sampling, args.repeats)
     r.close()
     return {
         "side": f"ours_vllm_{lora_mode}",

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
+
+from bench.common import timed_generations
 
 
 def run_mode(mode: str, path: str, prompts: list[list[int]], adapter, args) -> dict:
@@ -22,13 +23,7 @@ def run_mode(mode: str, path: str, prompts: list[list[int]], adapter, args) -> d
     r = VLLMRollout(path, lora_mode="native" if mode == "base" else mode, max_model_len=512)
     load_s = r.load_adapter(adapter)["seconds"] if mode != "base" else 0.0
     sampling = Sampling(n=args.n, temperature=1.0, max_tokens=args.max_tokens)
-    r.generate(prompts[:2], sampling)  # warm-up
-    rates = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        out = r.generate(prompts, sampling)
-        dt = time.perf_counter() - t0
-        rates.append(sum(len(c.token_ids) for o in out for c in o.completions) / dt)
+    rates, _ = timed_generations(r.generate, prompts, sampling, args.repeats)
     r.close()
     return {
         "bench": "rollout_lora_mode",

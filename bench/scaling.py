@@ -25,10 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from dataclasses import asdict, dataclass
 
-from bench.common import demo_prompts, machine, machine_label, model_path
+from bench.common import demo_prompts, machine, machine_label, model_path, timed_generations
 
 
 @dataclass
@@ -97,13 +96,7 @@ def measure_actors(path: str, prompts: list[list[int]], n_actors: int, pinned: b
     ray.get([h.__ray_ready__.remote() for h in handles])
     runtime = Runtime(RayGroup(handles), RayGroup([]))
     sampling = Sampling(n=args.n, temperature=1.0, max_tokens=args.max_tokens)
-    runtime.generate(prompts[: 2 * n_actors], sampling)  # warm-up
-    rates = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        out = runtime.generate(prompts, sampling)
-        dt = time.perf_counter() - t0
-        rates.append(sum(len(c.token_ids) for r in out for c in r.completions) / dt)
+    rates, _ = timed_generations(runtime.generate, prompts, sampling, args.repeats, warmup=2 * n_actors)
     for h in handles:
         ray.get(h.close.remote())
         ray.kill(h)

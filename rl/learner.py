@@ -37,9 +37,8 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     Computed as logit[target] - logsumexp(logits): the same value as gathering from log_softmax, without a second
     [B, T, V] float32 tensor (the vocabulary dimension dominates the learner's activation memory).
     with_entropy: also return the full-distribution entropy per position (no gradient, a metric), reusing the
-    logsumexp: H = lse - sum_v exp(z_v - lse) z_v, one pass over the vocabulary instead of a second softmax (on the
-    demo's CPU learner the separate entropy was about a quarter of the step). Row by row, so it adds one row's
-    [T, V] temporaries to the peak memory."""
+    logsumexp: H = lse - sum_v exp(z_v - lse) z_v, one pass over the vocabulary instead of a second softmax. Row by
+    row, so it adds one row's [T, V] temporaries to the peak memory."""
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -60,19 +59,13 @@ def _loss_tokens(samples: list[TrainSample]) -> int:
     return sum(sum(s.loss_mask) if s.loss_mask else len(s.completion_ids) for s in samples)
 
 
-def _to_host(values, metrics: dict) -> tuple:
-    """Device scalars to Python floats in one transfer (one sync): `values` (a scalar or a list) and a metrics dict."""
-    single = not isinstance(values, list)
-    items = ([values] if single else list(values)) + list(metrics.values())
-    tensors = [(i, v) for i, v in enumerate(items) if isinstance(v, torch.Tensor)]
-    if tensors:
-        host = torch.stack([v.detach().float().reshape(()) for _, v in tensors]).tolist()
-        for (i, _), x in zip(tensors, host):
-            items[i] = x
-    items = [float(x) for x in items]
-    n = 1 if single else len(values)
-    head = items[0] if single else items[:n]
-    return head, dict(zip(metrics, items[n:]))
+def _to_host(values: dict) -> dict[str, float]:
+    """{name: float or 0-d tensor} -> {name: float}, every device scalar in one transfer (one sync)."""
+    names = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
+    out = {k: float(v) for k, v in values.items() if k not in names}
+    if names:
+        out.update(zip(names, torch.stack([values[k].detach().float().reshape(()) for k in names]).tolist()))
+    return {k: out[k] for k in values}
 
 
 BACKENDS = ("auto", "peft", "unsloth")
@@ -393,8 +386,7 @@ class PeftLearner:
         # gradient equal to one learner's gradient on the whole batch
         n_seq, n_tok, n_signal = self._all_reduce_counts(n_seq, n_tok, len(samples))
         # Loss and metrics stay on the device until the step is launched: a float() between forward and backward
-        # makes the CPU wait for the forward to drain before it can queue the backward (on a GPU at 0.5B shapes,
-        # where the step is launch-bound, that wait cost about 15% of learner throughput)
+        # makes the CPU wait for the forward to drain before it can queue the backward
         sums: dict[str, torch.Tensor | float] = {}
         total_loss: torch.Tensor | float = 0.0
         tokens = 0
@@ -431,7 +423,8 @@ class PeftLearner:
                 sums[k] = sums.get(k, 0.0) + v * weight
             tokens += n_positions
         if self.world_size > 1:
-            total_loss, sums = self._all_reduce_grads_and_metrics(*_to_host(total_loss, sums), n_signal)
+            sums = _to_host({"train/loss": total_loss, **sums})
+            total_loss, sums = self._all_reduce_grads_and_metrics(sums.pop("train/loss"), sums, n_signal)
         params = [p for p in self.model.parameters() if p.requires_grad and p.grad is not None]
         if not params:
             grad_norm: torch.Tensor | float = 0.0
@@ -440,7 +433,8 @@ class PeftLearner:
         else:
             grad_norm = torch.norm(torch.stack([p.grad.norm() for p in params]))
         # the step's one wait for the device: the non-finite guard must see the loss and gradient norm
-        (total_loss, grad_norm), sums = _to_host([total_loss, grad_norm], sums)
+        sums = _to_host({"train/loss": total_loss, "train/grad_norm": grad_norm, **sums})
+        total_loss, grad_norm = sums.pop("train/loss"), sums.pop("train/grad_norm")
         if math.isfinite(total_loss) and math.isfinite(grad_norm):
             self.optimizer.step()
             skipped = 0.0
