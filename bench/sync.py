@@ -121,7 +121,7 @@ def fused_merge(worker, config: dict, weights: bytes) -> dict:
     base = worker._rlft_base()
     tensors = load_safetensors(weights)
     t.append(time.perf_counter())
-    payload = merged_payload(base, *lora_factors(config, tensors))
+    payload = list(merged_payload(base, *lora_factors(config, tensors)))
     t.append(time.perf_counter())
     worker._rlft_reload(payload)
     t.append(time.perf_counter())

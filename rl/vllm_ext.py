@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -60,10 +61,14 @@ def lora_deltas(config: dict, weights: dict[str, torch.Tensor]) -> dict[str, tor
 
 
 def merged_payload(
-    base: dict[str, torch.Tensor], factors: dict[str, tuple], scale: float
-) -> list[tuple[str, torch.Tensor]]:
+    base: dict[str, torch.Tensor], factors: dict[str, tuple], scale: float, device: torch.device | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF weight name, merged tensor) for every projection the adapter touches, with the untargeted siblings of a
-    fused vLLM layer at their base values; no factors = every base projection (back to the base model)."""
+    fused vLLM layer at their base values; no factors = every base projection (back to the base model).
+
+    Lazy and in name order (each decoder layer's tensors together), so vLLM's layerwise reload holds about one
+    layer at a time. With `device` (the engine's GPU) each base tensor is copied there and merged there: the
+    addmm runs on the GPU and only the base weights cross the bus (from pinned memory, see `_rlft_base`)."""
     names: set[str] = set()
     for module in factors:
         prefix, _, proj = module.rpartition(".")
@@ -71,13 +76,20 @@ def merged_payload(
         names.update(f"{prefix}.{s}.weight" for s in (_SIBLINGS[group] if group else (proj,)))
     if not factors:  # back to the base: reload every projection that an earlier adapter may have changed
         names = set(base)
-    payload = []
-    for name in sorted(names):
-        if name not in base:
-            raise KeyError(f"adapter targets {name}, which the base checkpoint does not have")
-        w0, ba = base[name], factors.get(name.removesuffix(".weight"))
-        payload.append((name, w0 if ba is None else merge_lora(w0, *ba, scale)))
-    return payload
+    missing = sorted(names - set(base))
+    if missing:
+        raise KeyError(f"adapter targets {missing[0]}, which the base checkpoint does not have")
+    if device is not None:
+        factors = {m: (b.to(device), a.to(device)) for m, (b, a) in factors.items()}
+
+    def merged() -> Iterator[tuple[str, torch.Tensor]]:  # checked above, before the reload takes the model apart
+        for name in sorted(names):
+            w0, ba = base[name], factors.get(name.removesuffix(".weight"))
+            if device is not None:
+                w0 = w0.to(device, non_blocking=True)
+            yield name, (w0 if ba is None else merge_lora(w0, *ba, scale))
+
+    return merged()
 
 
 class LoraMergeExtension:
@@ -92,12 +104,18 @@ class LoraMergeExtension:
             if not folder.is_dir():
                 raise RuntimeError(f"lora_mode=merged needs a local model folder, got {folder}")
             base = {}
+            pin = self._rlft_device() is not None
             for f in sorted(folder.glob("*.safetensors")):
                 for name, t in load_file(str(f)).items():
                     if name.endswith("_proj.weight"):
-                        base[name] = t
+                        base[name] = t.pin_memory() if pin else t  # pinned: asynchronous copies to the GPU
             self._rlft_base_weights = base
         return base
+
+    def _rlft_device(self) -> torch.device | None:
+        """The engine's accelerator, where merges run; None on CPU (merge in place on the host tensors)."""
+        device = next(self.model_runner.model.parameters()).device
+        return device if device.type != "cpu" else None
 
     def rlft_merge_adapter(self, config: dict, weights: bytes) -> dict:
         """Set the weights to base + this adapter's delta (None weights = back to the base model)."""
@@ -105,9 +123,12 @@ class LoraMergeExtension:
 
         t0 = time.perf_counter()
         factors = lora_factors(config, load_safetensors(weights)) if weights else ({}, 1.0)
-        payload = merged_payload(self._rlft_base(), *factors)
-        self._rlft_reload(payload)
-        return {"tensors": len(payload), "seconds": time.perf_counter() - t0}
+        device = self._rlft_device()
+        counted = _Counted(merged_payload(self._rlft_base(), *factors, device=device))
+        self._rlft_reload(counted)
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)  # the merge and copies are asynchronous: time them whole
+        return {"tensors": counted.n, "seconds": time.perf_counter() - t0}
 
     def rlft_load_weights(self, weights: bytes) -> dict:
         """Load full weights (HF names, safetensors bytes) in place: a full fine-tuning learner's sync.
@@ -121,7 +142,7 @@ class LoraMergeExtension:
         self._rlft_reload(payload)
         return {"tensors": len(payload), "seconds": time.perf_counter() - t0}
 
-    def _rlft_reload(self, payload: list[tuple[str, torch.Tensor]]) -> None:
+    def _rlft_reload(self, payload: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load (HF name, tensor) pairs in place through vLLM's layerwise reload (re-runs weight packing)."""
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
@@ -132,3 +153,15 @@ class LoraMergeExtension:
         initialize_layerwise_reload(model)
         model.load_weights(weights=payload)
         finalize_layerwise_reload(model, self.vllm_config.model_config)
+
+
+class _Counted:
+    """An iterable that counts what went through it (the reload consumes the payload lazily)."""
+
+    def __init__(self, items: Iterable):
+        self.items, self.n = items, 0
+
+    def __iter__(self):
+        for item in self.items:
+            self.n += 1
+            yield item

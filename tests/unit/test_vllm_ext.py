@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl.vllm_ext import lora_deltas, lora_factors, merge_lora
+from rl.vllm_ext import lora_deltas, lora_factors, merge_lora, merged_payload
 
 
 def peft_weights(rank: int = 4) -> dict[str, torch.Tensor]:
@@ -50,3 +50,45 @@ def test_bf16_merge_is_within_one_unit_in_the_last_place_of_the_exact_result():
         exact = w0.float() + deltas[module]
         ulp = torch.finfo(torch.bfloat16).eps * exact.abs()  # spacing of bf16 numbers near each value (upper bound)
         assert bool(((merged.float() - exact).abs() <= ulp).all())
+
+
+def base_weights() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(2)
+    return {
+        f"model.layers.{i}.self_attn.{p}.weight": torch.randn(8, 16, generator=g)
+        for i in (0, 1, 10)
+        for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+    }
+
+
+def test_merged_payload_completes_fused_layers_and_streams_layer_by_layer():
+    """q and v are targeted: k (their qkv_proj sibling) is sent at its base value so the fused layer is complete; the
+    payload is lazy and each decoder layer's tensors come together (vLLM's layerwise reload then holds one layer)."""
+    base = base_weights()
+    factors, scale = lora_factors({"r": 4, "lora_alpha": 8}, peft_weights())
+    payload = merged_payload(base, factors, scale)
+    assert not isinstance(payload, list)
+    got = dict(payload)
+    prefix = "model.layers.0.self_attn."
+    assert set(got) == {prefix + p + ".weight" for p in ("q_proj", "k_proj", "v_proj")}
+    assert got[prefix + "k_proj.weight"] is base[prefix + "k_proj.weight"]
+    b, a = factors[prefix + "q_proj"]
+    torch.testing.assert_close(got[prefix + "q_proj.weight"], base[prefix + "q_proj.weight"] + scale * b @ a)
+    # the same merge with an explicit device (the GPU path) gives the same tensors
+    on_device = dict(merged_payload(base, factors, scale, device=torch.device("cpu")))
+    for name, t in got.items():
+        torch.testing.assert_close(on_device[name], t)
+    # back to the base: every base projection, grouped by layer
+    names = [n for n, _ in merged_payload(base, {}, 1.0)]
+    assert len(names) == len(base)
+    layers = [n.split(".")[2] for n in names]
+    assert layers == sorted(layers) and len(set(layers)) == 3
+    changes = sum(1 for x, y in zip(layers, layers[1:]) if x != y)
+    assert changes == 2  # each layer's tensors are contiguous
+
+
+def test_merged_payload_rejects_a_target_the_base_lacks_before_yielding_anything():
+    factors, scale = lora_factors({"r": 4, "lora_alpha": 8}, peft_weights())
+    base = {k: v for k, v in base_weights().items() if "layers.0.self_attn.v_proj" not in k}
+    with pytest.raises(KeyError, match="layers.0.self_attn.v_proj"):
+        merged_payload(base, factors, scale)  # raised at the call, not at the first next()
