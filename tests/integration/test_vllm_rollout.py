@@ -1,0 +1,65 @@
+"""VLLMRollout.generate against vLLM's own output for the same requests: our path skips vLLM's per-step
+detokenisation and per-token logprob objects (decodes once at the end, reads flat logprobs); the texts, token ids
+and logprobs must be the ones vLLM itself returns."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = r"""
+import json, os, sys
+from rl.rollout import VLLMRollout, cpu_threads_env
+from rl.types import Sampling
+
+if __name__ == "__main__":  # vLLM may spawn its engine process
+    os.environ.update(cpu_threads_env(None))
+    from vllm import SamplingParams
+    r = VLLMRollout(sys.argv[1], lora_mode="merged", dtype="float32", max_model_len=128)
+    prompts = [[1, 520, 1314, 42], [1, 7, 8, 9, 10, 11], [1, 300], [1, 2000, 3000]]
+    ours = r.generate(prompts, Sampling(n=1, temperature=0.0, max_tokens=12))
+    params = SamplingParams(n=1, temperature=0.0, max_tokens=12, logprobs=0)  # vLLM's defaults: detokenised, dicts
+    ref = r.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    rows = []
+    for o, pr in zip(ours, ref):
+        for c, rc in zip(o.completions, pr.outputs):
+            rows.append({
+                "ids": [c.token_ids, list(rc.token_ids)],
+                "text": [c.text, rc.text],
+                "lp": [c.logprobs, [d[t].logprob for t, d in zip(rc.token_ids, rc.logprobs)]],
+                "finish": [c.finish_reason, rc.finish_reason],
+                "prompt": o.prompt_ids,
+            })
+    groups = r.generate(prompts[:2], Sampling(n=3, temperature=1.0, max_tokens=12))  # n > 1: grouped per prompt
+    grouped = [{"prompt": g.prompt_ids, "n": len(g.completions),
+                "decoded": [r.tokenizer.decode(c.token_ids, skip_special_tokens=True) == c.text
+                            and len(c.logprobs) == len(c.token_ids) for c in g.completions]} for g in groups]
+    r.close()
+    print("ROWS " + json.dumps(rows))
+    print("GROUPS " + json.dumps(grouped))
+"""
+
+
+def test_generate_matches_vllms_own_detokenised_output(tiny_model):
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("ROWS "))
+    rows = json.loads(line[5:])
+    assert len(rows) == 4
+    for row in rows:
+        assert row["ids"][0] == row["ids"][1] and len(row["ids"][0]) > 0
+        assert row["text"][0] == row["text"][1]
+        assert len(row["lp"][0]) == len(row["ids"][0])
+        assert row["lp"][0] == pytest.approx(row["lp"][1], abs=1e-6)
+        assert row["finish"][0] == ("length" if row["finish"][1] == "length" else "stop")
+    assert any(r["text"][0] for r in rows)  # some text was decoded
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("GROUPS "))
+    groups = json.loads(line[7:])
+    assert [g["prompt"] for g in groups] == [[1, 520, 1314, 42], [1, 7, 8, 9, 10, 11]]
+    assert [g["n"] for g in groups] == [3, 3]
+    assert all(all(g["decoded"]) for g in groups)
