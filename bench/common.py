@@ -125,19 +125,27 @@ def machine_label(info: dict) -> str:
     return f"{where}, load {info['load_avg'][0]:.1f}, {info['date']}"
 
 
-def timed_generations(generate, prompts: list[list[int]], sampling, repeats: int, warmup: int = 2):
-    """One warm-up call on the first `warmup` prompts, then `repeats` timed calls on all of them. Returns the
-    generated tokens/s and the token count of each timed call (every completion's tokens, EOS included)."""
-    generate(prompts[:warmup], sampling)
+def timed_generations(generate, prompts: list[list[int]], sampling, repeats: int, warmup: int | None = None):
+    """One warm-up call (on the first `warmup` prompts; default all of them, so that the timed calls' batch sizes,
+    kernels and allocations are warm: on the H200 a first full-size call ran at a third of the later ones), then
+    `repeats` timed calls on all prompts. Returns the generated tokens/s and the token count of each timed call
+    (every completion's tokens, EOS included)."""
+    generate(prompts[:warmup] if warmup else prompts, sampling)
     rates, tokens = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = generate(prompts, sampling)
-        dt = time.perf_counter() - t0
-        n = sum(len(c.token_ids) for o in out for c in o.completions)
-        rates.append(n / dt)
+        rate, n = timed_generation(generate, prompts, sampling)
+        rates.append(rate)
         tokens.append(n)
     return rates, tokens
+
+
+def timed_generation(generate, prompts: list[list[int]], sampling) -> tuple[float, int]:
+    """Tokens/s and generated tokens of one call."""
+    t0 = time.perf_counter()
+    out = generate(prompts, sampling)
+    dt = time.perf_counter() - t0
+    n = sum(len(c.token_ids) for o in out for c in o.completions)
+    return n / dt, n
 
 
 def median(xs: list[float]) -> float:

@@ -1,16 +1,19 @@
-"""Rollout throughput: our vLLM actor (rl.rollout.VLLMRollout, as the framework uses it) against HF `generate` on
-the same model, prompts, sampling and lengths, in one process run (both sides under the same machine load).
+"""Rollout throughput: our vLLM actor (rl.rollout.VLLMRollout, as the framework uses it) against HF `generate` and
+plain vLLM on the same model, prompts, sampling and lengths; each side in its own fresh process, one after the other.
 
-CPU (about 3 min here):  python -m bench.rollout
+CPU (about 4 min here):  python -m bench.rollout
 CUDA (random Qwen2.5-0.5B shape, no hub needed):  python -m bench.rollout --device cuda --shape qwen2.5-0.5b \
     --prompts 64 --n 8 --max-tokens 256
 
 Ours: one `generate` call with the whole step's prompts (the driver passes all prompts of a step at once; vLLM
-batches them continuously), with a rank-16 adapter loaded the way the framework loads it (lora_mode auto:
-merged on CPU, native LoRARequest on CUDA). HF: `model.generate` on all prompts x n in one left-padded batch
-(the strongest plain-HF setting; rows that finish early still ride along until the longest finishes), on the
-base weights (what a merged adapter costs). Same temperature 1 sampling, top_p 1, no top-k, max_tokens.
-Tokens/s counts generated tokens up to and including EOS on both sides. Prints JSON lines and a markdown row.
+batches them continuously), with a rank-16 adapter loaded the way the framework loads it (`--lora-mode auto` picks
+what `cluster.lora_mode=auto` does), sampled-token logprobs returned, as training needs them. Raw vLLM: `LLM` with
+the same engine settings and `SamplingParams` without logprobs, on the base weights (what a merged adapter costs).
+HF: `model.generate` on all prompts x n in one left-padded batch (the strongest plain-HF setting; rows that
+finish early still ride along until the longest finishes), on the base weights. Same temperature 1 sampling,
+top_p 1, no top-k, max_tokens. Tokens/s counts generated tokens up to and including EOS on every side.
+`--diagnose` adds timings on our engine driven with other SamplingParams (vLLM's own detokenisation and per-token
+logprob dicts; no logprobs), to split our overhead over raw vLLM. Prints JSON lines and a markdown row.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
 
 from bench.common import (
@@ -29,6 +34,7 @@ from bench.common import (
     model_path,
     random_adapter,
     set_threads,
+    timed_generation,
     timed_generations,
 )
 
@@ -73,7 +79,7 @@ def hf_generate_rate(path: str, prompts: list[list[int]], args) -> dict:
             tokens += next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
         return tokens, dt
 
-    run(min(2, len(prompts)))  # warm-up
+    run(len(prompts))  # warm-up at the timed size
     rates, toks = [], []
     for _ in range(args.repeats):
         n_tok, dt = run(len(prompts))
@@ -82,47 +88,114 @@ def hf_generate_rate(path: str, prompts: list[list[int]], args) -> dict:
     return {"side": "hf_generate", "tokens_per_s": round(median(rates), 1), "tokens": toks, "rates": rates}
 
 
-def vllm_rate(path: str, prompts: list[list[int]], adapter, args) -> dict:
-    """Generated tokens/s of our actor: one generate call with every prompt of the step."""
-    from rl.rollout import VLLMRollout
-    from rl.types import Sampling
-
-    lora_mode = "native" if args.device == "cuda" else "merged"  # what cluster.lora_mode=auto picks
-    t0 = time.perf_counter()
-    r = VLLMRollout(
-        path,
-        lora_mode=lora_mode,
+def engine_kwargs(path: str, prompts: list[list[int]], args) -> dict:
+    """The vLLM engine settings both vLLM sides share."""
+    return dict(
         dtype=args.dtype,
         max_model_len=max(len(p) for p in prompts) + args.max_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.device == "cpu",
     )
+
+
+def raw_vllm_rate(path: str, prompts: list[list[int]], args) -> dict:
+    """Generated tokens/s of plain vLLM: `LLM` + `SamplingParams` without logprobs, base weights."""
+    from types import SimpleNamespace
+
+    from vllm import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(model=path, seed=0, **engine_kwargs(path, prompts, args))
     start_s = time.perf_counter() - t0
-    load_s = r.load_adapter(adapter)["seconds"]
-    sampling = Sampling(n=args.n, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens)
-    rates, toks = timed_generations(r.generate, prompts, sampling, args.repeats)
-    r.close()
+
+    def generate(ps, sampling):
+        params = SamplingParams(
+            n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens
+        )
+        outs = llm.generate([{"prompt_token_ids": p} for p in ps], params, use_tqdm=False)
+        return [SimpleNamespace(completions=o.outputs) for o in outs]
+
+    rates, toks = timed_generations(generate, prompts, sampling_of(args), args.repeats)
     return {
+        "side": "raw_vllm",
+        "tokens_per_s": round(median(rates), 1),
+        "tokens": toks,
+        "rates": rates,
+        "engine_start_s": round(start_s, 1),
+    }
+
+
+def sampling_of(args):
+    from rl.types import Sampling
+
+    return Sampling(n=args.n, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens)
+
+
+def ours_rate(path: str, prompts: list[list[int]], args) -> dict:
+    """Generated tokens/s of our actor: one generate call with every prompt of the step."""
+    from rl.rollout import VLLMRollout, auto_lora_mode
+
+    lora_mode = auto_lora_mode(args.device == "cuda") if args.lora_mode == "auto" else args.lora_mode
+    adapter = random_adapter(path, 16, threads=args.threads)
+    t0 = time.perf_counter()
+    r = VLLMRollout(path, lora_mode=lora_mode, **engine_kwargs(path, prompts, args))
+    start_s = time.perf_counter() - t0
+    load_s = [r.load_adapter(adapter)["seconds"]]
+    for v in range(2, 4):  # later versions: what each training step pays (the first also reads the base)
+        adapter.version = v
+        load_s.append(r.load_adapter(adapter)["seconds"])
+    sampling = sampling_of(args)
+    rates, toks = timed_generations(r.generate, prompts, sampling, args.repeats)
+    row = {
         "side": f"ours_vllm_{lora_mode}",
         "tokens_per_s": round(median(rates), 1),
         "tokens": toks,
         "rates": rates,
         "engine_start_s": round(start_s, 1),
-        "adapter_load_s": round(load_s, 2),
+        "adapter_load_s": [round(x, 3) for x in load_s],
     }
+    if args.diagnose:
+        row["diagnose"] = diagnose(r, prompts, sampling, args)
+    r.close()
+    return row
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_model_args(ap)
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per step (demo: 8)")
-    ap.add_argument("--n", type=int, default=8, help="completions per prompt (demo: group_size 8)")
-    ap.add_argument("--max-tokens", type=int, default=32, help="max new tokens (demo: 32)")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.2)
-    args = ap.parse_args()
+def diagnose(r, prompts: list[list[int]], sampling, args) -> dict:
+    """Tokens/s of our engine (adapter loaded) driven directly: which part of our path costs what."""
+    from types import SimpleNamespace
 
+    from vllm import SamplingParams
+
+    def direct(**extra):
+        def generate(ps, s):
+            params = SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, **extra)
+            outs = r.llm.generate(
+                [{"prompt_token_ids": p} for p in ps], params, lora_request=r._lora_request, use_tqdm=False
+            )
+            return [SimpleNamespace(completions=o.outputs) for o in outs]
+
+        return generate
+
+    variants = {
+        "ours": r.generate,
+        "engine_detokenize_dict_logprobs": direct(logprobs=0),  # our generate before 2026-11-29
+        "no_logprobs": direct(),  # raw vLLM's SamplingParams, on our engine and adapter
+        "no_logprobs_no_detokenize": direct(detokenize=False),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    for gen in variants.values():
+        gen(prompts, sampling)  # warm-up
+    for _ in range(args.repeats):  # interleaved, so that drift in the machine's speed hits every variant alike
+        for name, gen in variants.items():
+            rates[name].append(timed_generation(gen, prompts, sampling)[0])
+    return {name: round(median(rs), 1) for name, rs in rates.items()}
+
+
+SIDES = {"hf": "hf_generate", "raw": "raw_vllm", "ours": "ours"}
+
+
+def run_side(args) -> dict:
+    """This process runs one side (called by `compare` in a fresh process)."""
     if args.device == "cuda":
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # vLLM 0.26 on the GPU machine (FACTS.md)
     else:
@@ -133,10 +206,13 @@ def main() -> None:
 
     path = model_path(args)
     prompts = demo_prompts(AutoTokenizer.from_pretrained(path), args.prompts)
-    adapter = random_adapter(path, 16, threads=args.threads)
     before = machine()
-    hf = hf_generate_rate(path, prompts, args)
-    ours = vllm_rate(path, prompts, adapter, args)
+    if args.side == "hf":
+        row = hf_generate_rate(path, prompts, args)
+    elif args.side == "raw":
+        row = raw_vllm_rate(path, prompts, args)
+    else:
+        row = ours_rate(path, prompts, args)
     info = machine()
     info["load_avg_before"] = before["load_avg"]
     work = {
@@ -149,15 +225,67 @@ def main() -> None:
         "device": args.device,
         "threads": args.threads,
     }
-    ratio = ours["tokens_per_s"] / hf["tokens_per_s"]
-    for row in (hf, ours):
-        print(json.dumps({"bench": "rollout", **work, **row, "machine": info}), flush=True)
-    print(json.dumps({"bench": "rollout", "ratio_ours_over_hf": round(ratio, 2)}))
+    return {"bench": "rollout", **work, **row, "machine": info}
+
+
+def compare(args) -> None:
+    """Each side in a fresh process (two vLLM engines do not share one process cleanly), then ratios and a row."""
+    forward, skip = [], False
+    for a in sys.argv[1:]:  # this command line without --sides
+        if not skip and not a.startswith("--sides"):
+            forward.append(a)
+        skip = a == "--sides"
+    rows = {}
+    for side in args.sides.split(","):
+        if side not in SIDES:
+            raise SystemExit(f"--sides: unknown side {side!r} (choose from {', '.join(SIDES)})")
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.rollout", *forward, "--side", side], capture_output=True, text=True
+        )
+        lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
+        if out.returncode != 0 or not lines:
+            raise SystemExit(f"bench.rollout --side {side} failed:\n{out.stderr[-3000:]}")
+        print(lines[-1], flush=True)
+        rows[side] = json.loads(lines[-1])
+    rate = {side: row["tokens_per_s"] for side, row in rows.items()}
+    ratios = {}
+    if "ours" in rate:
+        ratios.update({f"ours_over_{s}": round(rate["ours"] / rate[s], 2) for s in ("hf", "raw") if s in rate})
+    if "raw" in rate and "hf" in rate:
+        ratios["raw_over_hf"] = round(rate["raw"] / rate["hf"], 2)
+    print(json.dumps({"bench": "rollout", "ratios": ratios}), flush=True)
+    first = next(iter(rows.values()))
+    cells = [
+        f"HF generate {rate['hf']:.0f} tok/s" if "hf" in rate else "",
+        f"raw vLLM {rate['raw']:.0f} tok/s" if "raw" in rate else "",
+        f"ours (vLLM, {rows['ours']['side'].rsplit('_', 1)[1]} LoRA) {rate['ours']:.0f} tok/s"
+        if "ours" in rate
+        else "",
+    ]
     print(
-        f"| rollout: {work['model']}, {args.prompts} prompts x {args.n}, {args.max_tokens} new tokens, {args.dtype} "
-        f"| HF generate {hf['tokens_per_s']:.0f} tok/s | ours (vLLM, {ours['side'].rsplit('_', 1)[1]} LoRA) "
-        f"{ours['tokens_per_s']:.0f} tok/s | **{ratio:.2f}x** | {machine_label(info)} |"
+        f"| rollout: {first['model']}, {args.prompts} prompts x {args.n}, {args.max_tokens} new tokens, {args.dtype} "
+        f"| {'; '.join(c for c in cells if c)} | "
+        f"**{', '.join(f'{k} {v:.2f}x' for k, v in ratios.items())}** | {machine_label(first['machine'])} |"
     )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(ap)
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per step (demo: 8)")
+    ap.add_argument("--n", type=int, default=8, help="completions per prompt (demo: group_size 8)")
+    ap.add_argument("--max-tokens", type=int, default=32, help="max new tokens (demo: 32)")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.2)
+    ap.add_argument("--lora-mode", choices=["auto", "native", "merged"], default="auto", help="our actor's LoRA mode")
+    ap.add_argument("--sides", default="hf,raw,ours", help="which sides to run, each in a fresh process")
+    ap.add_argument("--side", choices=list(SIDES), default=None, help="run one side in this process")
+    ap.add_argument("--diagnose", action="store_true", help="ours: also time plain SamplingParams on our engine")
+    args = ap.parse_args()
+    if args.side is None:
+        return compare(args)
+    print(json.dumps(run_side(args)), flush=True)
 
 
 if __name__ == "__main__":
