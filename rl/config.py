@@ -188,9 +188,7 @@ class ClusterConfig:
     cpus_per_learner: float = 1.0  # Ray CPU resources reserved per learner
     placement_strategy: str = "PACK"  # Ray placement group strategy: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
     rollout_backend: RolloutBackend = RolloutBackend.vllm  # vllm or hf (debugging)
-    lora_mode: str = (
-        "auto"  # vLLM adapter loading: native (LoRARequest) | merged (into the weights) | auto (GPU native, CPU merged)
-    )
+    lora_mode: str = "auto"  # vLLM adapter loading: merged (into the weights) | native (LoRARequest) | auto (= merged)
     actor_threads: int | None = None  # CPU threads of a CPU vLLM engine (null: all cores)
     learner_threads: int | None = None  # torch threads of a CPU learner (null: all cores)
     gpu_memory_utilization: float = 0.2  # vLLM memory fraction (on CPU: of RAM, for the KV cache)

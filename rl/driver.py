@@ -695,4 +695,5 @@ def rollout_role(cfg: TrainConfig, model_path: str) -> tuple[type, dict]:
         tensor_parallel_size=max(1, int(c.gpus_per_actor)) if c.use_gpu else 1,
         trust_remote_code=m.trust_remote_code,
         weight_sync=c.weight_sync,
+        full_weights=m.full_finetune,
     )

@@ -1,11 +1,12 @@
 """vLLM worker extension: load a LoRA adapter version by merging it into the engine's base weights.
 
-vLLM's native LoRA path (`LoRARequest`) is exact and is the default on GPUs, but its CPU kernels cost about 3x
-the base model's decode speed on this machine (measured: 254 vs 22 tok/s on SmolLM2-135M, 128 samples). With
-`rollout.lora_mode=merged` the actor instead receives the same adapter bytes and computes
-W = W0 + (alpha / r) * B @ A for every targeted projection, then reloads those weights through vLLM's layerwise
-reload (which re-runs the CPU kernels' weight packing). Untargeted siblings of a fused layer (q/k/v in
-qkv_proj, gate/up in gate_up_proj) are sent with their base values so that every fused layer is complete.
+`cluster.lora_mode=merged` (what `auto` picks): the actor receives the adapter bytes and computes
+W = W0 + (alpha / r) * B @ A for every targeted projection (on the engine's GPU when it has one), then reloads those
+weights through vLLM's layerwise reload (which re-runs the kernels' weight packing and keeps the tensors CUDA graphs
+point to). Untargeted siblings of a fused layer (q/k/v in qkv_proj, gate/up in gate_up_proj) are sent with their
+base values so that every fused layer is complete. vLLM's native LoRA path (`LoRARequest`, `lora_mode=native`)
+applies the adapter at every decode step instead: on this 2-core CPU 7.6x slower than merged, on the H200 at
+0.5B 0.8x (README's benchmark table); a merged load costs about 0.2 s per version there.
 
 Loaded by vLLM inside its worker process (`LLM(worker_extension_cls="rl.vllm_ext.LoraMergeExtension")`) and
 called through `llm.collective_rpc("rlft_merge_adapter", args=(...))`; method names carry an `rlft_` prefix so
@@ -95,22 +96,42 @@ def merged_payload(
 class LoraMergeExtension:
     """Mixed into vLLM's worker class; `self` is the worker (has `model_runner`, `vllm_config`)."""
 
+    def _rlft_base_files(self) -> list[Path]:
+        """The base checkpoint's safetensors files: from the model folder, or the hub snapshot vLLM loaded."""
+        mc = self.vllm_config.model_config
+        folder = Path(mc.model)
+        if not folder.is_dir():  # a hub id: vLLM has it in the local HF cache by now
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(mc.model, revision=mc.revision, allow_patterns=["*.safetensors"]))
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise RuntimeError(
+                f"cluster.lora_mode=merged needs the base weights as *.safetensors, and {folder} has none: "
+                "re-save the model with save_pretrained() or set cluster.lora_mode=native"
+            )
+        return files
+
     def _rlft_base(self) -> dict[str, torch.Tensor]:
         base = getattr(self, "_rlft_base_weights", None)
         if base is None:
             from safetensors.torch import load_file
 
-            folder = Path(self.vllm_config.model_config.model)
-            if not folder.is_dir():
-                raise RuntimeError(f"lora_mode=merged needs a local model folder, got {folder}")
             base = {}
             pin = self._rlft_device() is not None
-            for f in sorted(folder.glob("*.safetensors")):
+            for f in self._rlft_base_files():
                 for name, t in load_file(str(f)).items():
                     if name.endswith("_proj.weight"):
                         base[name] = t.pin_memory() if pin else t  # pinned: asynchronous copies to the GPU
             self._rlft_base_weights = base
         return base
+
+    def rlft_prepare_merge(self) -> dict:
+        """Read (and on a GPU pin) the base projections now, at engine start: a missing checkpoint fails here and
+        not at the first adapter sync, and the first sync is as fast as the later ones."""
+        t0 = time.perf_counter()
+        base = self._rlft_base()
+        return {"tensors": len(base), "seconds": time.perf_counter() - t0}
 
     def _rlft_device(self) -> torch.device | None:
         """The engine's accelerator, where merges run; None on CPU (merge in place on the host tensors)."""
