@@ -92,3 +92,33 @@ def test_merged_payload_rejects_a_target_the_base_lacks_before_yielding_anything
     base = {k: v for k, v in base_weights().items() if "layers.0.self_attn.v_proj" not in k}
     with pytest.raises(KeyError, match="layers.0.self_attn.v_proj"):
         merged_payload(base, factors, scale)  # raised at the call, not at the first next()
+
+
+def fake_worker(model: str):
+    from types import SimpleNamespace
+
+    from rl.vllm_ext import LoraMergeExtension
+
+    worker = LoraMergeExtension()
+    worker.vllm_config = SimpleNamespace(model_config=SimpleNamespace(model=model, revision=None))
+    return worker
+
+
+def test_base_files_of_a_hub_id_come_from_the_local_hf_cache(tmp_path, monkeypatch):
+    """lora_mode=merged with model.path=org/name: the base is the snapshot vLLM loaded from the HF cache."""
+    cache = tmp_path / "hub"
+    snap = cache / "models--org--tiny" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "model.safetensors").write_bytes(b"")
+    (cache / "models--org--tiny" / "refs").mkdir()
+    (cache / "models--org--tiny" / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    assert fake_worker("org/tiny")._rlft_base_files() == [snap / "model.safetensors"]
+
+
+def test_base_without_safetensors_fails_with_the_fix(tmp_path):
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(RuntimeError, match="needs the base weights as \\*.safetensors.*lora_mode=native"):
+        fake_worker(str(tmp_path))._rlft_base_files()
