@@ -5,7 +5,7 @@ W = W0 + (alpha / r) * B @ A for every targeted projection (on the engine's GPU 
 weights through vLLM's layerwise reload (which re-runs the kernels' weight packing and keeps the tensors CUDA graphs
 point to). Untargeted siblings of a fused layer (q/k/v in qkv_proj, gate/up in gate_up_proj) are sent with their
 base values so that every fused layer is complete. vLLM's native LoRA path (`LoRARequest`, `lora_mode=native`)
-applies the adapter at every decode step instead: on this 2-core CPU 7.6x slower than merged, on the H200 at
+applies the adapter at every decode step instead: on this 2-core CPU 7.6-9.2x slower than merged, on the H200 at
 0.5B 0.8x (README's benchmark table); a merged load costs about 0.2 s per version there.
 
 Loaded by vLLM inside its worker process (`LLM(worker_extension_cls="rl.vllm_ext.LoraMergeExtension")`) and
