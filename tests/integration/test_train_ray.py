@@ -85,7 +85,9 @@ def test_full_finetune_syncs_every_weight_to_vllm(tiny_model, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = [r for r in read_metrics(out) if "reward/mean" in r]
     assert [r["actor/adapter_version"] for r in steps] == [0.0, 1.0]
-    assert all(r["sync/logprob_abs_diff"] < 0.01 for r in steps)
+    # fp32 on both sides and every weight synced: the actor's logprobs equal the learner's to rounding (a stale
+    # LM head in vLLM's CPU backend, tied to the embedding, once left 0.004-0.011 here)
+    assert all(r["sync/logprob_abs_diff"] < 1e-4 for r in steps)
     assert all("policy/kl_ref" in r for r in steps)
     assert steps[0]["sync/adapter_mb"] > 5  # every weight (the tiny model's 49k-token embedding alone is 25 MB)
 
