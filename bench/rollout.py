@@ -262,10 +262,11 @@ def compare(args) -> None:
         if "ours" in rate
         else "",
     ]
+    shown = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
     print(
         f"| rollout: {first['model']}, {args.prompts} prompts x {args.n}, {args.max_tokens} new tokens, {args.dtype} "
-        f"| {'; '.join(c for c in cells if c)} | "
-        f"**{', '.join(f'{k} {v:.2f}x' for k, v in ratios.items())}** | {machine_label(first['machine'])} |"
+        f"| {'; '.join(c for c in cells if c)} | {f'**{shown}**' if shown else 'one side: no ratio'} | "
+        f"{machine_label(first['machine'])} |"
     )
 
 
