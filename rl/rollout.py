@@ -188,9 +188,9 @@ def _struct_fields(cls) -> tuple[str, ...]:
 
 
 def auto_lora_mode(use_gpu: bool) -> str:
-    """What `cluster.lora_mode=auto` picks: merged on both devices. vLLM's LoRA kernels decode slower than the base
-    model: 7.6-9.2x slower on this 2-core CPU, 0.8x the speed on the H200 at 0.5B, where a merged load costs 0.2 s per version
-    (README's benchmark table). `use_gpu` stays in the signature: the choice is per device."""
+    """What `cluster.lora_mode=auto` picks: merged on both devices. vLLM's LoRA kernels decode slower than merged
+    weights: 7.6-9.2x slower on this 2-core CPU, 0.8x the speed on the H200 at 0.5B, where a merged load costs
+    0.2 s per version (README's benchmark table). `use_gpu` stays in the signature: the choice is per device."""
     return "merged"
 
 
