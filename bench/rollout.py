@@ -133,9 +133,9 @@ def sampling_of(args):
 
 def ours_rate(path: str, prompts: list[list[int]], args) -> dict:
     """Generated tokens/s of our actor: one generate call with every prompt of the step."""
-    from rl.rollout import VLLMRollout, auto_lora_mode
+    from rl.rollout import VLLMRollout, resolve_lora_mode
 
-    lora_mode = auto_lora_mode(args.device == "cuda") if args.lora_mode == "auto" else args.lora_mode
+    lora_mode = resolve_lora_mode(args.lora_mode, args.device == "cuda")
     adapter = random_adapter(path, 16, threads=args.threads)
     t0 = time.perf_counter()
     r = VLLMRollout(path, lora_mode=lora_mode, **engine_kwargs(path, prompts, args))

@@ -679,9 +679,9 @@ def rollout_role(cfg: TrainConfig, model_path: str) -> tuple[type, dict]:
         from rl.hf_rollout import HFRollout
 
         return HFRollout, dict(dtype=m.dtype.value, seed=cfg.seed, trust_remote_code=m.trust_remote_code)
-    from rl.rollout import VLLMRollout, auto_lora_mode
+    from rl.rollout import VLLMRollout, resolve_lora_mode
 
-    lora_mode = c.lora_mode if c.lora_mode != "auto" else auto_lora_mode(bool(c.use_gpu))
+    lora_mode = resolve_lora_mode(c.lora_mode, bool(c.use_gpu))
     if m.full_finetune:  # no adapter: full weights are loaded by the worker extension, no LoRA slots needed
         lora_mode = "merged"
     return VLLMRollout, dict(

@@ -67,9 +67,10 @@ class VLLMRollout:
         self.llm = LLM(**kwargs)
         self.version = 0
         self._lora_request = None
-        self._tokenizer = None
+        self.tokenizer = self.llm.get_tokenizer()
         # FlatLogprobs (a few flat lists per sample instead of a dict and object per token), where this vLLM has it
-        self._flat_logprobs = {"flat_logprobs": True} if "flat_logprobs" in _struct_fields(SamplingParams) else {}
+        flat = "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ())
+        self._flat_logprobs = {"flat_logprobs": True} if flat else {}
         self._lora_root = Path(tempfile.mkdtemp(prefix="rlft-lora-"))
         if lora_mode == "merged" and not full_weights:  # adapters will be merged: read the base weights now
             self.llm.collective_rpc("rlft_prepare_merge")
@@ -155,12 +156,6 @@ class VLLMRollout:
             PromptRollout(list(p), [next(comps) for _ in out.outputs], self.version) for p, out in zip(prompts, outs)
         ]
 
-    @property
-    def tokenizer(self):
-        if self._tokenizer is None:
-            self._tokenizer = self.llm.get_tokenizer()
-        return self._tokenizer
-
     def close(self) -> None:
         shutil.rmtree(self._lora_root, ignore_errors=True)
         llm = getattr(self, "llm", None)
@@ -183,15 +178,11 @@ def sampled_logprobs(c) -> list[float]:
     return [float(step[tok].logprob) for tok, step in zip(c.token_ids, lp)]
 
 
-def _struct_fields(cls) -> tuple[str, ...]:
-    return tuple(getattr(cls, "__struct_fields__", ()))
-
-
-def auto_lora_mode(use_gpu: bool) -> str:
-    """What `cluster.lora_mode=auto` picks: merged on both devices. vLLM's LoRA kernels decode slower than merged
-    weights: 7.6-9.2x slower on this 2-core CPU, 0.8x the speed on the H200 at 0.5B, where a merged load costs
-    0.2 s per version (README's benchmark table). `use_gpu` stays in the signature: the choice is per device."""
-    return "merged"
+def resolve_lora_mode(lora_mode: str, use_gpu: bool) -> str:
+    """`cluster.lora_mode` as the actor runs it: auto picks merged on both devices. vLLM's LoRA kernels decode slower
+    than merged weights: 7.6-9.2x slower on this 2-core CPU, 0.8x the speed on the H200 at 0.5B, where a merged load
+    costs 0.2 s per version (README's benchmark table). `use_gpu` stays in the signature: the choice is per device."""
+    return "merged" if lora_mode == "auto" else lora_mode
 
 
 def cpu_threads_env(num_threads: int | None) -> dict[str, str]:
