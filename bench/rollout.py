@@ -98,24 +98,29 @@ def engine_kwargs(path: str, prompts: list[list[int]], args) -> dict:
     )
 
 
-def raw_vllm_rate(path: str, prompts: list[list[int]], args) -> dict:
-    """Generated tokens/s of plain vLLM: `LLM` + `SamplingParams` without logprobs, base weights."""
+def plain_generate(llm, lora_request=None, **extra):
+    """A generate(prompts, Sampling) function that drives a vLLM `LLM` directly with `SamplingParams(**extra)`, its
+    outputs shaped for `timed_generation` (`.completions` with `.token_ids`)."""
     from types import SimpleNamespace
 
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
+
+    def generate(ps, s):
+        params = SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, **extra)
+        outs = llm.generate([{"prompt_token_ids": p} for p in ps], params, lora_request=lora_request, use_tqdm=False)
+        return [SimpleNamespace(completions=o.outputs) for o in outs]
+
+    return generate
+
+
+def raw_vllm_rate(path: str, prompts: list[list[int]], args) -> dict:
+    """Generated tokens/s of plain vLLM: `LLM` + `SamplingParams` without logprobs, base weights."""
+    from vllm import LLM
 
     t0 = time.perf_counter()
     llm = LLM(model=path, seed=0, **engine_kwargs(path, prompts, args))
     start_s = time.perf_counter() - t0
-
-    def generate(ps, sampling):
-        params = SamplingParams(
-            n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens
-        )
-        outs = llm.generate([{"prompt_token_ids": p} for p in ps], params, use_tqdm=False)
-        return [SimpleNamespace(completions=o.outputs) for o in outs]
-
-    rates, toks = timed_generations(generate, prompts, sampling_of(args), args.repeats)
+    rates, toks = timed_generations(plain_generate(llm), prompts, sampling_of(args), args.repeats)
     return {
         "side": "raw_vllm",
         "tokens_per_s": round(median(rates), 1),
@@ -162,19 +167,9 @@ def ours_rate(path: str, prompts: list[list[int]], args) -> dict:
 
 def diagnose(r, prompts: list[list[int]], sampling, args) -> dict:
     """Tokens/s of our engine (adapter loaded) driven directly: which part of our path costs what."""
-    from types import SimpleNamespace
-
-    from vllm import SamplingParams
 
     def direct(**extra):
-        def generate(ps, s):
-            params = SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, **extra)
-            outs = r.llm.generate(
-                [{"prompt_token_ids": p} for p in ps], params, lora_request=r._lora_request, use_tqdm=False
-            )
-            return [SimpleNamespace(completions=o.outputs) for o in outs]
-
-        return generate
+        return plain_generate(r.llm, r._lora_request, **extra)
 
     variants = {
         "ours": r.generate,
