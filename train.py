@@ -1,7 +1,7 @@
 """Train an LLM with RL on verifiable rewards: `python train.py [overrides]`, `python train.py -m ...` to sweep.
 
-Composes conf/train.yaml with Hydra, validates it into typed objects (rl/config.py), builds the environment,
-reward and roles, and hands them to rl/driver.py. No maths here. Heavy libraries (torch, vLLM, Ray) are imported
+Composes conf/train.yaml with Hydra, validates it into typed objects (rl/config.py), resolves it into frozen specs
+(rl/specs.py), builds the environment and reward, and hands them to rl/app.py. No maths here. Heavy libraries (torch, vLLM, Ray) are imported
 only after the config is valid, so `--help` and `--cfg job` stay instant.
 """
 
@@ -148,17 +148,24 @@ def main(dcfg: DictConfig) -> float | None:
     if cfg.logger.group is None and hydra_cfg.mode == RunMode.MULTIRUN:
         cfg.logger.group = str(hydra_cfg.sweep.dir)  # a sweep's jobs are one wandb group
     run_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
+    from rl import specs  # registry names are checked and `auto` values resolved here, before anything starts
+
+    try:
+        spec = specs.build(cfg, run_dir)
+    except ConfigError as e:
+        fail(str(e))
     env = build_target(dcfg.env, "env")
     reward = build_target(dcfg.reward, "reward")
     from rl import app  # heavy imports start here
+    from rl.errors import UserFacingError
 
     try:
         summary = app.run(
-            cfg, env=env, reward_fn=reward, resolved=OmegaConf.to_container(dcfg, resolve=True), run_dir=run_dir
+            spec, env=env, reward_fn=reward, resolved=OmegaConf.to_container(dcfg, resolve=True), logger_spec=cfg.logger
         )
     except ConfigError as e:
         fail(str(e))
-    except app.UserFacingError as e:
+    except UserFacingError as e:
         fail(str(e), code=1)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary.get("eval/accuracy_after")

@@ -69,22 +69,24 @@ def demo_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
     return out
 
 
+def learner_spec(path: str, *overrides: str, rank: int = 16, dtype: str = "float32", seed: int = 0, threads=None):
+    """The LearnerSpec a run builds for LoRA rank `rank` (alpha 2r) on all 7 projections, learner weights in `dtype`,
+    plus config overrides; `path` is taken as the resolved model path."""
+    from rl.specs import build_from_overrides
+
+    keys = [f"model.lora_rank={rank}", f"model.lora_alpha={2 * rank}", f"model.learner_dtype={dtype}", f"seed={seed}"]
+    keys.append(f"cluster.learner_threads={threads if threads else 'null'}")
+    return build_from_overrides(path, *keys, *overrides).learner
+
+
 def random_adapter(path: str, rank: int = 16, *, dtype: str = "float32", seed: int = 0, threads: int | None = None):
     """A PEFT adapter (rl.types.Adapter) on all 7 projections with small random non-zero B (a trained-looking
     adapter: merging or applying it costs what a real one does)."""
     import torch
 
-    from rl.learner import PeftLearner
+    from rl.learner import Learner
 
-    learner = PeftLearner(
-        path,
-        lora_rank=rank,
-        lora_alpha=2 * rank,
-        dtype=dtype,
-        lora_targets=LORA_TARGETS,
-        seed=seed,
-        num_threads=threads,
-    )
+    learner = Learner(learner_spec(path, rank=rank, dtype=dtype, seed=seed, threads=threads))
     with torch.no_grad():
         for name, p in learner.model.named_parameters():
             if "lora_B" in name:
@@ -150,3 +152,12 @@ def timed_generation(generate, prompts: list[list[int]], sampling) -> tuple[floa
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
+
+
+def lora_deltas(config: dict, weights: dict) -> dict:
+    """{hf_module_name: scale * B @ A} in fp32: the unfused merge, the reference that rl/rollout/vllm_ext.py's fused
+    `merge_lora` is compared with (tests/unit/test_vllm_ext.py, bench/sync.py)."""
+    from rl.rollout.vllm_ext import lora_factors
+
+    factors, scale = lora_factors(config, weights)
+    return {m: (b.float() @ a.float()) * scale for m, (b, a) in factors.items()}

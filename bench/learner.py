@@ -1,4 +1,4 @@
-"""Learner step: ours (rl.learner.PeftLearner.train_step on TrainSamples) against a raw PEFT step on the same
+"""Learner step: ours (rl.learner.Learner.train_step on TrainSamples) against a raw PEFT step on the same
 sequences, LoRA rank/targets, dtype and micro-batches, in one process run (both sides under the same load).
 
 CPU (about 3 min with --groups 4, 6 with the default 8, on the shared 2-core machine):  python -m bench.learner
@@ -24,7 +24,16 @@ import json
 import random
 import time
 
-from bench.common import LORA_TARGETS, add_model_args, machine, machine_label, median, model_path, set_threads
+from bench.common import (
+    LORA_TARGETS,
+    add_model_args,
+    learner_spec,
+    machine,
+    machine_label,
+    median,
+    model_path,
+    set_threads,
+)
 
 
 def make_samples(args):
@@ -48,19 +57,26 @@ def make_samples(args):
 
 def build_ours(args, path: str, *, share_prompt_prefix: bool):
     """Our learner; returns an object whose `train_step(samples)` is timed."""
-    from rl.learner import PeftLearner
+    from rl.learner import Learner
 
-    kwargs = dict(
-        lora_rank=args.rank,
-        lora_alpha=2 * args.rank,
-        lora_targets=LORA_TARGETS,
+    spec = learner_spec(
+        path,
+        f"micro_batch_size={args.micro_batch_size}",
+        f"share_prompt_prefix={share_prompt_prefix}",
+        rank=args.rank,
         dtype=args.dtype,
-        micro_batch_size=args.micro_batch_size,
-        share_prompt_prefix=share_prompt_prefix,
-        kl_coef=0.0,
-        num_threads=args.threads,
+        threads=args.threads,
     )
-    return PeftLearner(path, **kwargs)
+    return Learner(spec)
+
+
+def without_entropy_metric(learner):
+    """Our learner without the policy/entropy metric's extra pass over the vocabulary (to time what it costs)."""
+    from rl.learner.batching import token_logprobs
+
+    t = learner.spec.loss.temperature
+    learner._logprobs = lambda logits, targets: (token_logprobs(logits, targets, t), None)
+    return learner
 
 
 # ------------------------------------------------------------------------------------------------ raw
@@ -180,7 +196,7 @@ def main() -> None:
         else:
             learners[side] = build_ours(args, path, share_prompt_prefix=side == "ours_shared")
         if side == "ours_full_no_entropy":  # where the overhead goes: the policy/entropy metric's extra pass
-            learners[side].entropy_metric = False
+            learners[side] = without_entropy_metric(learners[side])
         build_s[side] = time.perf_counter() - t0
     step_s = time_round_robin(learners, samples, args.repeats)
     rows = {

@@ -6,7 +6,7 @@ python -m bench.learner_backends --backend unsloth --shape qwen2.5-0.5b --batch 
 
 raw: the library as its own docs use it: the model + LoRA (r 16, all 7 projections), a batch of random token ids
 of length --seq with labels = input ids, forward with the library's loss, backward, AdamW step.
-ours: rl.learner.PeftLearner with the same backend, rank, targets, dtype and optimizer; `train_step` on --batch
+ours: rl.learner.Learner with the same backend, rank, targets, dtype and optimizer; `train_step` on --batch
 TrainSamples of --seq tokens (half prompt, half completion, every prompt distinct so nothing is shared), as the
 driver calls it. Tokens/s counts every position of the forward (batch x seq) for both; steady state over --steps
 steps after --warmup. Prints one JSON line per side and a markdown row with the ratio ours / raw.
@@ -106,25 +106,27 @@ def build_raw(args, path: str):
 
 
 def build_ours(args, path: str):
-    """rl.learner.PeftLearner as the driver builds it, stepping on TrainSamples of the same shapes."""
-    from rl.learner import PeftLearner
+    """rl.learner.Learner as a run builds it, stepping on TrainSamples of the same shapes."""
+    from bench.common import learner_spec
+    from rl.learner import Learner
     from rl.types import TrainSample
 
     backend = {"unsloth": "unsloth", "peft-bnb": "peft", "peft": "peft"}[args.backend]
-    learner = PeftLearner(
+    spec = learner_spec(
         path,
-        backend=backend,
-        load_in_4bit=args.backend in ("unsloth", "peft-bnb"),
+        f"model.learner_backend={backend}",
+        f"model.load_in_4bit={args.backend in ('unsloth', 'peft-bnb')}",
+        f"model.lora_targets=[{','.join(TARGETS)}]",
+        "algorithm.lr=1e-5",
+        f"micro_batch_size={args.batch}",
+        "share_prompt_prefix=false",
+        f"model.max_prompt_tokens={args.seq // 2}",
+        f"model.max_new_tokens={args.seq - args.seq // 2}",
+        f"cluster.use_gpu={args.device == 'cuda'}",
+        rank=args.rank,
         dtype="bfloat16" if args.device == "cuda" else "float32",
-        lora_rank=args.rank,
-        lora_alpha=2 * args.rank,
-        lora_targets=TARGETS,
-        lr=1e-5,
-        micro_batch_size=args.batch,
-        share_prompt_prefix=False,
-        max_seq_length=args.seq,
-        seed=0,
     )
+    learner = Learner(spec)
     rng = random.Random(0)
     half = args.seq // 2
     samples = [

@@ -138,12 +138,24 @@ def sampling_of(args):
 
 def ours_rate(path: str, prompts: list[list[int]], args) -> dict:
     """Generated tokens/s of our actor: one generate call with every prompt of the step."""
-    from rl.rollout import VLLMRollout, resolve_lora_mode
+    from rl.rollout.vllm import VLLMRollout
+    from rl.specs import build_from_overrides
 
-    lora_mode = resolve_lora_mode(args.lora_mode, args.device == "cuda")
+    e = engine_kwargs(path, prompts, args)
+    keys = [
+        f"cluster.lora_mode={args.lora_mode}",
+        f"cluster.use_gpu={args.device == 'cuda'}",
+        f"cluster.gpu_memory_utilization={e['gpu_memory_utilization']}",
+        f"cluster.enforce_eager={e['enforce_eager']}",
+        f"model.dtype={e['dtype']}",
+        f"model.max_prompt_tokens={e['max_model_len'] - args.max_tokens}",
+        f"model.max_new_tokens={args.max_tokens}",
+    ]
+    spec = build_from_overrides(path, *keys).rollout  # the actor as a run builds it (lora_mode auto resolved)
+    lora_mode = spec.lora_mode
     adapter = random_adapter(path, 16, threads=args.threads)
     t0 = time.perf_counter()
-    r = VLLMRollout(path, lora_mode=lora_mode, **engine_kwargs(path, prompts, args))
+    r = VLLMRollout(spec)
     start_s = time.perf_counter() - t0
     load_s = [r.load_adapter(adapter)["seconds"]]
     for v in range(2, 4):  # later versions: what each training step pays (the first also reads the base)
@@ -194,7 +206,7 @@ def run_side(args) -> dict:
     if args.device == "cuda":
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # vLLM 0.26 on the GPU machine (FACTS.md)
     else:
-        from rl.rollout import cpu_threads_env
+        from rl.rollout.vllm import cpu_threads_env
 
         os.environ.update(cpu_threads_env(args.threads))
     from transformers import AutoTokenizer

@@ -13,14 +13,17 @@ import argparse
 import json
 import os
 
-from bench.common import timed_generations
+from bench.common import random_adapter, timed_generations
 
 
 def run_mode(mode: str, path: str, prompts: list[list[int]], adapter, args) -> dict:
-    from rl.rollout import VLLMRollout
+    from rl.rollout.vllm import VLLMRollout
+    from rl.specs import build_from_overrides
     from rl.types import Sampling
 
-    r = VLLMRollout(path, lora_mode="native" if mode == "base" else mode, max_model_len=512)
+    lora_mode = "native" if mode == "base" else mode
+    keys = [f"cluster.lora_mode={lora_mode}", "model.max_prompt_tokens=448", "model.max_new_tokens=64"]
+    r = VLLMRollout(build_from_overrides(path, *keys).rollout)
     load_s = r.load_adapter(adapter)["seconds"] if mode != "base" else 0.0
     sampling = Sampling(n=args.n, temperature=1.0, max_tokens=args.max_tokens)
     rates, _ = timed_generations(r.generate, prompts, sampling, args.repeats)
@@ -44,9 +47,8 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from rl.learner import PeftLearner
     from rl.models import resolve_model_path
-    from rl.rollout import cpu_threads_env
+    from rl.rollout.vllm import cpu_threads_env
 
     os.environ.update(cpu_threads_env(None))
     path = resolve_model_path(args.model)
@@ -57,18 +59,7 @@ def main() -> None:
         )["input_ids"]
         for i in range(args.prompts)
     ]
-    learner = PeftLearner(
-        path,
-        dtype="float32",
-        num_threads=1,
-        lora_targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    )
-    for name, p in learner.model.named_parameters():
-        if "lora_B" in name:
-            p.data.normal_(0, 1e-3)
-    learner.version = 1
-    adapter = learner.get_adapter()
-    del learner
+    adapter = random_adapter(path, threads=1)
     rows = {}
     for mode in ("base", "native", "merged"):
         rows[mode] = run_mode(mode, path, prompts, adapter, args)

@@ -76,8 +76,9 @@ def measure_actors(path: str, prompts: list[list[int]], n_actors: int, pinned: b
     import ray
 
     from rl.placement import RayGroup
-    from rl.rollout import VLLMRollout, cpu_threads_env
+    from rl.rollout.vllm import VLLMRollout, cpu_threads_env
     from rl.runtime import Runtime, shard
+    from rl.specs import build_from_overrides
     from rl.types import Sampling
 
     cores = os.cpu_count() or 1
@@ -90,7 +91,12 @@ def measure_actors(path: str, prompts: list[list[int]], n_actors: int, pinned: b
             env = cpu_threads_env(None)  # what the framework sets with cluster.actor_threads=null
         handles.append(
             ray.remote(num_cpus=1, runtime_env={"env_vars": env})(VLLMRollout).remote(
-                path, lora_mode="merged", max_model_len=512, gpu_memory_utilization=0.05
+                build_from_overrides(
+                    path,
+                    "model.max_prompt_tokens=448",
+                    "model.max_new_tokens=64",
+                    "cluster.gpu_memory_utilization=0.05",
+                ).rollout
             )
         )
     ray.get([h.__ray_ready__.remote() for h in handles])

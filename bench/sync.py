@@ -1,5 +1,5 @@
 """Adapter sync: time against adapter size (LoRA rank 8/16/32/64) and where it goes, on the real path (Ray
-actors: PeftLearner -> object store -> VLLMRollout), plus its share of a step of the demo's shapes.
+actors: Learner -> object store -> VLLMRollout), plus its share of a step of the demo's shapes.
 
 CPU (about 8 min on the shared 2-core machine; --micro-only: 1 min):  python -m bench.sync [--ranks 8,16,32,64] [--modes merged,native] [--repeats 3]
     [--metrics outputs/<run>/metrics.jsonl]
@@ -30,15 +30,16 @@ import json
 import statistics
 import time
 
-from bench.common import LORA_TARGETS, add_threads_arg, demo_prompts, machine, machine_label
-from rl.learner import PeftLearner
-from rl.rollout import VLLMRollout
+from bench.common import add_threads_arg, demo_prompts, learner_spec, machine, machine_label
+from rl.learner import Learner
+from rl.rollout.vllm import VLLMRollout
+from rl.specs import build_from_overrides
 
 # ------------------------------------------------------------------------------------------------ roles
 
 
-class BenchLearner(PeftLearner):
-    """PeftLearner plus timed copies of get_adapter's two parts (state dict, serialisation)."""
+class BenchLearner(Learner):
+    """Learner plus timed copies of get_adapter's two parts (state dict, serialisation)."""
 
     def timed_adapter(self, dtype: str | None = None):
         import torch
@@ -84,7 +85,7 @@ def timed_merge(worker, config: dict, weights: bytes) -> dict:
     timer around each part; the reload is the extension's own (runs in the worker)."""
     from safetensors.torch import load as load_safetensors
 
-    from rl.vllm_ext import _FUSED, _SIBLINGS, lora_deltas
+    from rl.rollout.vllm_ext import _FUSED, _SIBLINGS, lora_deltas
 
     t = [time.perf_counter()]
     base = worker._rlft_base()
@@ -115,7 +116,7 @@ def fused_merge(worker, config: dict, weights: bytes) -> dict:
     (one final cast to the base dtype). Timed like `timed_merge`; the reload is unchanged."""
     from safetensors.torch import load as load_safetensors
 
-    from rl.vllm_ext import lora_factors, merged_payload
+    from rl.rollout.vllm_ext import lora_factors, merged_payload
 
     t = [time.perf_counter()]
     base = worker._rlft_base()
@@ -211,8 +212,7 @@ def demo_step(ray, runtime, prompts, version: int) -> dict:
     """One demo-shaped step through rl.runtime.Runtime; random rewards stand in for the task reward."""
     import random
 
-    from rl.config import AlgorithmConfig
-    from rl.driver import prepare_samples
+    from rl.samples import prepare_samples
     from rl.types import Sampling
 
     rng = random.Random(version)
@@ -221,13 +221,15 @@ def demo_step(ray, runtime, prompts, version: int) -> dict:
     rollouts = runtime.generate(prompts, Sampling(n=8, temperature=1.0, max_tokens=32))
     t["rollout_s"] = time.perf_counter() - t0
     rewards = [float(rng.random() < 0.5) for r in rollouts for _ in r.completions]
-    samples, _, _ = prepare_samples(rollouts, rewards, AlgorithmConfig(), 32)
+    samples, _, _ = prepare_samples(
+        rollouts, rewards, build_from_overrides("/unused", "model.max_new_tokens=32").samples
+    )
     t0 = time.perf_counter()
     runtime.train_step(samples)
     t["learn_s"] = time.perf_counter() - t0
     t["sync_s"] = runtime.sync()["time/sync_s"]
     t0 = time.perf_counter()
-    runtime.probe(prompts[:2], Sampling(n=2, temperature=1.0, max_tokens=16))
+    runtime.probe_finish(runtime.probe_submit(prompts[:2], Sampling(n=2, temperature=1.0, max_tokens=16)))
     t["probe_s"] = time.perf_counter() - t0
     t["step_s"] = sum(t.values())
     return t
@@ -242,7 +244,7 @@ def merge_math_micro(path: str, rank: int, repeats: int) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    from rl.vllm_ext import lora_deltas, merge_lora
+    from rl.rollout.vllm_ext import lora_deltas, merge_lora
 
     base = {}
     for f in sorted(__import__("pathlib").Path(path).glob("*.safetensors")):
@@ -329,7 +331,7 @@ def main() -> None:
 
     from rl import placement
     from rl.models import resolve_model_path
-    from rl.rollout import cpu_threads_env
+    from rl.rollout.vllm import cpu_threads_env
     from rl.runtime import Runtime
 
     path = resolve_model_path(args.model)
@@ -354,7 +356,7 @@ def main() -> None:
         return
     prompts = demo_prompts(AutoTokenizer.from_pretrained(path), 8)
     before = machine()
-    started = placement.start_ray(None, 8, {})  # logical CPUs: roles take turns on the 2 real cores
+    started = placement.start_ray(None, 8)  # logical CPUs: roles take turns on the 2 real cores
     actor_env = {**cpu_threads_env(args.threads), "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # timed_merge is a callable
     results, share = [], {}
     version = 0
@@ -362,20 +364,17 @@ def main() -> None:
     try:
         for mode in args.modes.split(","):
             # one actor and one learner alive at a time: the machine is shared and a learner is ~0.6 GB
+            keys = [f"cluster.lora_mode={mode}", f"model.lora_rank={max(ranks)}", "model.max_prompt_tokens=448"]
+            keys += ["model.max_new_tokens=64", "cluster.gpu_memory_utilization=0.05"]
             actor = ray.remote(num_cpus=1, runtime_env={"env_vars": actor_env})(BenchRollout).remote(
-                path, lora_mode=mode, max_lora_rank=max(ranks), max_model_len=512, gpu_memory_utilization=0.05
+                build_from_overrides(path, *keys).rollout
             )
             ray.get(actor.__ray_ready__.remote())
             for r in ranks:
-                learner = ray.remote(num_cpus=1)(BenchLearner).remote(
-                    path,
-                    lora_rank=r,
-                    lora_alpha=2 * r,
-                    lora_targets=LORA_TARGETS,
-                    kl_coef=0.01,  # the demo's GRPO (used by the demo-shaped step)
-                    num_threads=args.threads,
-                    sync_dtype="bfloat16",  # as the driver sets it for a bf16 vLLM engine
-                )
+                # the demo's GRPO (its KL is used by the demo-shaped step); LoRA factors sent in bf16, as a run
+                # does for a bf16 vLLM engine
+                spec = learner_spec(path, "algorithm.kl_coef=0.01", rank=r, dtype="bfloat16", threads=args.threads)
+                learner = ray.remote(num_cpus=1)(BenchLearner).remote(spec)
                 version += 1
                 ray.get(learner.randomise_adapter.remote(version))
                 runtime = Runtime(placement.RayGroup([actor]), placement.RayGroup([learner]))

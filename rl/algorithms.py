@@ -4,12 +4,13 @@ Pure tensor maths: no Ray, no config objects. Every per-token tensor comes with 
 (1 = a completion token that counts). Algorithms are YAML bundles (`conf/algorithm/*.yaml`) that pick entries of
 these registries by name; nothing in the code branches on the algorithm's name.
 
-Calling conventions (flat keyword arguments, so the caller can pass one set of knobs to any entry):
+Calling conventions (the caller passes one set of knobs to any entry):
 - advantage estimator: `fn(rewards [B*G], group_size, **knobs) -> [B*G]`; knobs an estimator does not use are
   ignored (`**_`), so `algorithm.advantage=X` is the only thing that changes between estimators.
-- policy loss: `fn(logp, old_logp, advantages, mask, *, agg, **knobs) -> (loss, metrics)`; `old_logp` are the
-  behaviour logprobs returned by the rollout engine. Shared knobs: `tis_cap`, `skip_threshold` (see
-  `importance_terms`).
+- policy loss: `fn(logp, old_logp, advantages, mask, *, agg, knobs) -> (loss, metrics)`; `old_logp` are the
+  behaviour logprobs returned by the rollout engine; `knobs` is the algorithm's `PolicyLossKnobs` (rl/config.py),
+  of which each loss reads the fields it uses. Shared knobs: `tis_cap`, `skip_threshold` (see `importance_terms`).
+  A new knob is a field of PolicyLossKnobs, its value in a conf/algorithm/ bundle, and its use here.
 - aggregation: `fn(per_token [B, T], mask [B, T], **knobs) -> scalar`, with a `unit` attribute ("token" or
   "seq") that tells the learner how to weight micro-batches so that gradient accumulation is exact.
 """
@@ -20,6 +21,9 @@ from collections.abc import Callable
 
 import torch
 
+from rl.config import PolicyLossKnobs
+
+DEFAULT_KNOBS = PolicyLossKnobs()
 # Metric values are floats or 0-d tensors: a loss returns tensors so that computing them never waits for the device
 # (on a GPU a float() between forward and backward stalls the launch queue); the learner converts them once per step
 Metrics = dict[str, "float | torch.Tensor"]
@@ -262,12 +266,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def importance_terms(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    tis_cap: float = 0.0,
-    skip_threshold: float = 0.0,
+    logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, knobs: PolicyLossKnobs, *, tis: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
     """The log importance ratio a surrogate clips, and a per-token weight (no gradient) on its loss. [B, T] each.
 
@@ -280,7 +279,10 @@ def importance_terms(
       one optimizer step (algorithm.updates_per_step = 1; the config enforces it).
     skip_threshold > 0: sequences whose mean token ratio pi_learner / pi_behaviour exceeds it get weight 0 (the
       ColossalChat seed documents this knob; here it is read). They still count in the loss normaliser.
+    `tis=False`: a loss whose ratio is not per token (GSPO, CISPO) ignores tis_cap.
     """
+    tis_cap = knobs.tis_cap if tis else 0.0
+    skip_threshold = knobs.skip_threshold
     with torch.no_grad():
         behaviour_log_ratio = (logp - old_logp) * mask  # [B, T]
         weight = torch.ones_like(logp)
@@ -319,16 +321,14 @@ def pg_loss(
     mask: torch.Tensor,
     *,
     agg: Callable[..., torch.Tensor],
-    tis_cap: float = 0.0,
-    skip_threshold: float = 0.0,
-    **_,
+    knobs: PolicyLossKnobs = DEFAULT_KNOBS,
 ) -> tuple[torch.Tensor, Metrics]:
     """Vanilla policy gradient, per token -A * log pi(y_t) (Williams 1992, REINFORCE, eq. 11).
 
     logp, old_logp, mask: [B, T]; advantages: [B]. On-policy by assumption: old_logp only enters through the
     optional truncated-IS weight and skip_threshold (see `importance_terms`).
     """
-    _, weight, metrics = importance_terms(logp, old_logp, mask, tis_cap=tis_cap, skip_threshold=skip_threshold)
+    _, weight, metrics = importance_terms(logp, old_logp, mask, knobs)
     per_token = -advantages.unsqueeze(1) * logp * weight  # [B, T]
     loss = agg(per_token, mask)
     with torch.no_grad():
@@ -345,12 +345,7 @@ def clipped_surrogate_loss(
     mask: torch.Tensor,
     *,
     agg: Callable[..., torch.Tensor],
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float = 0.0,
-    tis_cap: float = 0.0,
-    skip_threshold: float = 0.0,
-    **_,
+    knobs: PolicyLossKnobs = DEFAULT_KNOBS,
 ) -> tuple[torch.Tensor, Metrics]:
     """PPO clipped surrogate (Schulman et al. 2017, eq. 7) with separate low/high clips (DAPO clip-higher, eq. 10).
 
@@ -360,7 +355,8 @@ def clipped_surrogate_loss(
     logp, old_logp, mask: [B, T]; advantages: [B] (broadcast over tokens). old_logp are the behaviour logprobs
     returned by the rollout engine, so the ratio also corrects for the train-inference mismatch.
     """
-    log_ratio, weight, metrics = importance_terms(logp, old_logp, mask, tis_cap=tis_cap, skip_threshold=skip_threshold)
+    clip_low, clip_high, dual_clip = knobs.clip_low, knobs.clip_high, knobs.dual_clip
+    log_ratio, weight, metrics = importance_terms(logp, old_logp, mask, knobs)
     ratio = torch.exp(log_ratio)  # [B, T]
     adv = advantages.unsqueeze(1)  # [B, 1]
     unclipped = -ratio * adv
@@ -380,6 +376,9 @@ def clipped_surrogate_loss(
     return loss, metrics
 
 
+GSPO_KNOBS = PolicyLossKnobs(clip_low=3e-4, clip_high=4e-4)  # the paper's clip range (conf/algorithm/gspo.yaml)
+
+
 @register_policy_loss("gspo")
 def gspo_loss(
     logp: torch.Tensor,
@@ -388,10 +387,7 @@ def gspo_loss(
     mask: torch.Tensor,
     *,
     agg: Callable[..., torch.Tensor],
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
-    skip_threshold: float = 0.0,
-    **_,
+    knobs: PolicyLossKnobs = GSPO_KNOBS,
 ) -> tuple[torch.Tensor, Metrics]:
     """GSPO (Zheng et al. 2025, arXiv 2507.18071, eq. 5-7 and the token form GSPO-token, eq. 13-14).
 
@@ -401,7 +397,8 @@ def gspo_loss(
     Deliberate deviation (as verl): log s_it is clamped at 10 for numerical safety. Truncated IS does not apply
     (the ratio is already sequence-level); skip_threshold does. logp, old_logp, mask: [B, T]; advantages: [B].
     """
-    _, weight, metrics = importance_terms(logp, old_logp, mask, skip_threshold=skip_threshold)
+    clip_low, clip_high = knobs.clip_low, knobs.clip_high
+    _, weight, metrics = importance_terms(logp, old_logp, mask, knobs, tis=False)
     token_log_ratio = (logp - old_logp) * mask  # [B, T]
     seq_log_ratio = token_log_ratio.sum(1) / mask.sum(1).clamp(min=1)  # [B]
     log_s = torch.clamp(logp - logp.detach() + seq_log_ratio.detach().unsqueeze(1), max=10.0)  # [B, T]
@@ -426,17 +423,15 @@ def cispo_loss(
     mask: torch.Tensor,
     *,
     agg: Callable[..., torch.Tensor],
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    skip_threshold: float = 0.0,
-    **_,
+    knobs: PolicyLossKnobs = DEFAULT_KNOBS,
 ) -> tuple[torch.Tensor, Metrics]:
     """CISPO (MiniMax 2025, "MiniMax-M1", arXiv 2506.13585, eq. 4-5): per token -sg(clip(r, 1-eL, 1+eH)) A log pi.
 
     Clips the importance weight instead of the update, so clipped tokens still get a (bounded) gradient.
     The paper sets no lower bound (eL large); here both bounds are knobs. logp, old_logp, mask: [B, T]; A: [B].
     """
-    _, weight, metrics = importance_terms(logp, old_logp, mask, skip_threshold=skip_threshold)
+    clip_low, clip_high = knobs.clip_low, knobs.clip_high
+    _, weight, metrics = importance_terms(logp, old_logp, mask, knobs, tis=False)
     log_ratio = (logp - old_logp) * mask
     ratio = torch.exp(log_ratio)  # [B, T]
     clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high).detach()

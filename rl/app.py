@@ -1,61 +1,59 @@
-"""Assemble a run from validated pieces: model path, tokenizer, logger, roles; run the loop; tear down."""
+"""Assemble a run from its specs: tokenizer, logger, the roles (in this process or as Ray actors); run the loop;
+tear everything down whatever happens."""
 
 from __future__ import annotations
 
 import logging
+import os
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from rl.config import TrainConfig
+from rl.config import ClusterMode
+from rl.errors import UserFacingError
+from rl.runtime import LocalGroup, Runtime
+from rl.specs import LearnerSpec, PlacementSpec, RunSpec
 
 log = logging.getLogger(__name__)
 
 
-class UserFacingError(RuntimeError):
-    """An error whose message alone tells the user what failed (printed as one line, no traceback)."""
-
-
-def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict, run_dir: Path) -> dict[str, float]:
-    from rl.models import resolve_model_path
-
-    t0 = time.perf_counter()
-    model_path = resolve_model_path(cfg.model.path)
+def run(spec: RunSpec, *, env: Any, reward_fn: Any, resolved: dict, logger_spec: Any) -> dict[str, float]:
+    """Train as `spec` says; returns the summary. `logger_spec` is the typed `logger` config group."""
     from transformers import AutoTokenizer
 
-    from rl.driver import build_runtime, train
+    from rl.driver import train
     from rl.metrics import MetricsLogger
     from rl.placement import RayStartError
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
-    lg = cfg.logger
+    t0 = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
+    lg = logger_spec
     logger = MetricsLogger(
-        run_dir,
+        spec.run_dir,
         kind=lg.kind.value,
-        wandb_mode=lg.mode,
+        wandb_mode=lg.mode.value,
         project=lg.project,
         name=lg.name,
         group=lg.group,
         tags=lg.tags,
         config=resolved,
         console_every=lg.console_every,
-        total_steps=cfg.steps,
+        total_steps=spec.steps,
     )
+    p, sampling = spec.placement, spec.sampler.sampling
     print(
-        f"run dir: {run_dir}\nmodel: {model_path}\n{cfg.cluster.mode.value}: {cfg.cluster.num_actors} rollout "
-        f"actor(s), {cfg.cluster.num_learners} learner(s); algorithm {cfg.algorithm.name}; {cfg.steps} steps x "
-        f"{cfg.prompts_per_step} prompts x {cfg.algorithm.group_size} samples",
+        f"run dir: {spec.run_dir}\nmodel: {spec.model_path}\n{p.mode.value}: {p.num_actors} rollout actor(s), "
+        f"{p.num_learners} learner(s); algorithm {resolved.get('algorithm', {}).get('name')}; {spec.steps} steps x "
+        f"{spec.sampler.prompts_per_step} prompts x {sampling.n} samples",
         flush=True,
     )
     try:
-        runtime, teardown = build_runtime(cfg, model_path)
+        runtime, teardown = build_runtime(spec)
     except RayStartError as e:
         logger.close()
         raise UserFacingError(str(e)) from e
     try:
-        summary = train(
-            cfg, runtime, tokenizer, env, reward_fn, logger, probe_threshold=cfg.sync_probe_threshold, resolved=resolved
-        )
+        summary = train(spec, runtime, tokenizer, env, reward_fn, logger, resolved)
     finally:
         teardown()
         logger.close()
@@ -63,8 +61,58 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict, run_dir: 
     before, after = summary.get("eval/accuracy_before"), summary.get("eval/accuracy_after")
     if before is not None and after is not None:
         print(
-            f"held-out accuracy (greedy, {cfg.eval_size} prompts): before {before:.3f} -> after {after:.3f} "
+            f"held-out accuracy (greedy, {spec.eval.size} prompts): before {before:.3f} -> after {after:.3f} "
             f"({after - before:+.3f}); total {summary['time/total_s']:.0f} s",
             flush=True,
         )
     return summary
+
+
+def build_runtime(spec: RunSpec) -> tuple[Runtime, Callable[[], None]]:
+    """Create the roles (in this process, or as Ray actors); returns the runtime and a function that tears it down."""
+    from rl.learner import Learner
+    from rl.rollout import rollout_class
+
+    p = spec.placement
+    if p.mode == ClusterMode.local:
+        os.environ.update(actor_env(p))
+        if learner_env(spec.learner):  # too late to come first in this process (torch is loaded); models.py warns
+            import unsloth  # noqa: F401
+        learner = Learner(spec.learner)
+        rollout = rollout_class(spec.rollout)(spec.rollout)
+        runtime = Runtime(LocalGroup([rollout]), LocalGroup([learner]), spec.runtime)
+        return runtime, runtime.close
+
+    from rl import placement
+
+    started = placement.start_ray(p.address, p.ray_num_cpus)
+    try:
+        runtime = placement.build_ray_runtime(
+            p,
+            spec.runtime,
+            rollout=(rollout_class(spec.rollout), spec.rollout, actor_env(p)),
+            learner=(Learner, spec.learner, learner_env(spec.learner)),
+        )
+    except BaseException:
+        placement.stop_ray(started)
+        raise
+
+    def teardown() -> None:
+        runtime.close()
+        placement.stop_ray(started)
+
+    return runtime, teardown
+
+
+def actor_env(placement: PlacementSpec) -> dict[str, str]:
+    """Environment of a rollout actor's process: the driver's VLLM_* settings (they reach actors on other nodes
+    too) and, on CPU, the cores its vLLM engine may use."""
+    from rl.rollout.vllm import cpu_threads_env
+
+    env = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
+    return env if placement.use_gpu else env | cpu_threads_env(placement.actor_threads)
+
+
+def learner_env(learner: LearnerSpec) -> dict[str, str]:
+    """Environment of a learner's process: Unsloth must be its first ML import (rl/__init__.py reads this)."""
+    return {"RLFT_IMPORT_UNSLOTH": "1"} if learner.backend == "unsloth" else {}

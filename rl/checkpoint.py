@@ -1,10 +1,11 @@
 """Checkpoints: everything a run needs to continue exactly where it stopped, written so that a crash never
-leaves a checkpoint that looks complete but is not.
+leaves a checkpoint that looks complete but is not; and the run's result (adapter or full model) in the formats
+other tools load.
 
     <run_dir>/checkpoints/step_0003/
         adapter/            adapter_config.json + adapter_model.safetensors (PEFT format: PeftModel.from_pretrained,
                             vLLM's LoRA loader)
-        learner.pkl         the learner's state (PeftLearner.state_dict): AdamW state, version, torch RNG
+        learner.pkl         the learner's state (Learner.state_dict): AdamW state, version, torch RNG
         trainer.pkl         step, adapter version, data order and cursor, the driver's RNG (python, numpy, torch),
                             each rollout actor's sampling RNG
         config.json         the resolved config of the run that wrote it
@@ -15,12 +16,11 @@ is renamed to `step_0003` and the parent fsynced. Only `step_N` folders are ever
 leaves a temp folder that is ignored (and removed by the next save).
 
 Not restored, by design or because there is nothing to restore:
-- vLLM's sampler: the engine is seeded once when it starts (per-request seeds kill the CPU engine, rl/rollout.py)
-  and its generator cannot be read or set from outside, so a resumed vLLM run samples from the engine seed's
+- vLLM's sampler: the engine is seeded once when it starts and its generator cannot be read or set from outside, so a resumed vLLM run samples from the engine seed's
   stream again: it continues from the right step, data position and adapter, but its samples differ from the
   uninterrupted run's. With the hf backend the sampling generator is saved and a resume is bitwise exact.
 - no LR scheduler exists (the learning rate is constant). With `cluster.staleness` > 0, generations still in
-  flight at a checkpoint are not saved: the data position saved is the one before them (rl/pipeline.py), so a
+  flight at a checkpoint are not saved: the data position saved is the one before them (rl/sampler.py), so a
   resumed run generates those prompts again with the checkpoint's adapter.
 
 The .pkl files are pickles of plain data (bytes, ints, lists): load checkpoints only from runs you trust.
@@ -29,7 +29,6 @@ The .pkl files are pickles of plain data (bytes, ints, lists): load checkpoints 
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import random
 import re
@@ -40,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rl.atomic import fsync_dir, replace_when_done, write_bytes
 from rl.config import ConfigError
 from rl.runtime import Runtime
 from rl.types import Adapter
@@ -98,21 +98,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([torch.from_numpy(np.array(s)) for s in state["cuda"]])
 
 
-def _write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save(
     run_dir: Path,
     step: int,
@@ -124,42 +109,33 @@ def save(
 ) -> Path:
     """Write checkpoint `step` atomically, then delete all but the `keep_last` newest (0 keeps all).
 
-    learner_state: PeftLearner.state_dict() (its "adapter" goes to the PEFT folder, the rest to learner.pkl)."""
+    learner_state: Learner.state_dict() (its "adapter" goes to the PEFT folder, the rest to learner.pkl)."""
     root = Path(run_dir) / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / step_dir_name(step)
-    tmp = root / f".{final.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "adapter").mkdir(parents=True)
     adapter: Adapter = learner_state["adapter"]
-    _write(tmp / "adapter" / "adapter_config.json", json.dumps(adapter.config, indent=2, default=str).encode())
-    _write(tmp / "adapter" / "adapter_model.safetensors", adapter.weights)
     rest = {k: v for k, v in learner_state.items() if k != "adapter"}
-    _write(tmp / "learner.pkl", pickle.dumps({**rest, "adapter_version": adapter.version}))
-    _write(tmp / "trainer.pkl", pickle.dumps(trainer_state))
-    _write(tmp / "config.json", json.dumps(config or {}, indent=2, default=str).encode())
     meta = {
         "step": step,
         "adapter_version": adapter.version,
         "data_cursor": trainer_state.get("data", {}).get("cursor"),
     }
-    _write(tmp / "meta.json", json.dumps(meta, indent=2).encode())
-    _fsync_dir(tmp / "adapter")
-    _fsync_dir(tmp)
-    if final.exists():  # a re-save of the same step (e.g. a resumed run that had nothing left to do)
-        shutil.rmtree(final)
-    tmp.rename(final)
-    _fsync_dir(root)
+    # a re-save of the same step (e.g. a resumed run that had nothing left to do) replaces it
+    with replace_when_done(root / step_dir_name(step), durable=True) as tmp:
+        write_adapter(adapter, tmp / "adapter", durable=True)
+        write_bytes(tmp / "learner.pkl", pickle.dumps({**rest, "adapter_version": adapter.version}), durable=True)
+        write_bytes(tmp / "trainer.pkl", pickle.dumps(trainer_state), durable=True)
+        write_bytes(tmp / "config.json", json.dumps(config or {}, indent=2, default=str).encode(), durable=True)
+        write_bytes(tmp / "meta.json", json.dumps(meta, indent=2).encode(), durable=True)
+        fsync_dir(tmp / "adapter")
     if keep_last > 0:
         for _, old in list_checkpoints(run_dir)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     for stale in root.glob(".step_*.tmp"):  # left by a run killed while saving
         shutil.rmtree(stale, ignore_errors=True)
-    return final
+    return root / step_dir_name(step)
 
 
 def load(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(trainer_state, learner_state) of a checkpoint folder; learner_state as PeftLearner.load_state takes it."""
+    """(trainer_state, learner_state) of a checkpoint folder; learner_state as Learner.load_state takes it."""
     path = Path(path)
     trainer_state = pickle.loads((path / "trainer.pkl").read_bytes())
     learner = pickle.loads((path / "learner.pkl").read_bytes())
@@ -177,8 +153,8 @@ def save_run(
     run_dir: Path, step: int, runtime: Runtime, data: Any, *, keep_last: int = 0, config: dict | None = None
 ) -> Path:
     """Checkpoint a run after `step`: learner 0's state (learners step together, so one is enough), the data
-    order (`data`: rl.driver.PromptData), and every RNG the next step draws from: the driver's and each rollout
-    actor's (vLLM's cannot be read, see the module docstring)."""
+    position (`data`: rl.sampler.Sampler or rl.data.PromptData), and every RNG the next step draws from: the
+    driver's and each rollout actor's (vLLM's cannot be read, see the module docstring)."""
     trainer_state = {
         "step": step,
         "adapter_version": runtime.version,
@@ -215,3 +191,31 @@ def rollout_states(runtime: Runtime) -> list[dict] | None:
         return runtime.actors.broadcast("state_dict")
     except AttributeError:
         return None
+
+
+# ------------------------------------------------------------------------------------------------ a run's result
+
+
+def write_adapter(adapter: Adapter, folder: Path, *, durable: bool = False) -> None:
+    """An adapter in PEFT format (PeftModel.from_pretrained and vLLM's LoRA loader read it) into a new folder."""
+    folder.mkdir(parents=True)
+    config = json.dumps(adapter.config, indent=2, default=str).encode()
+    write_bytes(folder / "adapter_config.json", config, durable=durable)
+    write_bytes(folder / "adapter_model.safetensors", adapter.weights, durable=durable)
+
+
+def export_result(result: Adapter, run_dir: Path, source: Path) -> Path:
+    """The trained policy in <run dir>: `adapter/` (PEFT format), or with full fine-tuning `model/`, an HF model
+    folder (from_pretrained / vLLM load it) with the source folder's config, generation config and tokenizer
+    files next to the trained weights. Written under a temporary name, then renamed (rl/atomic.py)."""
+    if not result.config.get("full_weights"):
+        with replace_when_done(Path(run_dir) / "adapter") as tmp:
+            write_adapter(result, tmp)
+        return Path(run_dir) / "adapter"
+    with replace_when_done(Path(run_dir) / "model") as tmp:
+        tmp.mkdir(parents=True)
+        for f in Path(source).iterdir():
+            if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".index.json", ".gguf")):
+                shutil.copy2(f, tmp / f.name)
+        write_bytes(tmp / "model.safetensors", result.weights)
+    return Path(run_dir) / "model"

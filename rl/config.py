@@ -36,6 +36,47 @@ class RolloutBackend(str, Enum):
     hf = "hf"  # transformers `generate` (debugging; slow)
 
 
+class LearnerBackend(str, Enum):
+    auto = "auto"  # unsloth on CUDA when the package is installed, else peft (resolved in rl/specs.py)
+    peft = "peft"  # transformers + PEFT LoRA (any device; bitsandbytes NF4 with model.load_in_4bit on CUDA)
+    unsloth = "unsloth"  # Unsloth FastLanguageModel (CUDA only)
+
+
+class LoraMode(str, Enum):
+    auto = "auto"  # = merged on every device (rl/specs.py says why)
+    merged = "merged"  # each adapter version merged into the engine's weights (base-model decode speed)
+    native = "native"  # vLLM's LoRA kernels (LoRARequest), the adapter kept apart from the weights
+
+
+class WeightSync(str, Enum):
+    object_store = "object_store"  # adapter or weights as bytes through Ray's object store (any device)
+    ipc = "ipc"  # full weights as CUDA IPC handles (full fine-tuning, actors on the learner's GPU)
+
+
+class PlacementStrategy(str, Enum):
+    PACK = "PACK"
+    SPREAD = "SPREAD"
+    STRICT_PACK = "STRICT_PACK"
+    STRICT_SPREAD = "STRICT_SPREAD"
+
+
+class KLEstimator(str, Enum):
+    k1 = "k1"  # log r
+    k2 = "k2"  # (log r)^2 / 2
+    k3 = "k3"  # exp(-log r) - 1 + log r (unbiased, low variance)
+
+
+class PgBaseline(str, Enum):
+    none = "none"  # plain REINFORCE: A = r
+    group_mean = "group_mean"  # A = r - mean of the prompt's G rewards
+
+
+class WandbMode(str, Enum):
+    online = "online"
+    offline = "offline"  # no account needed; `wandb sync` later
+    disabled = "disabled"
+
+
 class LoggerKind(str, Enum):
     none = "none"  # console only (metrics.jsonl is still written)
     jsonl = "jsonl"  # console + metrics.jsonl
@@ -59,7 +100,9 @@ class ModelConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )  # module names that get LoRA adapters
     load_in_4bit: bool = False  # learner base weights in 4-bit (bitsandbytes NF4 / Unsloth; CUDA only)
-    learner_backend: str = "auto"  # auto (unsloth on CUDA when installed, else peft) | peft | unsloth (CUDA only)
+    learner_backend: LearnerBackend = (
+        LearnerBackend.auto
+    )  # auto (unsloth on CUDA when installed, else peft) | peft | unsloth
     full_finetune: bool = (
         False  # train every parameter instead of LoRA (KL reference: a frozen copy; sync: all weights)
     )
@@ -76,17 +119,36 @@ class ModelConfig:
         _check(self.max_prompt_tokens > 0, f"model.max_prompt_tokens must be > 0 (got {self.max_prompt_tokens})")
         _check(0.0 <= self.lora_dropout < 1.0, f"model.lora_dropout must be in [0, 1) (got {self.lora_dropout})")
         _check(
-            self.learner_backend in ("auto", "peft", "unsloth"),
-            f"model.learner_backend must be auto, peft or unsloth (got {self.learner_backend!r})",
-        )
-        _check(
             not (self.full_finetune and self.load_in_4bit),
             "model.full_finetune=true cannot train 4-bit weights: set model.load_in_4bit=false",
         )
 
 
 @dataclass
-class AlgorithmConfig:
+class PolicyLossKnobs:
+    """The policy losses' knobs (keys of `algorithm`). The learner hands a copy of them to the loss function, which
+    reads the ones it uses (rl/algorithms.py): a new knob is a field here, its value in YAML, and its use there."""
+
+    clip_low: float = 0.2  # ratio lower clip: 1 - clip_low
+    clip_high: float = 0.2  # ratio upper clip: 1 + clip_high (DAPO clip-higher uses 0.28)
+    dual_clip: float = 0.0  # clipped loss: cap -A*ratio at -A*dual_clip for A < 0 (dual-clip PPO; > 1 enables, 0 off)
+    tis_cap: float = 0.0  # truncated importance sampling: weight tokens by min(pi_learner/pi_actor, tis_cap) (0 off)
+    skip_threshold: float = 0.0  # zero the loss of sequences whose mean pi_learner/pi_actor ratio exceeds this (0 off)
+
+    def __post_init__(self) -> None:
+        _check(self.clip_low >= 0 and self.clip_high >= 0, "algorithm.clip_low/clip_high must be >= 0")
+        _check(
+            self.dual_clip == 0 or self.dual_clip > 1,
+            f"algorithm.dual_clip must be 0 (off) or > 1 (got {self.dual_clip})",
+        )
+        _check(
+            self.tis_cap >= 0 and self.skip_threshold >= 0,
+            "algorithm.tis_cap and algorithm.skip_threshold must be >= 0 (0 disables)",
+        )
+
+
+@dataclass
+class AlgorithmConfig(PolicyLossKnobs):
     name: str = "grpo"  # label for logs and sweep reports
     advantage: str = "grpo"  # advantage estimator, by registry name (rl/algorithms.py)
     policy_loss: str = "clipped"  # policy loss, by registry name
@@ -94,17 +156,12 @@ class AlgorithmConfig:
     group_size: int = 8  # G: completions sampled per prompt
     std_normalize: bool = True  # grpo: divide group-centred rewards by the group std
     std_unbiased: bool = True  # grpo: sample std (n-1, as TRL/verl) if true, population std (n) if false
-    pg_baseline: str = "none"  # pg advantage baseline: none (plain REINFORCE) | group_mean
+    pg_baseline: PgBaseline = PgBaseline.none  # pg advantage baseline: none (plain REINFORCE) | group_mean
     adv_eps: float = 1e-6  # grpo: added to the std before dividing; reinforce_pp: added to the batch variance
-    clip_low: float = 0.2  # ratio lower clip: 1 - clip_low
-    clip_high: float = 0.2  # ratio upper clip: 1 + clip_high (DAPO clip-higher uses 0.28)
-    dual_clip: float = 0.0  # clipped loss: cap -A*ratio at -A*dual_clip for A < 0 (dual-clip PPO; > 1 enables, 0 off)
-    tis_cap: float = 0.0  # truncated importance sampling: weight tokens by min(pi_learner/pi_actor, tis_cap) (0 off)
-    skip_threshold: float = 0.0  # zero the loss of sequences whose mean pi_learner/pi_actor ratio exceeds this (0 off)
     loss_agg_norm_length: int | None = None  # seq_mean_token_sum_norm divisor in tokens (null: model.max_new_tokens)
     entropy_coef: float = 0.0  # entropy bonus weight: loss -= entropy_coef * agg(token entropy) (0 off; costs memory)
     kl_coef: float = 0.0  # weight of the KL penalty to the reference policy (0 disables; adapter off = reference)
-    kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's estimators)
+    kl_estimator: KLEstimator = KLEstimator.k3  # k1 | k2 | k3 (Schulman's estimators)
     kl_in_reward: bool = (
         False  # fold the KL into the reward (r - kl_coef * sum_t kl_t, before advantages), not the loss
     )
@@ -124,26 +181,10 @@ class AlgorithmConfig:
     top_p: float = 1.0  # nucleus sampling for rollouts
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _check(self.group_size >= 2, f"algorithm.group_size must be >= 2 for group baselines (got {self.group_size})")
         _check(self.lr > 0, f"algorithm.lr must be > 0 (got {self.lr})")
-        _check(self.clip_low >= 0 and self.clip_high >= 0, "algorithm.clip_low/clip_high must be >= 0")
-        _check(
-            self.kl_estimator in ("k1", "k2", "k3"),
-            f"algorithm.kl_estimator must be k1, k2 or k3 (got {self.kl_estimator!r})",
-        )
         _check(self.updates_per_step >= 1, f"algorithm.updates_per_step must be >= 1 (got {self.updates_per_step})")
-        _check(
-            self.pg_baseline in ("none", "group_mean"),
-            f"algorithm.pg_baseline must be none or group_mean (got {self.pg_baseline!r})",
-        )
-        _check(
-            self.dual_clip == 0 or self.dual_clip > 1,
-            f"algorithm.dual_clip must be 0 (off) or > 1 (got {self.dual_clip})",
-        )
-        _check(
-            self.tis_cap >= 0 and self.skip_threshold >= 0,
-            "algorithm.tis_cap and algorithm.skip_threshold must be >= 0 (0 disables)",
-        )
         _check(
             self.tis_cap == 0 or self.updates_per_step == 1,
             "algorithm.tis_cap > 0 uses the learner's current logprobs as the proximal policy: set "
@@ -186,17 +227,15 @@ class ClusterConfig:
     gpus_per_learner: float = 1.0  # GPUs per learner, when use_gpu
     cpus_per_actor: float = 1.0  # Ray CPU resources reserved per rollout actor
     cpus_per_learner: float = 1.0  # Ray CPU resources reserved per learner
-    placement_strategy: str = "PACK"  # Ray placement group strategy: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+    placement_strategy: PlacementStrategy = PlacementStrategy.PACK  # Ray placement group strategy (PACK: fewest nodes)
     rollout_backend: RolloutBackend = RolloutBackend.vllm  # vllm or hf (debugging)
-    lora_mode: str = "auto"  # vLLM adapter loading: merged (into the weights) | native (LoRARequest) | auto (= merged)
+    lora_mode: LoraMode = LoraMode.auto  # vLLM adapter loading: merged (into the weights) | native (LoRARequest) | auto
     actor_threads: int | None = None  # CPU threads of a CPU vLLM engine (null: all cores)
     learner_threads: int | None = None  # torch threads of a CPU learner (null: all cores)
     gpu_memory_utilization: float = 0.2  # vLLM memory fraction (on CPU: of RAM, for the KV cache)
     enforce_eager: bool = True  # vLLM: no CUDA graphs / compilation (faster start; set false for long GPU runs)
     ray_num_cpus: int | None = None  # CPUs a local Ray advertises (null: what Ray detects)
-    weight_sync: str = (
-        "object_store"  # full fine-tuning sync: object_store (any device) | ipc (CUDA, actors on the learner's GPU)
-    )
+    weight_sync: WeightSync = WeightSync.object_store  # full fine-tuning sync: object_store (any device) | ipc (CUDA)
     staleness: int = 0  # steps actors may run ahead of learners (0: synchronous; k: generate step t+k while training t)
     actor_max_restarts: int = 2  # times Ray restarts a dead rollout actor (its prompts go to a live one meanwhile)
     learner_chunk_size: int = 0  # prompts each learner generates per generate call, HF generate (0: actors only)
@@ -206,23 +245,11 @@ class ClusterConfig:
         _check(self.num_learners >= 1, f"cluster.num_learners must be >= 1 (got {self.num_learners})")
         _check(0 < self.gpu_memory_utilization <= 1, "cluster.gpu_memory_utilization must be in (0, 1]")
         _check(
-            self.placement_strategy in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
-            f"cluster.placement_strategy must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD (got {self.placement_strategy!r})",
-        )
-        _check(
-            self.lora_mode in ("auto", "native", "merged"),
-            f"cluster.lora_mode must be auto, native or merged (got {self.lora_mode!r})",
-        )
-        _check(
-            self.weight_sync in ("object_store", "ipc"),
-            f"cluster.weight_sync must be object_store or ipc (got {self.weight_sync!r})",
-        )
-        _check(
-            self.weight_sync == "object_store" or self.use_gpu,
+            self.weight_sync == WeightSync.object_store or self.use_gpu,
             "cluster.weight_sync=ipc shares CUDA memory between processes: set cluster.use_gpu=true",
         )
         _check(
-            self.weight_sync == "object_store" or self.mode == ClusterMode.ray,
+            self.weight_sync == WeightSync.object_store or self.mode == ClusterMode.ray,
             "cluster.weight_sync=ipc connects separate processes: use cluster.mode=ray",
         )
         _check(self.staleness >= 0, f"cluster.staleness must be >= 0 (0: synchronous; got {self.staleness})")
@@ -247,7 +274,7 @@ class ClusterConfig:
 @dataclass
 class LoggerConfig:
     kind: LoggerKind = LoggerKind.jsonl  # none | jsonl | wandb (metrics.jsonl is always written)
-    mode: str = "offline"  # wandb mode: online | offline | disabled
+    mode: WandbMode = WandbMode.offline  # wandb mode: online | offline (no account) | disabled
     project: str = "rlft"  # wandb project
     name: str | None = None  # wandb run name (null: the Hydra job name + time)
     group: str | None = None  # wandb group (multirun jobs default to the sweep directory)
@@ -255,10 +282,6 @@ class LoggerConfig:
     console_every: int = 1  # print one console line every N steps
 
     def __post_init__(self) -> None:
-        _check(
-            self.mode in ("online", "offline", "disabled"),
-            f"logger.mode must be online, offline or disabled (got {self.mode!r})",
-        )
         _check(self.console_every >= 1, "logger.console_every must be >= 1")
 
 
@@ -326,9 +349,25 @@ class TrainConfig:
             "resume=auto looks for checkpoints in output_dir: set output_dir=<the run directory to continue>",
         )
         _check(
-            self.cluster.weight_sync == "object_store" or self.model.full_finetune,
+            self.cluster.weight_sync == WeightSync.object_store or self.model.full_finetune,
             "cluster.weight_sync=ipc sends full weights: set model.full_finetune=true (LoRA adapters always go "
             "through the object store)",
+        )
+        m, a, c = self.model, self.algorithm, self.cluster
+        if not c.use_gpu and (m.learner_backend == LearnerBackend.unsloth or m.load_in_4bit):
+            what = (
+                "model.learner_backend=unsloth"
+                if m.learner_backend == LearnerBackend.unsloth
+                else "model.load_in_4bit=true"
+            )
+            raise ConfigError(
+                f"{what} needs CUDA GPUs: set cluster.use_gpu=true on a GPU machine, or model.learner_backend=peft "
+                "model.load_in_4bit=false"
+            )
+        _check(
+            not a.overlong_penalty or a.overlong_buffer is None or a.overlong_buffer <= m.max_new_tokens,
+            f"algorithm.overlong_buffer={a.overlong_buffer} exceeds model.max_new_tokens={m.max_new_tokens}: lower it "
+            "(null: a quarter of model.max_new_tokens)",
         )
         samples, learners = self.prompts_per_step * self.algorithm.group_size, self.cluster.num_learners
         _check(

@@ -1,20 +1,83 @@
-"""Evaluation metrics (greedy accuracy, pass@k) and the per-sample jsonl files a run writes (eval, rollouts).
+"""Held-out evaluation (greedy accuracy, pass@k, per named eval set) and the per-sample jsonl files a run writes
+(eval/step_N.jsonl, rollouts/step_N.jsonl).
 
-Plain functions over plain data: no Ray, no config objects; rl/driver.py generates and scores, then calls these.
+`evaluate` and `save_rollouts` take the runtime and a frozen spec; the metrics and rows are plain functions over
+plain data (no Ray, no config objects).
 """
 
 from __future__ import annotations
 
 import json
-import os
+import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+import torch
 
-from rl.types import PromptRollout
+from rl.atomic import atomic_jsonl
+from rl.checkpoint import step_dir_name
+from rl.data import PromptData
+from rl.runtime import Runtime
+from rl.sampler import RewardFn, score
+from rl.samples import shape_rewards
+from rl.specs import EvalSpec, SampleSpec
+from rl.types import PromptRollout, Sampling, completions_of
+
+
+def evaluate(runtime: Runtime, data: PromptData, reward_fn: RewardFn, spec: EvalSpec, step: int) -> dict[str, float]:
+    """Greedy accuracy on the held-out prompts and, with spec.n_samples > 0, pass@1 and pass@k over that many
+    samples per prompt (unbiased estimator, Chen et al. 2021 eq. 1), overall and per named eval set (envs/data.py
+    metadata.eval_set); every completion is written to spec.save_dir/step_N.jsonl."""
+    if len(data) == 0:
+        return {}
+    t0 = time.perf_counter()
+    greedy = runtime.generate(data.prompt_ids, Sampling(n=1, temperature=0.0, max_tokens=spec.max_tokens))
+    runs = [("greedy", greedy, score(reward_fn, greedy, data.items))]
+    n = spec.n_samples
+    if n:
+        sampled = runtime.generate(
+            data.prompt_ids, Sampling(n=n, temperature=spec.temperature, max_tokens=spec.max_tokens)
+        )
+        runs.append(("sampled", sampled, score(reward_fn, sampled, data.items)))
+    out = eval_metrics(
+        runs[0][2],
+        [runs[1][2][i * n : (i + 1) * n] for i in range(len(data))] if n else None,
+        [it.get("metadata", {}).get("eval_set") for it in data.items],
+        threshold=spec.threshold,
+        ks=spec.pass_k,
+    )
+    out["eval/length_mean"] = float(np.mean([len(r.completions[0].token_ids) for r in greedy]))
+    out["eval/n"] = float(len(data))
+    if spec.save_dir is not None:
+        with atomic_jsonl(spec.save_dir / f"{step_dir_name(step)}.jsonl") as f:
+            for mode, rollouts, rewards in runs:
+                for row in eval_rows(step, data.items, rollouts, rewards, mode=mode, threshold=spec.threshold):
+                    write_row(f, row)
+    out["time/eval_s"] = time.perf_counter() - t0
+    return out
+
+
+def save_rollouts(
+    path: Path,
+    step: int,
+    tokenizer: Any,
+    rollouts: list[PromptRollout],
+    rewards: list[float],
+    shaped: list[float],
+    adv: torch.Tensor,
+    spec: SampleSpec,
+) -> None:
+    """Every completion of a training step (rollout_save_interval) as jsonl, written atomically: task `rewards`,
+    the rewards after all shaping (`shaped` is after the KL-in-reward penalty; the overlong penalty is added here,
+    as prepare_samples does), the advantages [B*G]. The prompt is decoded from the token ids the model saw."""
+    lengths = torch.tensor([len(c.token_ids) for c in completions_of(rollouts)], dtype=torch.float32)
+    final = shape_rewards(shaped, lengths, spec)[0].tolist()
+    prompts = [tokenizer.decode(r.prompt_ids) for r in rollouts]
+    with atomic_jsonl(path) as f:
+        for row in rollout_rows(step, prompts, rollouts, rewards, final, adv.tolist()):
+            write_row(f, row)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -57,17 +120,6 @@ def eval_metrics(
                 per_prompt.append(pass_at_k(len(rewards), sum(r >= threshold for r in rewards), k))
             out[f"eval/{prefix}pass@{k}"] = float(np.mean(per_prompt))
     return out
-
-
-@contextmanager
-def atomic_jsonl(path: Path) -> Iterator[IO[str]]:
-    """A line-buffered jsonl file written under a temporary name (`.<name>.tmp` beside it) and renamed to `path`
-    only when the block completes; an interrupted write leaves the temporary file, never a short `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", buffering=1) as f:
-        yield f
-    os.replace(tmp, path)
 
 
 def write_row(f: IO[str], row: dict[str, Any]) -> None:

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
+
+from rl.atomic import replace_when_done
 
 
 def _jsonable(v: Any) -> Any:
@@ -78,9 +79,8 @@ class MetricsLogger:
                 keep.append(line)
             elif line.strip():
                 dropped += 1
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(f"{line}\n" for line in keep))
-        os.replace(tmp, self.path)
+        with replace_when_done(self.path) as tmp:
+            tmp.write_text("".join(f"{line}\n" for line in keep))
         self._file = self.path.open("a", buffering=1)
         return dropped
 

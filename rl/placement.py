@@ -13,15 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rl.errors import UserFacingError
 from rl.runtime import MemberDied, Runtime
+from rl.specs import PlacementSpec, RuntimeSpec
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
-class RayStartError(RuntimeError):
-    pass
+class RayStartError(UserFacingError):
+    """Ray could not be started or joined, or the roles do not fit it; the message names the key to change."""
 
 
 def _timed(member: Any, method: str, *args: Any) -> tuple[Any, float]:
@@ -108,7 +110,7 @@ class RolePlan:
     resources: dict[str, float]
 
 
-def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str]) -> bool:
+def start_ray(address: str | None, num_cpus: int | None) -> bool:
     """Start a local Ray (address None) or join one; returns True when this process started it."""
     import ray
 
@@ -116,7 +118,7 @@ def start_ray(address: str | None, num_cpus: int | None, env_vars: dict[str, str
         return False
     # keep the user's PYTHONPATH after ours: packages installed with `pip --target` (the GPU machine) live there
     pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
-    runtime_env = {"env_vars": {"PYTHONPATH": pythonpath, **env_vars}}
+    runtime_env = {"env_vars": {"PYTHONPATH": pythonpath}}
     try:
         if address is None:
             ray.init(
@@ -157,30 +159,20 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         ) from None
 
 
-def place_roles(
-    num_actors: int,
-    num_learners: int,
-    *,
-    use_gpu: bool,
-    gpus_per_actor: float,
-    gpus_per_learner: float,
-    cpus_per_actor: float,
-    cpus_per_learner: float,
-    strategy: str,
-) -> tuple[Any, list[RolePlan]]:
+def place_roles(p: PlacementSpec) -> tuple[Any, list[RolePlan]]:
     """Build one placement group with a bundle per role; log and return the bundle -> role map."""
     import ray
     from ray.util.placement_group import placement_group
 
     plans = []
-    for i in range(num_actors):
-        res = {"CPU": cpus_per_actor, **({"GPU": gpus_per_actor} if use_gpu else {})}
+    for i in range(p.num_actors):
+        res = {"CPU": p.cpus_per_actor, **({"GPU": p.gpus_per_actor} if p.use_gpu else {})}
         plans.append(RolePlan("actor", i, res))
-    for i in range(num_learners):
-        res = {"CPU": cpus_per_learner, **({"GPU": gpus_per_learner} if use_gpu else {})}
+    for i in range(p.num_learners):
+        res = {"CPU": p.cpus_per_learner, **({"GPU": p.gpus_per_learner} if p.use_gpu else {})}
         plans.append(RolePlan("learner", i, res))
-    need_cpu = sum(p.resources["CPU"] for p in plans)
-    need_gpu = sum(p.resources.get("GPU", 0) for p in plans)
+    need_cpu = sum(r.resources["CPU"] for r in plans)
+    need_gpu = sum(r.resources.get("GPU", 0) for r in plans)
     have = ray.cluster_resources()
     if need_cpu > have.get("CPU", 0) or need_gpu > have.get("GPU", 0):
         raise RayStartError(
@@ -188,55 +180,30 @@ def place_roles(
             f"{have.get('GPU', 0):g} GPU: lower cluster.num_actors/num_learners or cluster.cpus_per_actor/"
             f"cpus_per_learner/gpus_per_actor/gpus_per_learner, or set cluster.ray_num_cpus"
         )
-    pg = placement_group([p.resources for p in plans], strategy=strategy)
+    strategy = p.strategy.value
+    pg = placement_group([r.resources for r in plans], strategy=strategy)
     try:
         ray.get(pg.ready(), timeout=120)
     except Exception as e:
         raise RayStartError(
-            f"placement group {[p.resources for p in plans]} ({strategy}) was not ready in 120 s: {e}"
+            f"placement group {[r.resources for r in plans]} ({strategy}) was not ready in 120 s: {e}"
         ) from e
-    for b, p in enumerate(plans):
-        log.info("placement: bundle %d -> %s %d %s", b, p.role, p.index, p.resources)
+    for b, r in enumerate(plans):
+        log.info("placement: bundle %d -> %s %d %s", b, r.role, r.index, r.resources)
     return pg, plans
 
 
-def build_ray_runtime(
-    *,
-    rollout_cls: type,
-    rollout_kwargs: dict,
-    learner_cls: type,
-    learner_kwargs: dict,
-    num_actors: int,
-    num_learners: int,
-    use_gpu: bool,
-    gpus_per_actor: float,
-    gpus_per_learner: float,
-    cpus_per_actor: float,
-    cpus_per_learner: float,
-    strategy: str,
-    actor_env: dict[str, str],
-    staleness: int = 0,
-    actor_max_restarts: int = 0,
-    learner_chunk_size: int = 0,
-    learner_env: dict[str, str] | None = None,
-    weight_sync: str = "object_store",
-) -> Runtime:
+Role = tuple[type, Any, dict[str, str]]  # (class, the spec its constructor takes, environment of its process)
+
+
+def build_ray_runtime(p: PlacementSpec, runtime_spec: RuntimeSpec, *, rollout: Role, learner: Role) -> Runtime:
     """Place and start the roles. Rollout actors are restarted by Ray up to `actor_max_restarts` times, with no
     task retries: a call in flight when one dies fails, and the Runtime sends its work to a live actor. Learners
     are never restarted (their optimizer state would be lost): a learner's death ends the run."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    pg, plans = place_roles(
-        num_actors,
-        num_learners,
-        use_gpu=use_gpu,
-        gpus_per_actor=gpus_per_actor,
-        gpus_per_learner=gpus_per_learner,
-        cpus_per_actor=cpus_per_actor,
-        cpus_per_learner=cpus_per_learner,
-        strategy=strategy,
-    )
+    pg, plans = place_roles(p)
     handles: dict[str, list] = {"actor": [], "learner": []}
 
     def wait_ready(role: str) -> None:  # surface constructor errors (model load, engine start), role named
@@ -248,37 +215,32 @@ def build_ray_runtime(
                     ray.kill(hh)
                 raise RuntimeError(f"{role} {i} failed to start: {_first_line(e)}") from e
 
-    for b, p in enumerate(plans):
-        if use_gpu and p.role == "learner" and p.index == 0:
+    for b, plan in enumerate(plans):
+        if p.use_gpu and plan.role == "learner" and plan.index == 0:
             # vLLM measures free GPU memory while it starts and fails if another process on the same GPU frees
             # memory meanwhile (a learner quantising its weights does): on GPUs the engines start first
             wait_ready("actor")
-        cls, kwargs = (rollout_cls, rollout_kwargs) if p.role == "actor" else (learner_cls, learner_kwargs)
+        cls, role_spec, env = rollout if plan.role == "actor" else learner
         opts = dict(
-            num_cpus=p.resources["CPU"],
-            num_gpus=p.resources.get("GPU", 0),
+            num_cpus=plan.resources["CPU"],
+            num_gpus=plan.resources.get("GPU", 0),
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=b),
-            runtime_env={"env_vars": dict(actor_env) if p.role == "actor" else dict(learner_env or {})},
-            max_restarts=actor_max_restarts if p.role == "actor" else 0,
+            runtime_env={"env_vars": dict(env)},
+            max_restarts=p.actor_max_restarts if plan.role == "actor" else 0,
             max_task_retries=0,
         )
-        handles[p.role].append(ray.remote(**opts)(cls).remote(**kwargs))
+        handles[plan.role].append(ray.remote(**opts)(cls).remote(role_spec))
     wait_ready("actor")
     wait_ready("learner")
-    if num_learners > 1:
+    if p.num_learners > 1:
         try:
-            connect_learners(handles["learner"], pg, first_bundle=num_actors)
+            connect_learners(handles["learner"], pg, first_bundle=p.num_actors)
         except Exception:
             for hh in handles["actor"] + handles["learner"]:
                 ray.kill(hh)
             raise
     return Runtime(
-        RayGroup(handles["actor"], pg, "rollout actor"),
-        RayGroup(handles["learner"], pg, "learner"),
-        staleness=staleness,
-        actor_max_restarts=actor_max_restarts,
-        learner_chunk_size=learner_chunk_size,
-        weight_sync=weight_sync,
+        RayGroup(handles["actor"], pg, "rollout actor"), RayGroup(handles["learner"], pg, "learner"), runtime_spec
     )
 
 
@@ -325,7 +287,3 @@ def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     cause = [line for line in text if "Error" in line]
     return (cause[-1] if cause else (text[0] if text else type(e).__name__)).strip()
-
-
-def ray_env_for_cpu_threads() -> dict[str, str]:
-    return {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}

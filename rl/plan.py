@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rl.config import ConfigError
-from rl.rollout import resolve_lora_mode
+from rl.specs import resolve_lora_mode
 
 GiB = 1024**3
 NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)  # 4-bit code + 8-bit absmax per 64 + fp32 per 256 absmax blocks = 4.127
@@ -354,7 +354,7 @@ def plan_for_config(cfg: Any, shape: ModelShape, device_bytes: float) -> dict[st
         gpus_per_actor=c.gpus_per_actor,
         gpu_memory_utilization=c.gpu_memory_utilization,
         vllm=vllm,
-        native_lora=vllm and resolve_lora_mode(c.lora_mode, bool(c.use_gpu)) == "native",
+        native_lora=vllm and resolve_lora_mode(cfg) == "native",
         gradient_checkpointing=m.gradient_checkpointing,
     )
 

@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rl.types import Adapter, PromptRollout, Sampling, TrainSample
+from rl.specs import RuntimeSpec
+from rl.types import Adapter, PromptRollout, Sampling, TrainSample, completions_of, prompts_of
 
 
 class MemberDied(RuntimeError):
@@ -183,26 +184,18 @@ class Runtime:
     `actor_max_restarts` times); its prompts go to a live actor; the restarted one (a restart runs __init__ again:
     base model, version 0) gets no work until it answers again, and then the current adapter before anything
     else; a console line and `fault/actor_restarts` say so. A learner's death is not handled here: it ends the
-    run (rl/driver.py).
+    run (rl/driver.py). The probe of each sync is rl/probe.py's; the calls it makes are here.
 
     Learner generation (`learner_chunk_size`, DistRL-LLM): the first chunk of each generate call's prompts goes
     to the learners, which sample them with their own model concurrently with the actors.
     """
 
-    def __init__(
-        self,
-        actors: Group,
-        learners: Group,
-        *,
-        staleness: int = 0,
-        actor_max_restarts: int = 0,
-        learner_chunk_size: int = 0,
-        weight_sync: str = "object_store",
-    ):
+    def __init__(self, actors: Group, learners: Group, spec: RuntimeSpec | None = None):
+        spec = spec or RuntimeSpec()
         self.actors, self.learners = actors, learners
-        self.weight_sync = weight_sync  # object_store (adapter/weights as bytes) | ipc (full weights, CUDA)
-        self.learner_chunk_size = learner_chunk_size  # prompts each learner generates per call (0: actors only)
-        self.staleness, self.actor_max_restarts = staleness, actor_max_restarts
+        self.weight_sync = spec.weight_sync  # object_store (adapter/weights as bytes) | ipc (full weights, CUDA)
+        self.learner_chunk_size = spec.learner_chunk_size  # prompts each learner generates per call (0: actors only)
+        self.staleness, self.actor_max_restarts = spec.staleness, spec.actor_max_restarts
         self._published = [0]  # adapter versions published by sync(), oldest first; the base model is version 0
         self._adapter_ref: Any = None  # the last published adapter (put once), re-sent to restarted actors
         self._deaths = [0] * len(actors)
@@ -394,9 +387,8 @@ class Runtime:
 
     def reference_logprobs(self, rollouts: list[PromptRollout]) -> list[list[float]]:
         """Per-token logprobs of every completion under the reference policy (learner 0, adapter disabled)."""
-        p_ids = [r.prompt_ids for r in rollouts for _ in r.completions]
-        c_ids = [c.token_ids for r in rollouts for c in r.completions]
-        return self.learners.call("sequence_logprobs", [(p_ids, c_ids, True)])[0]
+        c_ids = [c.token_ids for c in completions_of(rollouts)]
+        return self.learners.call("sequence_logprobs", [(prompts_of(rollouts), c_ids, True)])[0]
 
     def adapter(self, for_sync: bool = False) -> Adapter:
         """Learner 0's current adapter (`for_sync`: in the precision the actors load it at)."""
@@ -483,17 +475,13 @@ class Runtime:
                     self._raise_mismatch(i, r.adapter_version)
         diffs: list[float] = []
         for _, rollouts in per_actor:
-            p_ids = [r.prompt_ids for r in rollouts for _ in r.completions]
-            c_ids = [c.token_ids for r in rollouts for c in r.completions]
-            actor_lp = [c.logprobs for r in rollouts for c in r.completions]
-            learner_lp = self.learners.call("sequence_logprobs", [(p_ids, c_ids)])[0]
+            completions = completions_of(rollouts)
+            c_ids = [c.token_ids for c in completions]
+            learner_lp = self.learners.call("sequence_logprobs", [(prompts_of(rollouts), c_ids)])[0]
+            actor_lp = [c.logprobs for c in completions]
             for a, b in zip(actor_lp, learner_lp):
                 diffs.extend(abs(x - y) for x, y in zip(a, b))
         return sum(diffs) / max(len(diffs), 1)
-
-    def probe(self, prompts: list[list[int]], sampling: Sampling) -> float:
-        """Mean |logp_learner - logp_actor| over tokens each actor samples for fixed prompts (sync check)."""
-        return self.probe_finish(self.probe_submit(prompts, sampling))
 
     def close(self) -> None:
         for group in (self.actors, self.learners):

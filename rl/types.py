@@ -54,3 +54,13 @@ class TrainSample:
     old_logprobs: list[float]  # behaviour logprobs from the rollout engine, one per completion token
     advantage: float
     loss_mask: list[int] = field(default_factory=list)  # per completion token (empty = all ones)
+
+
+def completions_of(rollouts: list[PromptRollout]) -> list[Completion]:
+    """Every completion of a batch, flat, in rollout order (prompt by prompt, G completions each)."""
+    return [c for r in rollouts for c in r.completions]
+
+
+def prompts_of(rollouts: list[PromptRollout]) -> list[list[int]]:
+    """The prompt ids of every completion of a batch, flat, aligned with `completions_of`."""
+    return [r.prompt_ids for r in rollouts for _ in r.completions]

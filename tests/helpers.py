@@ -98,3 +98,33 @@ def run_train(args: list[str], timeout: float = 600) -> subprocess.CompletedProc
         text=True,
         timeout=timeout,
     )
+
+
+def run_spec(model: Path | str, *overrides: str, run_dir: Path | str = "/nonexistent/run"):
+    """The RunSpec train.py builds for a config with these overrides, with `model` as the resolved model path."""
+    from rl.specs import build_from_overrides
+
+    return build_from_overrides(str(model), *overrides, run_dir=run_dir)
+
+
+LEARNER_TEST_OVERRIDES = (
+    "model.dtype=float32",
+    "model.learner_dtype=float32",
+    "model.lora_targets=[q_proj,v_proj,up_proj]",
+    "cluster.learner_threads=1",
+)
+
+
+def make_learner(model: Path | str, *overrides: str):
+    """A Learner on `model` (fp32, LoRA on q/v/up, one thread) built from its spec as a run builds it, with config
+    overrides; its lora_B starts random (PEFT starts it at zero) so that the adapter changes logprobs."""
+    import torch
+
+    from rl.learner import Learner
+
+    learner = Learner(run_spec(model, *LEARNER_TEST_OVERRIDES, *overrides).learner)
+    gen = torch.Generator().manual_seed(1)
+    for name, p in learner.model.named_parameters():
+        if "lora_B" in name:  # PEFT starts B at zero; give the adapter an effect so the test is not trivial
+            p.data.normal_(0, 0.05, generator=gen)
+    return learner

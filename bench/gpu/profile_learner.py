@@ -4,7 +4,7 @@ python bench/gpu/profile_learner.py MODEL_DIR [--batch 8] [--seq 1024] [--steps 
 
 Times, in one process, interleaved after warm-up, wall and CPU seconds per step of:
   raw        Unsloth's own step (labels -> its fused loss) on its own model
-  ours       rl.learner.PeftLearner.train_step (as the driver calls it)
+  ours       rl.learner.Learner.train_step (as a run calls it)
   bare       ours' model, our forward (logits_to_keep over the completion half) + token logprobs + a plain
              policy-gradient loss, no metrics: what the framework adds on top of this is bookkeeping
   raw@ours   the raw step on ours' model (is the model itself built differently?)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.hf_rollout import HFRollout
+from rl.rollout.hf import HFRollout
 from tests.helpers import LengthReward, run_train
 
 pytestmark = pytest.mark.slow
@@ -21,9 +21,11 @@ class KilledOnce(HFRollout):
     """Kills its own process with SIGKILL when its second generate call starts: the first actor to get there
     in a run does it (the marker file, created exclusively, says which pid); its restart does not."""
 
-    def __init__(self, model_path: str, *, marker: str, **kwargs):
-        super().__init__(model_path, **kwargs)
-        self.marker, self.calls = marker, 0
+    marker = ""  # set on a subclass made per test (the class travels to the actors by value)
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.calls = 0
 
     def generate(self, prompts, sampling):
         self.calls += 1
@@ -50,8 +52,10 @@ class Env:
 def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, tmp_path, monkeypatch, capsys):
     from transformers import AutoTokenizer
 
-    from rl import driver
+    import rl.rollout
+    from rl import app, driver, specs
     from rl.config import AlgorithmConfig, ClusterConfig, DType, ModelConfig, RolloutBackend, TrainConfig
+    from rl.data import PromptData
     from rl.metrics import MetricsLogger
     from rl.types import Sampling
 
@@ -76,11 +80,10 @@ def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, 
             actor_max_restarts=2,
         ),
     )
-    real_role = driver.rollout_role
-    monkeypatch.setattr(
-        driver, "rollout_role", lambda c, p: (KilledOnce, {**real_role(c, p)[1], "marker": str(marker)})
-    )
-    runtime, teardown = driver.build_runtime(cfg, str(tiny_model))
+    killer = type("KilledOnceHere", (KilledOnce,), {"marker": str(marker)})
+    monkeypatch.setattr(rl.rollout, "rollout_class", lambda spec: killer)
+    spec = specs.build(cfg, tmp_path / "run", model_path=str(tiny_model))
+    runtime, teardown = app.build_runtime(spec)
     trained: list[list[tuple[int, ...]]] = []  # each optimizer step's prompt groups
     real_step = runtime.train_step
     runtime.train_step = lambda samples: (
@@ -90,13 +93,13 @@ def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
     logger = MetricsLogger(tmp_path / "run", kind="none", total_steps=cfg.steps)
     try:
-        driver.train(cfg, runtime, tokenizer, Env(), LengthReward(), logger, probe_threshold=0.01)
+        driver.train(spec, runtime, tokenizer, Env(), LengthReward(), logger, resolved={})
         after = runtime.generate([[1, 2, 3]] * 4, Sampling(n=1, max_tokens=4))  # both actors serve again
     finally:
         teardown()
         logger.close()
 
-    data = driver.PromptData(Env().train_items(), tokenizer, max_prompt_tokens=256, use_chat_template=True, seed=0)
+    data = PromptData(Env().train_items(), tokenizer, spec.data)
     expected = [[tuple(data.prompt_ids[i]) for i in data.next_batch(4)] for _ in range(cfg.steps)]
     assert trained == expected  # every prompt of every step, once, in order
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -126,7 +126,8 @@ def test_ray_vllm_resume_continues_step_data_and_adapter_version(tiny_model, tmp
     from hydra.utils import instantiate
     from transformers import AutoTokenizer
 
-    from rl.driver import PromptData
+    from rl.data import PromptData
+    from rl.specs import DataSpec
 
     out = tmp_path / "run"
     common = [
@@ -164,9 +165,7 @@ def test_ray_vllm_resume_continues_step_data_and_adapter_version(tiny_model, tmp
     data = PromptData(
         instantiate(cfg["env"], _convert_="all").train_items(),
         tokenizer,
-        max_prompt_tokens=cfg["model"]["max_prompt_tokens"],
-        use_chat_template=cfg["model"]["use_chat_template"],
-        seed=cfg["seed"],
+        DataSpec(cfg["model"]["max_prompt_tokens"], cfg["model"]["use_chat_template"], cfg["seed"]),
     )
     data.load_state(state["data"])
     expected = [tokenizer.decode(data.prompt_ids[i]) for i in data.next_batch(2)]

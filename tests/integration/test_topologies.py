@@ -70,6 +70,12 @@ def test_topology_trains_two_steps(topology, extra, tiny_model, tmp_path):
 # ------------------------------------------------------------------------------------------------ in-process
 
 
+def tiny_spec(model: Path, loss_agg: str = "seq_mean_token_mean", run_dir: Path = Path("/nonexistent"), **cluster):
+    from rl import specs
+
+    return specs.build(tiny_config(model, loss_agg, **cluster), run_dir, model_path=str(model))
+
+
 def tiny_config(model: Path, loss_agg: str = "seq_mean_token_mean", **cluster) -> TrainConfig:
     return TrainConfig(
         algorithm=AlgorithmConfig(loss_agg=loss_agg),
@@ -91,17 +97,17 @@ def lora_tensors(runtime) -> list[dict[str, torch.Tensor]]:
 
 @pytest.mark.parametrize("loss_agg", ["seq_mean_token_mean", "token_mean"])  # sequence / token normaliser
 def test_data_parallel_learners_stay_identical_and_match_one_learner(tiny_model, loss_agg):
-    from rl.driver import build_runtime
+    from rl.app import build_runtime
 
     # 3 groups over 2 learners: unequal shards (8 and 4 samples), so a per-learner normaliser would show
     batches = [make_samples(groups=3, group_size=4, seed=s, old_logprob=-10.8) for s in (1, 2)]
-    single, close_single = build_runtime(tiny_config(tiny_model, loss_agg, mode=ClusterMode.local), str(tiny_model))
+    single, close_single = build_runtime(tiny_spec(tiny_model, loss_agg, mode=ClusterMode.local))
     try:
         single_metrics = [single.train_step(b) for b in batches]
         (reference,) = lora_tensors(single)
     finally:
         close_single()
-    dp, close_dp = build_runtime(tiny_config(tiny_model, loss_agg, num_actors=1, num_learners=2), str(tiny_model))
+    dp, close_dp = build_runtime(tiny_spec(tiny_model, loss_agg, num_actors=1, num_learners=2))
     try:
         dp_metrics = [dp.train_step(b) for b in batches]
         checksums = dp.learners.broadcast("adapter_checksum")
@@ -138,13 +144,14 @@ def test_actor_left_on_an_old_adapter_version_stops_the_run(tiny_model, tmp_path
     import ray
     from transformers import AutoTokenizer
 
-    from rl.driver import build_runtime, train
+    from rl.app import build_runtime
+    from rl.driver import train
     from rl.metrics import MetricsLogger
     from rl.runtime import VersionMismatch
     from tests.helpers import LengthReward
 
-    cfg = tiny_config(tiny_model, num_actors=2, num_learners=1)
-    runtime, teardown = build_runtime(cfg, str(tiny_model))
+    spec = tiny_spec(tiny_model, num_actors=2, num_learners=1, run_dir=tmp_path)
+    runtime, teardown = build_runtime(spec)
     logger = MetricsLogger(tmp_path, kind="none", total_steps=2)
     try:
         old = runtime.adapter()  # version 0: what the actors hold before the first sync
@@ -158,7 +165,7 @@ def test_actor_left_on_an_old_adapter_version_stops_the_run(tiny_model, tmp_path
         runtime.sync = sync_missing_actor_1
         tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
         with pytest.raises(VersionMismatch, match=r"rollout actor 1 generated with adapter version 0, expected 1"):
-            train(cfg, runtime, tokenizer, TinyEnv(), LengthReward(), logger)
+            train(spec, runtime, tokenizer, TinyEnv(), LengthReward(), logger, resolved={})
     finally:
         teardown()
         logger.close()

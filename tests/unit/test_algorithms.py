@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rl import algorithms as alg
+from rl.config import PolicyLossKnobs as Knobs
 from tests.unit import verl_reference
 
 VERL = verl_reference.load()
@@ -165,7 +166,12 @@ def test_clipped_loss_hand_computed_and_clip_metrics():
     old = torch.zeros(1, 3)
     logp = torch.log(torch.tensor([[1.5, 1.1, 0.5]])).requires_grad_()  # ratios 1.5, 1.1, 0.5
     loss, m = alg.clipped_surrogate_loss(
-        logp, old, torch.tensor([2.0]), torch.ones(1, 3), agg=alg.agg_token_mean, clip_low=0.2, clip_high=0.28
+        logp,
+        old,
+        torch.tensor([2.0]),
+        torch.ones(1, 3),
+        agg=alg.agg_token_mean,
+        knobs=Knobs(clip_low=0.2, clip_high=0.28),
     )
     # A > 0: min(r A, clip(r) A) = 1.28*2 (clipped), 1.1*2, 0.5*2 (unclipped below: min keeps r A)
     assert float(loss.detach()) == approx(-(2.56 + 2.2 + 1.0) / 3)
@@ -187,7 +193,7 @@ def test_clipping_bounds_for_negative_advantage_and_dual_clip():
     loss.backward()
     assert logp.grad[0, 0] == 0.0
     logp.grad = None
-    loss, m = alg.clipped_surrogate_loss(logp, old, adv, mask, agg=alg.agg_token_mean, dual_clip=3.0)
+    loss, m = alg.clipped_surrogate_loss(logp, old, adv, mask, agg=alg.agg_token_mean, knobs=Knobs(dual_clip=3.0))
     assert float(loss.detach()) == approx((0.8 + 3.0 + 1.0) / 3)  # the 5x ratio is capped at c = 3
     assert m["policy/dual_clip_frac"] == approx(1 / 3)
     loss.backward()
@@ -199,7 +205,9 @@ def test_gspo_uses_the_length_normalised_sequence_ratio():
     logp = torch.tensor([[0.1, -0.1, 0.3], [0.2, 0.0, 0.0]]).requires_grad_()
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     adv = torch.tensor([1.0, -1.0])
-    loss, _ = alg.gspo_loss(logp, old, adv, mask, agg=alg.agg_seq_mean_token_mean, clip_low=0.5, clip_high=0.5)
+    loss, _ = alg.gspo_loss(
+        logp, old, adv, mask, agg=alg.agg_seq_mean_token_mean, knobs=Knobs(clip_low=0.5, clip_high=0.5)
+    )
     s = [math.exp(0.3 / 3), math.exp(0.2 / 2)]  # exp(mean token log ratio) per sequence, inside the clip range
     assert float(loss.detach()) == approx((-s[0] * 1 + s[1] * 1) / 2)
     loss.backward()
@@ -227,7 +235,7 @@ def test_masked_tokens_contribute_nothing_to_loss_or_gradient(loss_name, agg_nam
     garbage_logp = torch.where(mask > 0, logp, torch.full_like(logp, -50.0)).requires_grad_()
     garbage_old = torch.where(mask > 0, old, torch.full_like(old, 30.0))
     clean = logp.clone().requires_grad_()
-    kw = dict(agg=agg, clip_low=0.2, clip_high=0.28)
+    kw = dict(agg=agg, knobs=Knobs(clip_low=0.2, clip_high=0.28))
     loss_a, _ = loss_fn(garbage_logp, garbage_old, adv, mask, **kw)
     loss_b, _ = loss_fn(clean, old, adv, mask, **kw)
     assert torch.isfinite(loss_a) and float(loss_a.detach()) == approx(float(loss_b.detach()), abs=1e-9)
@@ -248,7 +256,7 @@ def test_loss_gradient_matches_finite_differences(loss_name):
     fn = alg.get_policy_loss(loss_name)
     # wide clips keep every token away from the clip kinks, where the derivative is not defined
     assert torch.autograd.gradcheck(
-        lambda x: fn(x, old, adv, mask, agg=alg.agg_seq_mean_token_mean, clip_low=0.5, clip_high=0.5)[0],
+        lambda x: fn(x, old, adv, mask, agg=alg.agg_seq_mean_token_mean, knobs=Knobs(clip_low=0.5, clip_high=0.5))[0],
         (logp.requires_grad_(),),
     )
 
@@ -268,14 +276,14 @@ def test_truncated_importance_sampling_weights_and_skip_threshold():
     old = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5]]))
     logp = torch.log(torch.tensor([[1.0, 0.5], [0.5, 0.5]])).requires_grad_()  # ratios 2, 1 | 1, 1
     mask, adv = torch.ones(2, 2), torch.tensor([1.0, 1.0])
-    loss, m = alg.clipped_surrogate_loss(logp, old, adv, mask, agg=alg.agg_token_mean, tis_cap=1.5)
+    loss, m = alg.clipped_surrogate_loss(logp, old, adv, mask, agg=alg.agg_token_mean, knobs=Knobs(tis_cap=1.5))
     # ratio vs the learner itself is 1 (never clipped); the weight min(2, 1.5) = 1.5 corrects the mismatch
     assert float(loss.detach()) == approx(-(1.5 + 1 + 1 + 1) / 4)
     assert m["policy/tis_clip_frac"] == approx(1 / 4)
     loss.backward()
     assert logp.grad.flatten().tolist() == approx([-1.5 / 4, -1 / 4, -1 / 4, -1 / 4])
     # skip_threshold: sequence 0 has mean ratio 1.5 > 1.2, so its loss is zeroed (it stays in the normaliser)
-    loss, m = alg.pg_loss(logp, old, adv, mask, agg=alg.agg_token_mean, skip_threshold=1.2)
+    loss, m = alg.pg_loss(logp, old, adv, mask, agg=alg.agg_token_mean, knobs=Knobs(skip_threshold=1.2))
     assert float(loss.detach()) == approx(-2 * math.log(0.5) / 4)
     assert m["policy/skipped_seq_frac"] == approx(0.5)
 
@@ -373,7 +381,7 @@ def test_policy_losses_and_gradients_agree_with_verl(ours_name, verl_name, knobs
     adv = adv * 2  # some tokens in every clip region
     mine = logp.clone().requires_grad_()
     theirs = logp.clone().requires_grad_()
-    loss, _ = alg.get_policy_loss(ours_name)(mine, old, adv, mask, agg=alg.get_loss_agg(agg_name), **knobs)
+    loss, _ = alg.get_policy_loss(ours_name)(mine, old, adv, mask, agg=alg.get_loss_agg(agg_name), knobs=Knobs(**knobs))
     ref = _verl_loss(getattr(VERL, verl_name), theirs, old, adv, mask, agg_name.replace("_", "-"), **cfg)
     assert float(loss.detach()) == pytest.approx(float(ref.detach()), abs=1e-6)
     loss.backward()

@@ -8,11 +8,15 @@ import math
 
 import pytest
 
+from rl import specs
 from rl.config import AlgorithmConfig, TrainConfig
-from rl.driver import PromptData, RunStopped, train
+from rl.data import PromptData
+from rl.driver import train
+from rl.errors import RunStopped
 from rl.metrics import MetricsLogger
-from rl.pipeline import RolloutQueue
 from rl.runtime import LocalGroup, MemberDied, Runtime, VersionMismatch
+from rl.sampler import Sampler
+from rl.specs import DataSpec, RuntimeSpec, SamplerSpec
 from rl.types import Adapter, Completion, PromptRollout, Sampling
 
 
@@ -45,7 +49,7 @@ class FakeActor:
 
 
 class FakeLearner:
-    """Returns scripted losses (NaN/inf ones are reported skipped, as PeftLearner does) and records the prompts
+    """Returns scripted losses (NaN/inf ones are reported skipped, as Learner does) and records the prompts
     it trained on; `die_at` raises MemberDied on that train_step call."""
 
     def __init__(self, losses=None, die_at: int | None = None):
@@ -98,7 +102,9 @@ def length_reward(texts, *, answer, **_):
 
 
 def fake_runtime(actors, learner, staleness=0, restarts=0) -> Runtime:
-    return Runtime(LocalGroup(actors), LocalGroup([learner]), staleness=staleness, actor_max_restarts=restarts)
+    return Runtime(
+        LocalGroup(actors), LocalGroup([learner]), RuntimeSpec(staleness=staleness, actor_max_restarts=restarts)
+    )
 
 
 def run_loop(tmp_path, runtime, *, steps=4, staleness=0, max_nonfinite_steps=3, save_interval=0, resume=None):
@@ -106,9 +112,11 @@ def run_loop(tmp_path, runtime, *, steps=4, staleness=0, max_nonfinite_steps=3, 
     cfg.algorithm = AlgorithmConfig(group_size=2)
     cfg.model.use_chat_template = False
     cfg.cluster.staleness, cfg.max_nonfinite_steps = staleness, max_nonfinite_steps
+    cfg.sync_probe_threshold = 0.1
+    spec = specs.build(cfg, tmp_path, model_path="/fake/model")
     logger = MetricsLogger(tmp_path, kind="none", total_steps=steps)
     try:
-        train(cfg, runtime, NumberTokenizer(), Env(5), length_reward, logger)
+        train(spec, runtime, NumberTokenizer(), Env(5), length_reward, logger, resolved={})
     finally:
         logger.close()
     return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -116,7 +124,7 @@ def run_loop(tmp_path, runtime, *, steps=4, staleness=0, max_nonfinite_steps=3, 
 
 def expected_batches(steps: int) -> list[list[int]]:
     """The prompt indices the data order serves, step by step (same seed as run_loop)."""
-    data = PromptData(Env(5).train_items(), NumberTokenizer(), max_prompt_tokens=9, use_chat_template=False, seed=3)
+    data = PromptData(Env(5).train_items(), NumberTokenizer(), DataSpec(9, False, 3))
     return [data.next_batch(2) for _ in range(steps)]
 
 
@@ -183,16 +191,18 @@ def test_an_actor_past_its_restarts_is_left_out_and_the_last_one_dying_stops_the
 # ------------------------------------------------------------------------------------------------ queue + loop
 
 
-def test_queue_sends_ahead_and_checkpoints_the_data_before_what_is_in_flight():
-    data = PromptData(Env(5).train_items(), NumberTokenizer(), max_prompt_tokens=9, use_chat_template=False, seed=3)
+def test_sampler_sends_ahead_and_checkpoints_the_data_before_what_is_in_flight():
+    data = PromptData(Env(5).train_items(), NumberTokenizer(), DataSpec(9, False, 3))
     actor = FakeActor()
-    queue = RolloutQueue(fake_runtime([actor], FakeLearner(), staleness=1), data, Sampling(n=1), 2, staleness=1)
-    queue.fill(steps_left=5)
-    assert data.cursor == 4 and len(actor.prompts) == 4  # two batches sent
-    assert queue.state_dict()["cursor"] == 0
-    idx, rollouts = queue.take()
-    assert [r.prompt_ids[0] for r in rollouts] == idx and queue.state_dict()["cursor"] == 2
-    queue.fill(steps_left=1)  # the last step: nothing more is sent
+    runtime = fake_runtime([actor], FakeLearner(), staleness=1)
+    sampler = Sampler(runtime, data, length_reward, SamplerSpec(2, Sampling(n=2), staleness=1), steps=2)
+    assert sampler.overlapped and sampler.state_dict()["cursor"] == 0
+    batch = sampler.next(1)
+    assert data.cursor == 4 and len(actor.prompts) == 4  # its own batch and the next step's were sent
+    assert [r.prompt_ids[0] for r in batch.rollouts] == expected_batches(1)[0]
+    assert sampler.state_dict()["cursor"] == 2  # the next step's batch is in flight: not consumed
+    assert "perf/rollout_tokens_per_s" not in batch.stats  # generated while the learners worked: no rate
+    sampler.next(2)  # the last step: nothing more is sent
     assert data.cursor == 4
 
 
@@ -228,7 +238,7 @@ def test_a_dead_learner_stops_the_run_naming_the_checkpoint_and_how_to_resume(tm
 
 def test_learner_generation_takes_the_first_chunk_of_prompts_per_learner():
     actors, learner = [FakeActor(0), FakeActor(1)], FakeLearner()
-    runtime = Runtime(LocalGroup(actors), LocalGroup([learner]), learner_chunk_size=2)
+    runtime = Runtime(LocalGroup(actors), LocalGroup([learner]), RuntimeSpec(learner_chunk_size=2))
     rollouts = runtime.generate([[1], [2], [3], [4], [5]], Sampling(n=1))
     assert [r.prompt_ids[0] for r in rollouts] == [1, 2, 3, 4, 5]
     assert [r.actor for r in rollouts] == [-1, -1, 0, 0, 1]  # learner 0 is -1
@@ -267,25 +277,27 @@ def test_async_and_fault_keys_are_checked():
     assert typed(cluster={"staleness": 2}).cluster.staleness == 2
 
 
-def test_dynamic_sampling_rounds_follow_a_batch_sent_ahead():
-    from rl.driver import sample_batch
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_dynamic_sampling_rounds_take_prompts_in_data_order(staleness):
+    """An extra round takes the next batch of the queue (sent ahead, or sent now), so the prompts reach the learner
+    in the order they were drawn and a checkpoint's data position never repeats or skips a trained prompt."""
 
-    data = PromptData(Env(5).train_items(), NumberTokenizer(), max_prompt_tokens=9, use_chat_template=False, seed=3)
-    idx = data.next_batch(2)
-    flat = [PromptRollout([i], [Completion([7], [-1.0], "stop", "")] * 2, 0) for i in idx]  # reward 0: filtered
-    runtime = fake_runtime([FakeActor()], FakeLearner())
-    rollouts, rewards, stats = sample_batch(
-        runtime,
-        data,
-        length_reward,
-        Sampling(n=2),
-        2,
-        filter_range=[0.01, 0.99],
-        max_rounds=2,
-        first=lambda: (idx, flat),
-    )
-    assert [r.prompt_ids[0] for r in rollouts] == expected_batches(2)[1]  # the second round, generated here
-    assert rewards == [0.0, 1.0, 0.0, 1.0] and stats["data/sample_utilization"] == 0.5
+    class FlatFirst(FakeActor):  # its first batch has all-equal rewards: filtered out by dynamic sampling
+        def generate(self, prompts, sampling):
+            out = super().generate(prompts, sampling)
+            if self.calls == 1:
+                out = [PromptRollout(r.prompt_ids, [Completion([7], [-1.0], "stop", "")] * 2, 0) for r in out]
+            return out
+
+    data = PromptData(Env(5).train_items(), NumberTokenizer(), DataSpec(9, False, 3))
+    runtime = fake_runtime([FlatFirst()], FakeLearner(), staleness=staleness)
+    spec = SamplerSpec(2, Sampling(n=2), staleness=staleness, filter_range=(0.01, 0.99), max_rounds=2)
+    sampler = Sampler(runtime, data, length_reward, spec, steps=3)
+    batch = sampler.next(1)
+    assert [r.prompt_ids[0] for r in batch.rollouts] == expected_batches(2)[1]  # the second round's prompts
+    assert batch.rewards == [0.0, 1.0, 0.0, 1.0] and batch.stats["data/sample_utilization"] == 0.5
+    assert sampler.state_dict()["cursor"] == 4  # both rounds consumed, nothing in flight
+    assert [r.prompt_ids[0] for r in sampler.next(2).rollouts] == expected_batches(3)[2]
 
 
 class OffsetLearner(FakeLearner):

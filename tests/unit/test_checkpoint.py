@@ -12,10 +12,11 @@ import torch
 
 from rl import checkpoint
 from rl.config import ConfigError, TrainConfig
-from rl.driver import PromptData
+from rl.data import PromptData
 from rl.metrics import MetricsLogger
+from rl.specs import DataSpec
 from rl.types import Adapter, Sampling
-from tests.unit.test_learner import make_learner, make_samples
+from tests.helpers import make_learner, make_samples, run_spec
 
 
 def fake_learner_state(version: int) -> dict:
@@ -89,7 +90,7 @@ def test_data_order_and_cursor_round_trip():
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": str(i)} for i in range(5)]
 
     def data():
-        return PromptData(items, CharTokenizer(), max_prompt_tokens=10, use_chat_template=False, seed=3)
+        return PromptData(items, CharTokenizer(), DataSpec(10, False, 3))
 
     a = data()
     a.next_batch(3)  # mid-pass: the rest of the current shuffled pass must survive
@@ -100,7 +101,7 @@ def test_data_order_and_cursor_round_trip():
     assert b.cursor == 3
     assert [b.next_batch(3) for _ in range(4)] == expected
     with pytest.raises(ConfigError, match="5 training prompts, this run has 4"):
-        PromptData(items[:4], CharTokenizer(), max_prompt_tokens=10, use_chat_template=False, seed=3).load_state(state)
+        PromptData(items[:4], CharTokenizer(), DataSpec(10, False, 3)).load_state(state)
 
 
 def test_learner_state_round_trip_is_exact(tiny_model, tmp_path):
@@ -131,9 +132,9 @@ def test_learner_state_round_trip_is_exact(tiny_model, tmp_path):
 
 
 def test_hf_rollout_sampling_resumes_exactly(tiny_model):
-    from rl.hf_rollout import HFRollout
+    from rl.rollout.hf import HFRollout
 
-    rollout = HFRollout(str(tiny_model), seed=0)
+    rollout = HFRollout(run_spec(tiny_model, "cluster.rollout_backend=hf", "model.dtype=float32").rollout)
     prompts, sampling = [[1, 2, 3, 4]], Sampling(n=3, temperature=1.0, max_tokens=6)
     state = rollout.state_dict()
     first = [c.token_ids for c in rollout.generate(prompts, sampling)[0].completions]
@@ -186,7 +187,7 @@ def test_restore_run_pushes_the_adapter_and_skips_engines_without_rng_state(tmp_
     from rl.runtime import LocalGroup, Runtime
 
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": str(i)} for i in range(4)]
-    data = PromptData(items, CharTokenizer(), max_prompt_tokens=10, use_chat_template=False, seed=0)
+    data = PromptData(items, CharTokenizer(), DataSpec(10, False, 0))
     data.next_batch(3)
     runtime = Runtime(LocalGroup([EngineWithoutRngState()]), LocalGroup([FakeLearner(version=7)]))
     path = checkpoint.save_run(tmp_path, 7, runtime, data, config={"seed": 0})
@@ -195,7 +196,7 @@ def test_restore_run_pushes_the_adapter_and_skips_engines_without_rng_state(tmp_
 
     actor, learner = EngineWithoutRngState(), FakeLearner()
     fresh = Runtime(LocalGroup([actor]), LocalGroup([learner]))
-    data2 = PromptData(items, CharTokenizer(), max_prompt_tokens=10, use_chat_template=False, seed=0)
+    data2 = PromptData(items, CharTokenizer(), DataSpec(10, False, 0))
     assert checkpoint.restore_run(path, fresh, data2) == 7
     assert learner.loaded["adapter"].version == 7 and actor.version == fresh.version == 7  # versions continue
     assert data2.cursor == 3 and data2.next_batch(2) == data.next_batch(2)

@@ -9,6 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from rl import specs
 from rl.config import ConfigError, TrainConfig, register_configs
 from tests.helpers import REPO, run_train
 
@@ -26,7 +27,7 @@ def group_options() -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize(("group", "option"), group_options())
-def test_every_config_option_composes_into_the_typed_schema(group, option):
+def test_every_config_option_composes_into_the_typed_schema_and_its_specs(group, option, tmp_path):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         # 12 prompts split evenly over 1, 2 or 3 learners (the default 8 x 8 samples do not split over 1a3l's 3)
         batch = ["prompts_per_step=12"] if group == "cluster" else []
@@ -36,8 +37,12 @@ def test_every_config_option_composes_into_the_typed_schema(group, option):
         # some options need the user to fill a path (`???`, e.g. env=jsonl env.train=...): typed part only
         for key in ("reward", "env"):
             cfg[key] = {}
+    if cfg.model.load_in_4bit or cfg.model.learner_backend == "unsloth":
+        cfg.cluster.use_gpu = True  # a GPU-only model file: the config check asks for GPUs (tested below)
     typed = OmegaConf.to_object(cfg)
     assert isinstance(typed, TrainConfig)
+    run = specs.build(typed, tmp_path, model_path="/fake/model")  # registry names resolve, autos are resolved
+    assert run.rollout.lora_mode in ("merged", "native") and run.learner.backend in ("peft", "unsloth")
 
 
 @pytest.mark.parametrize("name", sorted(f.stem for f in (CONF / "experiment").glob("*.yaml")))
@@ -75,7 +80,20 @@ def test_cross_field_check_names_the_key():
         ("model.path=/nonexistent", "model.path='/nonexistent' does not exist"),
         ("cluster.address=127.0.0.1:1", "could not join Ray at cluster.address='127.0.0.1:1'"),
         ("model.learner_backend=unsloth", "model.learner_backend=unsloth needs CUDA GPUs"),
-        ("model.learner_backend=fast", "model.learner_backend must be auto, peft or unsloth"),
+        (
+            "model.learner_backend=fast",
+            "model.learner_backend: Invalid value 'fast', expected one of [auto, peft, unsloth]",
+        ),
+        (
+            "algorithm.policy_loss=clipd",
+            "algorithm.policy_loss='clipd' is not a known policy loss; valid names: cispo,",
+        ),
+        ("algorithm.loss_agg=mean", "algorithm.loss_agg='mean' is not a known loss aggregation; valid names:"),
+        ("algorithm.advantage=ppo", "algorithm.advantage='ppo' is not a known advantage estimator; valid names:"),
+        (
+            "algorithm=dapo algorithm.overlong_buffer=100",
+            "algorithm.overlong_buffer=100 exceeds model.max_new_tokens=32: lower it",
+        ),
         ("cluster.weight_sync=ipc", "cluster.weight_sync=ipc shares CUDA memory between processes"),
         ("model.full_finetune=true model.load_in_4bit=true", "model.full_finetune=true cannot train 4-bit"),
     ],

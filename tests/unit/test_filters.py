@@ -1,4 +1,4 @@
-"""Filters and reward shaping (rl/filters.py) and how the driver applies them (prepare_samples, sample_batch)."""
+"""Filters and reward shaping (rl/filters.py) and how a step applies them (rl/samples.py, rl/sampler.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ import pytest
 import torch
 
 from rl import filters
-from rl.config import AlgorithmConfig
-from rl.driver import PromptData, prepare_samples, sample_batch
-from rl.types import Completion, PromptRollout
+from rl.data import PromptData
+from rl.sampler import Sampler
+from rl.samples import prepare_samples
+from rl.specs import DataSpec, SamplerSpec
+from rl.types import Completion, PromptRollout, Sampling
+from tests.helpers import run_spec
 
 
 def test_overlong_penalty_follows_dapo_eq13():
@@ -56,23 +59,23 @@ def rollout(lengths_and_reasons, version=0):
 
 
 def test_prepare_samples_shapes_rewards_masks_truncated_and_selects_top_k():
-    cfg = AlgorithmConfig(
-        group_size=4,
-        advantage="dr_grpo",
-        overlong_penalty=True,
-        overlong_buffer=4,
-        filter_truncated_response=True,
-        top_k=2,
-    )
+    keys = [
+        "model.max_new_tokens=8",
+        "algorithm.group_size=4",
+        "algorithm.advantage=dr_grpo",
+        "algorithm.overlong_penalty=true",
+        "algorithm.overlong_buffer=4",
+        "algorithm.filter_truncated_response=true",
+    ]
+    spec = run_spec("/fake/model", *keys, "algorithm.top_k=2").samples
     rollouts = [rollout([(2, "stop"), (6, "stop"), (8, "length"), (3, "stop")])]
-    samples, adv, metrics = prepare_samples(rollouts, [1.0, 1.0, 0.0, 0.0], cfg, max_new_tokens=8)
+    samples, adv, metrics = prepare_samples(rollouts, [1.0, 1.0, 0.0, 0.0], spec)
     shaped = torch.tensor([1.0, 1.0 - 0.5, 0.0 - 1.0, 0.0])  # L_max 8, L_cache 4: length 6 -> -0.5, 8 -> -1
     assert adv.tolist() == pytest.approx((shaped - shaped.mean()).tolist())
     assert metrics["response/masked_truncated_frac"] == 0.25
     assert [len(s.completion_ids) for s in samples] == [2, 6]  # the two best shaped rewards, statistics from all 4
     assert all(s.loss_mask == [] for s in samples)
-    cfg.top_k = None
-    samples, _, _ = prepare_samples(rollouts, [1.0, 1.0, 0.0, 0.0], cfg, max_new_tokens=8)
+    samples, _, _ = prepare_samples(rollouts, [1.0, 1.0, 0.0, 0.0], run_spec("/fake/model", *keys).samples)
     assert samples[2].loss_mask == [0] * 8 and samples[0].loss_mask == []
 
 
@@ -87,6 +90,12 @@ class FakeRuntime:
     def __init__(self, batches):
         self.batches, self.calls = list(batches), 0
 
+    def submit_generate(self, prompts, sampling):
+        return prompts, sampling
+
+    def collect(self, sent):
+        return self.generate(*sent)
+
     def generate(self, prompts, sampling):
         texts = self.batches[self.calls]
         self.calls += 1
@@ -98,23 +107,20 @@ class FakeRuntime:
 
 def test_dynamic_sampling_generates_until_the_batch_is_full():
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": "yes"} for i in range(4)]
-    data = PromptData(items, FakeTokenizer(), max_prompt_tokens=10, use_chat_template=False, seed=0)
+    data = PromptData(items, FakeTokenizer(), DataSpec(10, False, 0))
     right, wrong = ["yes", "yes"], ["no", "no"]
     runtime = FakeRuntime([[right, ["yes", "no"]], [wrong, ["no", "yes"]], [right, right]])
 
     def reward(texts, *, answer, **_):
         return [float(t == a) for t, a in zip(texts, answer)]
 
-    from rl.types import Sampling
+    def sample(runtime, max_rounds: int):
+        spec = SamplerSpec(2, Sampling(n=2), filter_range=(0.01, 0.99), max_rounds=max_rounds)
+        return Sampler(runtime, data, reward, spec, steps=1).next(1)
 
-    rollouts, rewards, stats = sample_batch(
-        runtime, data, reward, Sampling(n=2), 2, filter_range=[0.01, 0.99], max_rounds=3
-    )
+    batch = sample(runtime, max_rounds=3)
     assert runtime.calls == 2  # the second batch filled the two slots
-    assert rewards == [1.0, 0.0, 0.0, 1.0]
-    assert stats["data/sample_utilization"] == 0.5 and stats["data/kept_groups"] == 2
-    runtime = FakeRuntime([[right, right]])
-    rollouts, rewards, stats = sample_batch(
-        runtime, data, reward, Sampling(n=2), 2, filter_range=[0.01, 0.99], max_rounds=1
-    )
-    assert len(rollouts) == 2 and stats["data/sample_utilization"] == 0.0  # nothing kept: trains on the last batch
+    assert batch.rewards == [1.0, 0.0, 0.0, 1.0]
+    assert batch.stats["data/sample_utilization"] == 0.5 and batch.stats["data/kept_groups"] == 2
+    batch = sample(FakeRuntime([[right, right]]), max_rounds=1)
+    assert len(batch.rollouts) == 2 and batch.stats["data/sample_utilization"] == 0.0  # trains on the last batch

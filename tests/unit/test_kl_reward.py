@@ -7,16 +7,14 @@ import math
 import pytest
 
 from rl.config import AlgorithmConfig, ConfigError
-from rl.driver import kl_reward_penalty
+from rl.samples import kl_reward_penalty
 from rl.types import Completion, PromptRollout
+from tests.helpers import run_spec
 
 
-class FakeRuntime:
-    def __init__(self, ref):
-        self.ref = ref
-
-    def reference_logprobs(self, rollouts):
-        return self.ref
+def spec(coef: float, estimator: str):
+    keys = [f"algorithm.kl_coef={coef}", "algorithm.kl_in_reward=true", f"algorithm.kl_estimator={estimator}"]
+    return run_spec("/fake/model", *keys).samples
 
 
 def test_penalty_is_coef_times_summed_token_kl():
@@ -24,12 +22,10 @@ def test_penalty_is_coef_times_summed_token_kl():
         PromptRollout([1, 2], [Completion([5, 6], [-1.0, -2.0], "stop", "a"), Completion([7], [-0.5], "stop", "b")], 0)
     ]
     ref = [[-1.5, -2.0], [-0.5]]
-    a = AlgorithmConfig(kl_coef=0.1, kl_in_reward=True, kl_estimator="k1")
-    shaped, metrics = kl_reward_penalty(FakeRuntime(ref), rollouts, [1.0, 0.0], a)
+    shaped, metrics = kl_reward_penalty(lambda _: ref, rollouts, [1.0, 0.0], spec(0.1, "k1"))
     # k1 on sample 1: (-1 - -1.5) + (-2 - -2) = 0.5; sample 2: 0
     assert shaped == pytest.approx([1.0 - 0.05, 0.0])
-    a3 = AlgorithmConfig(kl_coef=1.0, kl_in_reward=True, kl_estimator="k3")
-    shaped3, _ = kl_reward_penalty(FakeRuntime(ref), rollouts, [1.0, 0.0], a3)
+    shaped3, _ = kl_reward_penalty(lambda _: ref, rollouts, [1.0, 0.0], spec(1.0, "k3"))
     assert shaped3[0] == pytest.approx(1.0 - (math.exp(-0.5) - 1 + 0.5))
     assert metrics["reward/kl_penalty_mean"] == pytest.approx(0.1 * 0.25)
 

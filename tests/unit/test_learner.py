@@ -8,37 +8,26 @@ import math
 import pytest
 import torch
 
-from rl.learner import PeftLearner, token_logprobs
+from rl.learner import Learner, token_logprobs
 from rl.types import Sampling, TrainSample
-from tests.helpers import make_samples
-
-
-def make_learner(path, **kw) -> PeftLearner:
-    learner = PeftLearner(
-        str(path), dtype="float32", lora_targets=["q_proj", "v_proj", "up_proj"], seed=0, num_threads=1, **kw
-    )
-    gen = torch.Generator().manual_seed(1)
-    for name, p in learner.model.named_parameters():
-        if "lora_B" in name:  # PEFT starts B at zero; give the adapter an effect so the test is not trivial
-            p.data.normal_(0, 0.05, generator=gen)
-    return learner
+from tests.helpers import LEARNER_TEST_OVERRIDES, make_learner, make_samples, run_spec
 
 
 def test_shared_prefix_logprobs_equal_full_forward(tiny_model):
     learner = make_learner(tiny_model)
     group = make_samples(groups=1, group_size=4)
-    targets, _, _, _ = learner._completion_batch(group)
+    targets, _, _, _ = learner.batcher.completion_batch(group)
     with torch.no_grad():
-        shared = token_logprobs(learner._shared_prefix_logits(group)[0], targets)
-        full = token_logprobs(learner._full_logits(group)[0], targets)
-    mask = targets != learner.pad_id
+        shared = token_logprobs(learner.batcher._shared_prefix_logits(learner.model, group)[0], targets)
+        full = token_logprobs(learner.batcher._full_logits(learner.model, group)[0], targets)
+    mask = targets != learner.batcher.pad_id
     assert torch.allclose(shared[mask], full[mask], atol=1e-4)
 
 
 def test_shared_prefix_step_matches_unshared_step(tiny_model):
     samples = make_samples()
-    a = make_learner(tiny_model, share_prompt_prefix=True, micro_batch_size=4)
-    b = make_learner(tiny_model, share_prompt_prefix=False, micro_batch_size=4)
+    a = make_learner(tiny_model, "share_prompt_prefix=true", "micro_batch_size=4")
+    b = make_learner(tiny_model, "share_prompt_prefix=false", "micro_batch_size=4")
     ma, mb = a.train_step(samples), b.train_step(samples)
     assert ma["train/loss"] == pytest.approx(mb["train/loss"], abs=1e-5)
     assert ma["train/grad_norm"] == pytest.approx(mb["train/grad_norm"], rel=1e-3)
@@ -49,7 +38,7 @@ def test_shared_prefix_step_matches_unshared_step(tiny_model):
 
 
 def test_micro_batches_never_mix_prompts(tiny_model):
-    learner = make_learner(tiny_model, micro_batch_size=3)
+    learner = make_learner(tiny_model, "micro_batch_size=3")
     batches = learner._micro_batches(make_samples(groups=2, group_size=4))
     assert [len(b) for b in batches] == [3, 1, 3, 1]
     assert all(len({tuple(s.prompt_ids) for s in b}) == 1 for b in batches)
@@ -79,7 +68,7 @@ def test_adapter_round_trips_through_bytes(tiny_model):
 def test_sync_adapter_travels_in_the_engine_dtype_and_saved_adapters_keep_fp32(tiny_model):
     from safetensors.torch import load
 
-    learner = make_learner(tiny_model, sync_dtype="bfloat16")
+    learner = make_learner(tiny_model, "model.dtype=bfloat16")  # a bf16 vLLM engine: factors sent in bf16
     full, wire = load(learner.get_adapter().weights), load(learner.get_adapter(for_sync=True).weights)
     assert {v.dtype for v in full.values()} == {torch.float32} and {v.dtype for v in wire.values()} == {torch.bfloat16}
     assert all(torch.equal(wire[k], full[k].to(torch.bfloat16)) for k in full)
@@ -88,9 +77,10 @@ def test_sync_adapter_travels_in_the_engine_dtype_and_saved_adapters_keep_fp32(t
 def test_full_finetune_trains_every_parameter_against_a_frozen_reference(tiny_model):
     """Full fine-tuning: no LoRA, every parameter moves; the KL reference is a frozen copy of the initial weights
     (not the live model), and the weights round-trip through get_adapter / load_state."""
-    learner = PeftLearner(str(tiny_model), dtype="float32", full_finetune=True, kl_coef=0.1, seed=0, num_threads=1)
+    learner = full_learner(tiny_model, "algorithm.kl_coef=0.1")
     assert not any("lora" in n for n, _ in learner.model.named_parameters())
-    assert learner.ref_model is not None and not any(p.requires_grad for p in learner.ref_model.parameters())
+    ref_model = learner.policy.ref_model
+    assert ref_model is not None and not any(p.requires_grad for p in ref_model.parameters())
     samples = make_samples()
     prompts, comps = [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
     before = learner.sequence_logprobs(prompts, comps)
@@ -103,22 +93,31 @@ def test_full_finetune_trains_every_parameter_against_a_frozen_reference(tiny_mo
     assert max(abs(x - y) for a, b in zip(before, after) for x, y in zip(a, b)) > 1e-4  # the policy moved
     assert max(abs(x - y) for a, b in zip(before, reference) for x, y in zip(a, b)) < 1e-5  # the reference did not
 
-    other = PeftLearner(str(tiny_model), dtype="float32", full_finetune=True, seed=1, num_threads=1)
-    assert other.ref_model is None  # no KL, no copy
+    other = full_learner(tiny_model, "seed=1")
+    assert other.policy.ref_model is None  # no KL, no copy
     other.load_state(learner.state_dict())
     assert other.adapter_checksum() == learner.adapter_checksum()
     with pytest.raises(RuntimeError, match="keeps no reference copy"):
         other.sequence_logprobs(prompts[:1], comps[:1], reference=True)
 
 
-def test_cuda_only_backends_fail_clearly_on_cpu(tiny_model):
-    with pytest.raises(RuntimeError, match="model.learner_backend=unsloth needs a CUDA GPU"):
-        PeftLearner(str(tiny_model), backend="unsloth", num_threads=1)
-    with pytest.raises(RuntimeError, match="model.load_in_4bit=true needs a CUDA GPU"):
-        PeftLearner(str(tiny_model), load_in_4bit=True, num_threads=1)
-    from rl.learner import resolve_backend
+def full_learner(model, *overrides: str) -> Learner:
+    return Learner(run_spec(model, *LEARNER_TEST_OVERRIDES, "model.full_finetune=true", *overrides).learner)
 
-    assert resolve_backend("auto", cuda=False) == "peft"
+
+def test_cuda_only_backends_fail_clearly_on_a_process_without_gpu(tiny_model):
+    """The config refuses them without cluster.use_gpu (tests/unit/test_config.py); a learner process that was
+    promised a GPU and sees none says so."""
+    import dataclasses
+
+    spec = run_spec(tiny_model, *LEARNER_TEST_OVERRIDES, "cluster.use_gpu=true", "model.learner_backend=peft").learner
+    with pytest.raises(
+        RuntimeError, match="model.learner_backend=unsloth needs a CUDA GPU, and this learner's process sees none"
+    ):
+        Learner(dataclasses.replace(spec, backend="unsloth"))
+    with pytest.raises(RuntimeError, match="model.load_in_4bit=true needs a CUDA GPU"):
+        Learner(dataclasses.replace(spec, load_in_4bit=True))
+    assert run_spec(tiny_model).learner.backend == "peft"  # auto without GPUs
 
 
 @pytest.mark.gpu
@@ -127,7 +126,7 @@ def test_ipc_weights_rebuild_to_the_learner_parameters(tiny_model):
     (what vLLM's IPC weight-transfer engine does in the actor's process). Skipped without a GPU."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    learner = PeftLearner(str(tiny_model), dtype="float32", full_finetune=True, num_threads=1)
+    learner = full_learner(tiny_model)
     info = learner.ipc_weights()
     params = dict(learner.model.named_parameters())
     assert info["names"] == list(params)
@@ -150,7 +149,7 @@ def test_nonfinite_loss_skips_the_optimizer_step(tiny_model):
 
 
 def test_learner_generation_logprobs_are_the_learners_own_at_the_temperature(tiny_model):
-    learner = make_learner(tiny_model, temperature=0.7)
+    learner = make_learner(tiny_model, "algorithm.temperature=0.7")
     learner.version = 3
     prompts = [[1, 2, 3, 4], [5, 6, 7]]
     rollouts = learner.generate(prompts, Sampling(n=2, temperature=0.7, max_tokens=6))

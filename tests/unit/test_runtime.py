@@ -93,7 +93,8 @@ def test_an_actor_on_an_old_version_is_named(method):
     runtime = Runtime(LocalGroup([FakeActor(3), FakeActor(2)]), LocalGroup([FakeLearner(1.0)]))
     runtime.version = 3
     with pytest.raises(VersionMismatch, match=r"rollout actor 1 generated with adapter version 2, expected 3"):
-        getattr(runtime, method)([[5, 6], [7, 8]], Sampling(n=1))
+        call = {"generate": runtime.generate, "probe": lambda p, s: runtime.probe_finish(runtime.probe_submit(p, s))}
+        call[method]([[5, 6], [7, 8]], Sampling(n=1))
 
 
 def typed(**overrides) -> TrainConfig:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl.vllm_ext import lora_deltas, lora_factors, merge_lora, merged_payload
+from bench.common import lora_deltas
+from rl.rollout.vllm_ext import lora_factors, merge_lora, merged_payload
 
 
 def peft_weights(rank: int = 4) -> dict[str, torch.Tensor]:
@@ -97,7 +98,7 @@ def test_merged_payload_rejects_a_target_the_base_lacks_before_yielding_anything
 def fake_worker(model: str):
     from types import SimpleNamespace
 
-    from rl.vllm_ext import LoraMergeExtension
+    from rl.rollout.vllm_ext import LoraMergeExtension
 
     worker = LoraMergeExtension()
     worker.vllm_config = SimpleNamespace(model_config=SimpleNamespace(model=model, revision=None))

@@ -1,5 +1,5 @@
 """transformers `generate` as a rollout engine (`cluster.rollout_backend=hf`): slow, for debugging and for
-machines without vLLM. Same interface as rl.rollout.VLLMRollout; the adapter is loaded into a PEFT model."""
+machines without vLLM. Same interface as rl.rollout.vllm.VLLMRollout; the adapter is loaded into a PEFT model."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ from typing import Any
 
 import torch
 
+from rl.specs import RolloutSpec
 from rl.types import Adapter, Completion, PromptRollout, Sampling
 
 
 class HFRollout:
-    def __init__(self, model_path: str, *, dtype: str = "float32", seed: int = 0, trust_remote_code: bool = False):
+    def __init__(self, spec: RolloutSpec):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        model_path, dtype, seed, trust_remote_code = spec.model_path, spec.dtype, spec.seed, spec.trust_remote_code
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         self.model = (
@@ -69,7 +71,7 @@ def hf_generate(
 ) -> list[PromptRollout]:
     """Sample `sampling.n` completions per prompt with transformers `generate`; the behaviour logprobs are of the
     processed distribution (after temperature and top-p), the one sampled from, as vLLM's processed_logprobs.
-    Shared by HFRollout and the learners' own generation (PeftLearner.generate). Draws one seed per prompt from
+    Shared by HFRollout and the learners' own generation (Learner.generate). Draws one seed per prompt from
     `generator`, so a saved generator state makes the samples repeatable."""
     eos_ids = model.generation_config.eos_token_id
     eos = set(eos_ids if isinstance(eos_ids, list) else [eos_ids])

@@ -1,7 +1,7 @@
 """Rollout engines: sample completions with token ids and behaviour logprobs, and load new adapter versions.
 
-Plain classes (no Ray); `rl/placement.py` wraps them as Ray actors. vLLM is imported lazily, inside the
-engine's constructor, so that it is the first heavy import of the process that owns the engine.
+A plain class (no Ray) built from a `RolloutSpec`; `rl/placement.py` wraps it as a Ray actor. vLLM is imported
+lazily, inside the engine's constructor, so that it is the first heavy import of the process that owns the engine.
 """
 
 from __future__ import annotations
@@ -12,57 +12,41 @@ import tempfile
 import time
 from pathlib import Path
 
+from rl.specs import RolloutSpec
 from rl.types import Adapter, Completion, PromptRollout, Sampling
 
 
 class VLLMRollout:
     """A vLLM engine with a LoRA adapter slot.
 
-    lora_mode="native": each adapter version is written to a private temp folder and used as a `LoRARequest`
-    (exact, vLLM's LoRA kernels). lora_mode="merged": the adapter is merged into the engine's weights by the
-    worker extension in rl/vllm_ext.py (base-model decode speed; what `cluster.lora_mode=auto` picks, see that
-    module); the base projections are read at start. Full weights (a full fine-tuning learner, `full_weights=True`:
-    no base copy is read) are loaded in place by the same extension, in either mode.
+    lora_mode "native": each adapter version is written to a private temp folder and used as a `LoRARequest`
+    (exact, vLLM's LoRA kernels). "merged": the adapter is merged into the engine's weights by the worker
+    extension in rl/rollout/vllm_ext.py (base-model decode speed; what `cluster.lora_mode=auto` picks, see
+    rl/specs.py); the base projections are read at start. Full weights (a full fine-tuning learner,
+    `spec.full_weights`: no base copy is read) are loaded in place by the same extension, in either mode.
     Either way the adapter arrives as bytes (no shared filesystem) and every sample records its version.
     """
 
-    def __init__(
-        self,
-        model_path: str,
-        *,
-        lora_mode: str = "native",
-        max_lora_rank: int = 16,
-        dtype: str = "bfloat16",
-        max_model_len: int = 1024,
-        seed: int = 0,
-        gpu_memory_utilization: float = 0.2,
-        enforce_eager: bool = True,
-        tensor_parallel_size: int = 1,
-        trust_remote_code: bool = False,
-        weight_sync: str = "object_store",
-        full_weights: bool = False,
-    ):
-        if lora_mode not in ("native", "merged"):
-            raise ValueError(f"rollout.lora_mode must be native or merged (got {lora_mode!r})")
+    def __init__(self, spec: RolloutSpec):
         from vllm import LLM, SamplingParams
 
-        self.lora_mode = lora_mode
+        self.lora_mode = spec.lora_mode
         kwargs = dict(
-            model=model_path,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            seed=seed,  # per-request seeds kill the CPU engine; the engine seed makes runs repeatable
-            gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=enforce_eager,
-            tensor_parallel_size=tensor_parallel_size,
-            trust_remote_code=trust_remote_code,
+            model=spec.model_path,
+            dtype=spec.dtype,
+            max_model_len=spec.max_model_len,
+            seed=spec.seed,  # the engine seed makes runs repeatable
+            gpu_memory_utilization=spec.gpu_memory_utilization,
+            enforce_eager=spec.enforce_eager,
+            tensor_parallel_size=spec.tensor_parallel_size,
+            trust_remote_code=spec.trust_remote_code,
             logprobs_mode="processed_logprobs",  # logprobs of the distribution actually sampled (after temperature)
         )
-        # the worker extension loads merged adapters and full weights (rl/vllm_ext.py); native LoRA also needs vLLM's
-        kwargs.update(worker_extension_cls="rl.vllm_ext.LoraMergeExtension")
-        if lora_mode == "native":
-            kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
-        if weight_sync == "ipc":  # vLLM's weight-transfer engine: full weights arrive as CUDA IPC handles
+        # the worker extension loads merged adapters and full weights (vllm_ext.py); native LoRA also needs vLLM's
+        kwargs.update(worker_extension_cls="rl.rollout.vllm_ext.LoraMergeExtension")
+        if self.lora_mode == "native":
+            kwargs.update(enable_lora=True, max_lora_rank=spec.max_lora_rank, max_loras=1)
+        if spec.weight_sync == "ipc":  # vLLM's weight-transfer engine: full weights arrive as CUDA IPC handles
             kwargs.update(weight_transfer_config={"backend": "ipc"})
         self.llm = LLM(**kwargs)
         self.version = 0
@@ -72,7 +56,7 @@ class VLLMRollout:
         flat = "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ())
         self._flat_logprobs = {"flat_logprobs": True} if flat else {}
         self._lora_root = Path(tempfile.mkdtemp(prefix="rlft-lora-"))
-        if lora_mode == "merged" and not full_weights:  # adapters will be merged: read the base weights now
+        if self.lora_mode == "merged" and not spec.full_weights:  # adapters will be merged: read the base weights now
             self.llm.collective_rpc("rlft_prepare_merge")
 
     def load_adapter(self, adapter: Adapter) -> dict:
@@ -113,8 +97,7 @@ class VLLMRollout:
 
     def load_weights_ipc(self, update_info: dict, version: int) -> dict:
         """Full weights through vLLM's native weight-transfer API (IPC engine, CUDA only): the learner's
-        parameters are opened in place from their CUDA IPC handles (`PeftLearner.ipc_weights`), no host copy.
-        Run on one H200 (README: 3 steps of a 0.5B full fine-tune, 0.13-0.22 s per sync, probe 0.004-0.006)."""
+        parameters are opened in place from their CUDA IPC handles (`Learner.ipc_weights`), no host copy."""
         t0 = time.perf_counter()
         self.llm.start_weight_update()
         self.llm.update_weights({"update_info": update_info})
@@ -129,7 +112,7 @@ class VLLMRollout:
         The engine returns token ids and the sampled tokens' logprobs only (flat, no per-token objects) and does not
         detokenise; the texts are decoded in one batch at the end. vLLM's per-step detokenisation and per-token
         logprob dicts run between decode steps: on the H200 (random Qwen2.5-0.5B, 64 prompts x 8 x 256 tokens,
-        `bench.rollout --diagnose`) they halved decode speed (19-23k against 38-41k tok/s, interleaved runs)."""
+        `bench.rollout --diagnose`) they halved decode speed (docs/benchmarks.md)."""
         if not prompts:
             return []
         from vllm import SamplingParams
@@ -176,13 +159,6 @@ def sampled_logprobs(c) -> list[float]:
     if hasattr(lp, "start_indices"):
         return [lp.logprobs[i] for i in lp.start_indices]
     return [float(step[tok].logprob) for tok, step in zip(c.token_ids, lp)]
-
-
-def resolve_lora_mode(lora_mode: str, use_gpu: bool) -> str:
-    """`cluster.lora_mode` as the actor runs it: auto picks merged on both devices. vLLM's LoRA kernels decode slower
-    than merged weights: 7.6-9.2x slower on this 2-core CPU, 0.8x the speed on the H200 at 0.5B, where a merged load
-    costs 0.2 s per version (README's benchmark table). `use_gpu` stays in the signature: the choice is per device."""
-    return "merged" if lora_mode == "auto" else lora_mode
 
 
 def cpu_threads_env(num_threads: int | None) -> dict[str, str]:

@@ -5,10 +5,9 @@ W = W0 + (alpha / r) * B @ A for every targeted projection (on the engine's GPU 
 weights through vLLM's layerwise reload (which re-runs the kernels' weight packing and keeps the tensors CUDA graphs
 point to). Untargeted siblings of a fused layer (q/k/v in qkv_proj, gate/up in gate_up_proj) are sent with their
 base values so that every fused layer is complete. vLLM's native LoRA path (`LoRARequest`, `lora_mode=native`)
-applies the adapter at every decode step instead: on this 2-core CPU 7.6-9.2x slower than merged, on the H200 at
-0.5B 0.8x (README's benchmark table); a merged load costs about 0.2 s per version there.
+applies the adapter at every decode step instead, which decodes slower on both CPU and GPU (docs/benchmarks.md).
 
-Loaded by vLLM inside its worker process (`LLM(worker_extension_cls="rl.vllm_ext.LoraMergeExtension")`) and
+Loaded by vLLM inside its worker process (`LLM(worker_extension_cls="rl.rollout.vllm_ext.LoraMergeExtension")`) and
 called through `llm.collective_rpc("rlft_merge_adapter", args=(...))`; method names carry an `rlft_` prefix so
 they cannot clash with the worker's own. `rlft_load_weights` loads a full fine-tuning learner's weights.
 """
@@ -53,12 +52,6 @@ def merge_lora(w0: torch.Tensor, b: torch.Tensor, a: torch.Tensor, scale: float)
     time of an fp32 addmm rounded afterwards, and differs from it by one unit in the last place in about 0.2% of
     the elements (`python -m bench.sync --micro-only`)."""
     return torch.addmm(w0, b.to(w0.dtype), a.to(w0.dtype), alpha=scale)
-
-
-def lora_deltas(config: dict, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """{hf_module_name: scale * B @ A}: the unfused form, kept for bench/sync.py's comparison with merge_lora."""
-    factors, scale = lora_factors(config, weights)
-    return {m: (b.float() @ a.float()) * scale for m, (b, a) in factors.items()}
 
 
 def merged_payload(

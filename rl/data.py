@@ -1,0 +1,65 @@
+"""Training and held-out prompts: tokenised once (chat template applied here) and served in a seeded, repeating
+order whose position a checkpoint saves. The sampler (rl/sampler.py) is the only reader of the cursor."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from rl.config import ConfigError
+from rl.specs import DataSpec
+
+
+class PromptData:
+    """Tokenised prompts (chat template applied once, here) and a seeded, repeating order."""
+
+    def __init__(self, items: list[dict], tokenizer: Any, spec: DataSpec):
+        self.items, self.prompt_ids, self.dropped = [], [], 0
+        for it in items:
+            ids = encode_prompt(tokenizer, it["messages"], spec.use_chat_template)
+            if len(ids) > spec.max_prompt_tokens:  # dropped and counted, never truncated (that would cut the question)
+                self.dropped += 1
+                continue
+            self.items.append(it)
+            self.prompt_ids.append(ids)
+        self._rng = random.Random(spec.seed)
+        self._order: list[int] = []
+        self.cursor = 0  # prompts served so far
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def next_batch(self, n: int) -> list[int]:
+        idx = []
+        while len(idx) < n:
+            if not self._order:
+                self._order = list(range(len(self.items)))
+                self._rng.shuffle(self._order)
+            idx.append(self._order.pop())
+            self.cursor += 1
+        return idx
+
+    def state_dict(self) -> dict:
+        """Cursor and order (the shuffling generator and what is left of the current pass), as plain data."""
+        return {
+            "n_items": len(self.items),
+            "cursor": self.cursor,
+            "order": list(self._order),
+            "rng": self._rng.getstate(),
+        }
+
+    def load_state(self, state: dict) -> None:
+        if state["n_items"] != len(self.items):
+            raise ConfigError(
+                f"the checkpoint was taken with {state['n_items']} training prompts, this run has {len(self.items)}: "
+                "resume with the same env and model.max_prompt_tokens"
+            )
+        self.cursor, self._order = state["cursor"], list(state["order"])
+        self._rng.setstate(state["rng"])
+
+
+def encode_prompt(tokenizer: Any, messages: list[dict], use_chat_template: bool) -> list[int]:
+    if use_chat_template:
+        enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+    return tokenizer("\n".join(m["content"] for m in messages))["input_ids"]

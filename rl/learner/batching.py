@@ -1,0 +1,145 @@
+"""From TrainSamples to the logits and logprobs the loss needs: padding, micro-batches, the shared-prompt forward.
+
+Pure functions of a model and token ids (no optimizer, no config). The learner never re-tokenises text: samples
+carry the prompt and completion token ids exactly as the rollout engine produced them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rl.types import TrainSample
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, *, with_entropy=False):
+    """log softmax(logits / T) gathered at targets. logits [B, T, V], targets [B, T] -> [B, T] (float32).
+
+    Computed as logit[target] - logsumexp(logits): the same value as gathering from log_softmax, without a second
+    [B, T, V] float32 tensor (the vocabulary dimension dominates the learner's activation memory).
+    with_entropy: also return the full-distribution entropy per position (no gradient, a metric), reusing the
+    logsumexp: H = lse - sum_v exp(z_v - lse) z_v, one pass over the vocabulary instead of a second softmax. Row by
+    row, so it adds one row's [T, V] temporaries to the peak memory."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    picked = torch.gather(logits, 2, targets.unsqueeze(-1)).squeeze(-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    if not with_entropy:
+        return picked - lse
+    with torch.no_grad():
+        z, m = logits.detach(), lse.detach()
+        entropy = torch.cat(
+            [lr - (torch.exp(zr - lr[..., None]) * zr).sum(-1) for zr, lr in zip(z.split(1), m.split(1))]
+        )
+    return picked - lse, entropy
+
+
+def loss_tokens(samples: list[TrainSample]) -> int:
+    """Completion tokens that carry loss (the loss mask's ones, or every completion token without a mask)."""
+    return sum(sum(s.loss_mask) if s.loss_mask else len(s.completion_ids) for s in samples)
+
+
+def to_host(values: dict) -> dict[str, float]:
+    """{name: float or 0-d tensor} -> {name: float}, every device scalar in one transfer (one sync)."""
+    names = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
+    out = {k: float(v) for k, v in values.items() if k not in names}
+    if names:
+        out.update(zip(names, torch.stack([values[k].detach().float().reshape(()) for k in names]).tolist()))
+    return {k: out[k] for k in values}
+
+
+def micro_batches(samples: list[TrainSample], size: int, share_prompt_prefix: bool) -> list[list[TrainSample]]:
+    """At most `size` samples each. Consecutive samples with the same prompt form a group; with a shared prompt
+    prefix a micro-batch never mixes groups."""
+    if not share_prompt_prefix:
+        return [samples[i : i + size] for i in range(0, len(samples), size)]
+    out: list[list[TrainSample]] = []
+    for s in samples:
+        if out and len(out[-1]) < size and out[-1][0].prompt_ids == s.prompt_ids:
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return out
+
+
+class Batcher:
+    """Tensors of a micro-batch on the learner's device, and the logits predicting its completion tokens."""
+
+    def __init__(self, device: torch.device, *, share_prompt_prefix: bool, logits_to_keep: bool, pad_id: int = 0):
+        self.device, self.share_prompt_prefix = device, share_prompt_prefix
+        self.logits_to_keep, self.pad_id = logits_to_keep, pad_id
+
+    def completion_batch(self, samples: list[TrainSample]):
+        """Completion-aligned [B, C] targets, loss mask and behaviour logprobs (right-padded), advantages [B]."""
+        C = max(len(s.completion_ids) for s in samples)
+        B = len(samples)
+        targets = torch.full((B, C), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, C), dtype=torch.float32)
+        old = torch.zeros((B, C), dtype=torch.float32)
+        for i, s in enumerate(samples):
+            c = len(s.completion_ids)
+            targets[i, :c] = torch.tensor(s.completion_ids)
+            mask[i, :c] = torch.tensor(s.loss_mask, dtype=torch.float32) if s.loss_mask else 1.0
+            old[i, :c] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+        adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+        dev = self.device
+        return targets.to(dev), mask.to(dev), old.to(dev), adv.to(dev)
+
+    def logits(self, model: Any, samples: list[TrainSample]) -> tuple[torch.Tensor, int]:
+        """Logits predicting each completion token [B, C, V] and the number of token positions computed."""
+        shared = (
+            self.share_prompt_prefix
+            and len(samples) > 1
+            and all(s.prompt_ids == samples[0].prompt_ids for s in samples)
+        )
+        return self._shared_prefix_logits(model, samples) if shared else self._full_logits(model, samples)
+
+    def _shared_prefix_logits(self, model: Any, samples: list[TrainSample]) -> tuple[torch.Tensor, int]:
+        """For samples that share one prompt: the prompt is run once and its KV cache repeated for the B
+        completions (GRPO samples G completions per prompt, and the prompt is usually the longer part): the same
+        result as B full forwards up to float rounding, with gradients flowing through the shared prompt states."""
+        prompt = torch.tensor([samples[0].prompt_ids], device=self.device)  # [1, P]
+        P, B = prompt.shape[1], len(samples)
+        first = model(input_ids=prompt, use_cache=True)
+        cache = first.past_key_values
+        cache.batch_repeat_interleave(B)
+        C = max(len(s.completion_ids) for s in samples)
+        comp = torch.full((B, C), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((B, P + C), dtype=torch.long)
+        attn[:, :P] = 1
+        for i, s in enumerate(samples):
+            comp[i, : len(s.completion_ids)] = torch.tensor(s.completion_ids)
+            attn[i, P : P + len(s.completion_ids)] = 1
+        positions = torch.arange(P, P + C).expand(B, C)
+        rest = model(
+            input_ids=comp.to(self.device),
+            attention_mask=attn.to(self.device),
+            position_ids=positions.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        # the last prompt position predicts completion token 0; completion position j predicts token j + 1
+        logits = torch.cat([first.logits[:, -1:].expand(B, 1, -1), rest.logits[:, :-1]], dim=1)
+        return logits, P + B * C
+
+    def _full_logits(self, model: Any, samples: list[TrainSample]) -> tuple[torch.Tensor, int]:
+        """One right-padded forward of prompt + completion per sample."""
+        seqs = [s.prompt_ids + s.completion_ids for s in samples]
+        L, B = max(len(x) for x in seqs), len(samples)
+        C = max(len(s.completion_ids) for s in samples)
+        input_ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((B, L), dtype=torch.long)
+        for i, ids in enumerate(seqs):
+            input_ids[i, : len(ids)] = torch.tensor(ids)
+            attn[i, : len(ids)] = 1
+        # row i's completion starts at p_i; position t predicts token t + 1. Positions before the earliest
+        # completion predict prompt tokens: the LM head skips them (`logits_to_keep`), saving its largest matmul
+        # and the [B, L, V] logits over the prompt part
+        starts = torch.tensor([len(s.prompt_ids) - 1 for s in samples], device=self.device)
+        first = int(starts.min()) if self.logits_to_keep else 0
+        kwargs = {"logits_to_keep": L - first} if self.logits_to_keep else {}
+        logits = model(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device), **kwargs).logits
+        index = (starts[:, None] - first + torch.arange(C, device=self.device)[None]).clamp(max=L - 1 - first)
+        return torch.gather(logits, 1, index[..., None].expand(B, C, logits.shape[-1])), B * L

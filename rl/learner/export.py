@@ -1,0 +1,90 @@
+"""What leaves the learner: the policy update as bytes (adapter or full weights), CUDA IPC handles, and the
+training state a checkpoint keeps. Plain functions of a model and an optimizer."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import torch
+
+from rl.types import Adapter
+
+
+def policy_bytes(model: Any, version: int, *, full_weights: bool, dtype: torch.dtype | None = None) -> Adapter:
+    """The current policy update as bytes: the LoRA adapter in PEFT format (adapter_config.json + safetensors), or
+    with full fine-tuning every parameter under its HF name (config `full_weights: true`; tied parameters once, as
+    `named_parameters` lists them). `dtype`: the LoRA factors rounded to it (the rollout engine's, which rounds them
+    on load anyway: half the bytes for a bf16 engine)."""
+    from safetensors.torch import save
+
+    if full_weights:
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.named_parameters()}
+        config = {"full_weights": True, "dtype": str(next(iter(state.values())).dtype).removeprefix("torch.")}
+        return Adapter(version=version, config=config, weights=save(state))
+    from peft import get_peft_model_state_dict
+
+    state = {k: v.detach().to("cpu").contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    config = model.peft_config["default"].to_dict()
+    config["target_modules"] = sorted(config["target_modules"])  # a set in PEFT; JSON needs a list
+    return Adapter(version=version, config=config, weights=save(state))
+
+
+def load_policy_bytes(model: Any, adapter: Adapter, device: torch.device, *, full_weights: bool) -> None:
+    """Copy `policy_bytes`' output back into the model's parameters, in place (an optimizer keeps its params)."""
+    from safetensors.torch import load
+
+    weights = {k: v.to(device) for k, v in load(adapter.weights).items()}
+    if full_weights:
+        missing = set(weights) ^ {k for k, _ in model.named_parameters()}
+        if missing:
+            raise ValueError(f"checkpoint weights do not match this model: {sorted(missing)[:5]} ...")
+        with torch.no_grad():
+            for k, p in model.named_parameters():
+                p.copy_(weights[k])
+        return
+    from peft import set_peft_model_state_dict
+
+    set_peft_model_state_dict(model, weights)
+
+
+def optimizer_bytes(optimizer: torch.optim.Optimizer) -> bytes:
+    buf = io.BytesIO()
+    torch.save(optimizer.state_dict(), buf)
+    return buf.getvalue()
+
+
+def load_optimizer_bytes(optimizer: torch.optim.Optimizer, data: bytes, device: torch.device) -> None:
+    optimizer.load_state_dict(torch.load(io.BytesIO(data), map_location=device, weights_only=True))
+
+
+class IpcExport:
+    """Every parameter as a CUDA IPC handle, in the update format of vLLM's IPC weight-transfer engine (names,
+    dtype names, shapes, {GPU uuid: rebuild args}); the tensors stay referenced, hence valid, until `release`.
+    For full fine-tuning with actors on the same GPU (cluster.weight_sync=ipc)."""
+
+    def __init__(self):
+        self._refs: list[torch.Tensor] = []
+
+    def handles(self, model: Any, device: torch.device) -> dict:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        if device.type != "cuda":
+            raise RuntimeError("cluster.weight_sync=ipc needs the learner on a CUDA GPU")
+        uuid = str(torch.cuda.get_device_properties(device.index or torch.cuda.current_device()).uuid)
+        self._refs = []
+        info: dict = {"names": [], "dtype_names": [], "shapes": [], "ipc_handles": []}
+        for name, p in model.named_parameters():
+            t = p.detach().contiguous()
+            self._refs.append(t)
+            info["names"].append(name)
+            info["dtype_names"].append(str(t.dtype).removeprefix("torch."))
+            info["shapes"].append(list(t.shape))
+            info["ipc_handles"].append({uuid: reduce_tensor(t)[1]})
+        return info
+
+    def release(self) -> None:
+        self._refs = []
+        torch.cuda.ipc_collect()

@@ -1,0 +1,226 @@
+"""The learner role: policy-gradient steps on the sampled token ids, with the behaviour logprobs from the actors.
+
+A plain class (no Ray) built from a `LearnerSpec`; `rl/placement.py` wraps it as a Ray actor. Its model comes
+from rl/learner/models.py (PEFT, PEFT on 4-bit weights, Unsloth, or full fine-tuning), its batches from
+batching.py, its data-parallel reduction from parallel.py, and what it sends out from export.py. The reference
+policy for a KL penalty is the same model with the adapter disabled (no second copy in memory); a full
+fine-tuning learner keeps a frozen copy of the initial weights instead, built only when a KL needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import time
+
+import torch
+
+from rl import algorithms
+from rl.learner import export
+from rl.learner.batching import Batcher, loss_tokens, micro_batches, to_host, token_logprobs
+from rl.learner.models import load_policy
+from rl.learner.parallel import DataParallel
+from rl.specs import LearnerSpec
+from rl.types import Adapter, PromptRollout, Sampling, TrainSample
+
+
+class Learner:
+    def __init__(self, spec: LearnerSpec):
+        # Ray limits an actor to its num_cpus threads; roles alternate in synchronous mode, so use every core
+        torch.set_num_threads(spec.num_threads or os.cpu_count() or 1)
+        torch.manual_seed(spec.seed)
+        self.spec = spec
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.policy = load_policy(spec, self.device)
+        self.model = self.policy.model
+        # the KV-cache prefix trick needs use_cache in training; Unsloth's gradient checkpointing forbids it
+        share = spec.share_prompt_prefix and not self.policy.checkpointing
+        self.batcher = Batcher(self.device, share_prompt_prefix=share, logits_to_keep=self.policy.logits_to_keep)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=spec.optim.lr, weight_decay=spec.optim.weight_decay)
+        loss = spec.loss
+        self.loss_fn = algorithms.get_policy_loss(loss.policy_loss)
+        agg = algorithms.get_loss_agg(loss.loss_agg)
+        self.agg_fn = functools.partial(agg, norm_length=loss.norm_length)
+        self.agg_unit = getattr(agg, "unit", "seq")
+        self.version = 0
+        self.sync_dtype = getattr(torch, spec.sync_dtype) if spec.sync_dtype else None
+        self.dp = DataParallel(self.device)
+        self._ipc = export.IpcExport()
+
+    def _micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
+        return micro_batches(samples, self.spec.micro_batch_size, self.batcher.share_prompt_prefix)
+
+    def _logprobs(self, logits: torch.Tensor, targets: torch.Tensor):
+        """Token logprobs [B, C] and, as a metric, the token entropy (None when not computed)."""
+        t = self.spec.loss.temperature
+        if self.spec.loss.entropy_coef > 0:  # the entropy is in the loss: it needs its gradient
+            return token_logprobs(logits, targets, t), algorithms.token_entropy(logits.float() / t)
+        return token_logprobs(logits, targets, t, with_entropy=True)  # a metric: from the same logsumexp
+
+    # ------------------------------------------------------------------------------------------------ training
+
+    def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
+        """One optimizer step over `samples` (gradient accumulation in micro-batches). Returns metrics."""
+        t0 = time.perf_counter()
+        spec = self.spec.loss
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        n_tok = loss_tokens(samples)
+        # sequences with no loss token (masked truncated responses) count in no normaliser, as in the aggregations
+        samples = [s for s in samples if loss_tokens([s]) > 0]
+        n_seq = len(samples)
+        token_level = self.agg_unit == "token"
+        if spec.kl_coef == 0 and spec.entropy_coef == 0:
+            # A sample with advantage 0 adds exactly 0 to the policy loss and its gradient; it only counts in the
+            # normaliser (n_seq / n_tok above, computed before this filter), so skipping its forward is exact.
+            samples = [s for s in samples if s.advantage != 0.0]
+        n_seq, n_tok, n_signal = self.dp.sum_counts(n_seq, n_tok, len(samples))
+        # Loss and metrics stay on the device until the step is launched: a float() between forward and backward
+        # makes the CPU wait for the forward to drain before it can queue the backward
+        sums: dict[str, torch.Tensor | float] = {}
+        total_loss: torch.Tensor | float = 0.0
+        tokens = 0
+        for mb in self._micro_batches(samples):
+            targets, mask, old, adv = self.batcher.completion_batch(mb)
+            logits, n_positions = self.batcher.logits(self.model, mb)
+            logp, entropy = self._logprobs(logits, targets)  # [B, C] each
+            del logits
+            loss, metrics = self.loss_fn(logp, old, adv, mask, agg=self.agg_fn, knobs=spec.knobs)
+            if spec.entropy_coef > 0:  # entropy bonus: maximise the aggregated token entropy
+                loss = loss - spec.entropy_coef * self.agg_fn(entropy, mask)
+            if spec.kl_coef > 0:
+                with torch.no_grad(), self.policy.reference() as ref_model:
+                    ref = token_logprobs(self.batcher.logits(ref_model, mb)[0], targets, spec.temperature)
+                kl = algorithms.kl_penalty(logp, ref, spec.kl_estimator)
+                loss = loss + spec.kl_coef * self.agg_fn(kl, mask)
+                metrics["policy/kl_ref"] = algorithms.masked_mean(kl, mask)
+            with torch.no_grad():
+                metrics["policy/neg_logp"] = algorithms.masked_mean(-logp, mask)  # mean -log p of sampled tokens
+                if entropy is not None:
+                    metrics["policy/entropy"] = algorithms.masked_mean(entropy, mask)
+                metrics["policy/train_infer_logp_diff"] = algorithms.masked_mean((logp - old).abs(), mask)
+            # weight each micro-batch by its share of the unit the aggregation averages over (counted on the host)
+            weight = loss_tokens(mb) / max(n_tok, 1) if token_level else len(mb) / max(n_seq, 1)
+            (loss * weight).backward()
+            total_loss = total_loss + loss.detach() * weight
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v * weight
+            tokens += n_positions
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        if self.dp.world_size > 1:
+            sums = to_host({"train/loss": total_loss, **sums})
+            total_loss, sums = self.dp.sum_grads_and_metrics(trainable, sums.pop("train/loss"), sums, n_signal)
+        params = [p for p in trainable if p.grad is not None]
+        max_norm = self.spec.optim.max_grad_norm
+        if not params:
+            grad_norm: torch.Tensor | float = 0.0
+        elif max_norm > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        else:
+            grad_norm = torch.norm(torch.stack([p.grad.norm() for p in params]))
+        # the step's one wait for the device: the non-finite guard must see the loss and gradient norm
+        sums = to_host({"train/loss": total_loss, "train/grad_norm": grad_norm, **sums})
+        total_loss, grad_norm = sums.pop("train/loss"), sums.pop("train/grad_norm")
+        if math.isfinite(total_loss) and math.isfinite(grad_norm):
+            self.optimizer.step()
+            skipped = 0.0
+        else:  # never let a NaN/inf step reach the weights
+            self.optimizer.zero_grad(set_to_none=True)
+            skipped = 1.0
+        self.version += 1
+        dt = time.perf_counter() - t0
+        return {
+            **sums,
+            "train/loss": total_loss,
+            "train/samples_with_signal": float(n_signal),
+            "train/grad_norm": grad_norm,
+            "train/skipped_nonfinite": skipped,
+            "perf/learner_tokens_per_s": tokens / dt,
+            "time/learn_s": dt,
+        }
+
+    @torch.no_grad()
+    def sequence_logprobs(
+        self, prompt_ids: list[list[int]], completion_ids: list[list[int]], reference: bool = False
+    ) -> list[list[float]]:
+        """Logprobs of given completions under the current policy, or under the reference policy (the adapter
+        disabled) with `reference=True`; for the sync probe and a KL penalty folded into the reward."""
+        self.model.eval()
+        samples = [TrainSample(p, c, [0.0] * len(c), 0.0) for p, c in zip(prompt_ids, completion_ids)]
+        out: list[list[float]] = []
+        with self.policy.reference() if reference else contextlib.nullcontext(self.model) as model:
+            for mb in self._micro_batches(samples):
+                targets, _, _, _ = self.batcher.completion_batch(mb)
+                logp = token_logprobs(self.batcher.logits(model, mb)[0], targets, self.spec.loss.temperature)
+                out.extend(logp[i, : len(s.completion_ids)].tolist() for i, s in enumerate(mb))
+        self.model.train()
+        return out
+
+    # ------------------------------------------------------------------------------------------------ generation
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
+        """Learner generation (DistRL-LLM's learner_chunk_size, `cluster.learner_chunk_size`): sample a share of
+        the step's prompts with this learner's own model instead of waiting for the actors; the rollouts carry
+        this learner's adapter version and the processed-distribution logprobs, as an actor's do."""
+        from rl.rollout.hf import hf_generate
+
+        if not hasattr(self, "_gen_tokenizer"):  # built on first use: most runs never generate here
+            from transformers import AutoTokenizer
+
+            self._gen_tokenizer = AutoTokenizer.from_pretrained(
+                self.spec.model_path, trust_remote_code=self.spec.trust_remote_code
+            )
+            self._gen_rng = torch.Generator(device=self.device).manual_seed(self.spec.seed + 1 + self.dp.rank)
+        self.model.eval()
+        try:
+            return hf_generate(self.model, self._gen_tokenizer, prompts, sampling, self._gen_rng, self.version)
+        finally:
+            self.model.train()
+
+    # ------------------------------------------------------------------------------------------------ sync, state
+
+    def init_process_group(self, address: str, port: int, world_size: int, rank: int) -> None:
+        """Join the learners' torch.distributed group (rl/learner/parallel.py); rank 0 publishes the adapter."""
+        self.dp.init(address, port, world_size, rank)
+
+    def get_adapter(self, for_sync: bool = False) -> Adapter:
+        """The current policy update as bytes; `for_sync`: in the precision the actors load it at (saved adapters
+        and checkpoints keep the training precision)."""
+        dtype = self.sync_dtype if for_sync else None
+        return export.policy_bytes(self.model, self.version, full_weights=self.spec.full_finetune, dtype=dtype)
+
+    def get_version(self) -> int:
+        return self.version
+
+    def ipc_weights(self) -> dict:
+        return self._ipc.handles(self.model, self.device)
+
+    def release_ipc_weights(self) -> None:
+        self._ipc.release()
+
+    def state_dict(self) -> dict:
+        """What a checkpoint needs to continue training exactly, as plain data (crosses Ray): the adapter (its
+        version included), the AdamW state (torch.save bytes) and this process's torch generator state."""
+        return {
+            "adapter": self.get_adapter(),
+            "optimizer": export.optimizer_bytes(self.optimizer),
+            "torch_rng": torch.get_rng_state().numpy().tobytes(),
+        }
+
+    def load_state(self, state: dict) -> None:
+        """Restore `state_dict()`'s output: weights copied in place (the optimizer keeps its parameters)."""
+        adapter = state["adapter"]
+        export.load_policy_bytes(self.model, adapter, self.device, full_weights=self.spec.full_finetune)
+        export.load_optimizer_bytes(self.optimizer, state["optimizer"], self.device)
+        self.version = adapter.version
+        torch.set_rng_state(torch.frombuffer(bytearray(state["torch_rng"]), dtype=torch.uint8))
+
+    def adapter_checksum(self) -> float:
+        """Sum of all trained parameters (float64): equal across learners means equal adapters (up to collisions)."""
+        return float(sum(p.detach().double().sum() for p in self.model.parameters() if p.requires_grad))
+
+    def close(self) -> None:
+        self.dp.close()

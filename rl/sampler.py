@@ -1,0 +1,133 @@
+"""One step's scored batch: prompts drawn in order, generations sent ahead (bounded staleness), dynamic sampling.
+
+The sampler is the one owner of the data cursor and of the queue depth (`cluster.staleness`, ColossalChat's
+`n_behind`; the one-step overlap of AReaL/PipelineRL in its simplest form). With staleness k the prompts of step t
+are sent to the actors when step t-k starts, so while the learners train on step t the actors already generate
+steps t+1..t+k with the adapter of an earlier step (at most k syncs old; rl/runtime.py enforces the bound and the
+loss's importance ratio uses the behaviour logprobs the actors return). Nothing here waits early: each actor runs
+its calls in order, so an adapter load sent after a generation applies to the generations sent after it.
+k = 0 is the synchronous loop (one batch in flight, sent at the start of its own step).
+
+Dynamic sampling (DAPO eq. 11): groups whose accuracy lies outside `filter_range` are dropped and another round
+is taken, at most `max_rounds` per step. An extra round takes the next batch of the queue (already in flight,
+drawn in data order) and the queue is refilled behind it, so prompts are always consumed in the order they were
+drawn. A checkpoint saves the data position before the oldest batch still in flight: a resumed run generates those
+prompts again (with the checkpoint's adapter) and never skips or repeats a trained prompt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from rl import filters
+from rl.data import PromptData
+from rl.runtime import PendingGeneration, Runtime
+from rl.specs import SamplerSpec
+from rl.types import PromptRollout, completions_of
+
+RewardFn = Callable[..., list[float]]
+
+
+def score(reward_fn: RewardFn, rollouts: list[PromptRollout], items: list[dict]) -> list[float]:
+    """One reward per completion, in rollout order (prompt by prompt, G completions each)."""
+    texts, answers, metas = [], [], []
+    for r, it in zip(rollouts, items):
+        for c in r.completions:
+            texts.append(c.text)
+            answers.append(it["answer"])
+            metas.append(it.get("metadata", {}))
+    return [float(x) for x in reward_fn(texts, answer=answers, metadata=metas)]
+
+
+@dataclass
+class Batch:
+    rollouts: list[PromptRollout]  # prompt groups that reach the learner, in order
+    rewards: list[float]  # task rewards [B*G]
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class Sampler:
+    def __init__(self, runtime: Runtime, data: PromptData, reward_fn: RewardFn, spec: SamplerSpec, steps: int):
+        self.runtime, self.data, self.reward_fn, self.spec, self.steps = runtime, data, reward_fn, spec, steps
+        self._pending: deque[tuple[dict, list[int], PendingGeneration]] = deque()
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether generation runs ahead of learning (staleness > 0): the actors are busy between steps."""
+        return self.spec.staleness > 0
+
+    def _send(self) -> None:
+        before = self.data.state_dict()
+        idx = self.data.next_batch(self.spec.prompts_per_step)
+        sent = self.runtime.submit_generate([self.data.prompt_ids[i] for i in idx], self.spec.sampling)
+        self._pending.append((before, idx, sent))
+
+    def _fill(self, step: int) -> None:
+        """Batches in flight: staleness + 1 from `step` on, never more than the steps left need."""
+        while len(self._pending) < min(self.spec.staleness + 1, self.steps - step + 1):
+            self._send()
+
+    def next(self, step: int) -> Batch:
+        """Generate (or collect what was sent ahead), score and filter until `prompts_per_step` groups are kept or
+        the rounds run out; then train on the groups there are (on the last round's if none was kept)."""
+        spec, G = self.spec, self.spec.sampling.n
+        kept: list[PromptRollout] = []
+        kept_rewards: list[float] = []
+        generated = gen_tokens = 0
+        t_rollout = t_reward = 0.0
+        self._fill(step)
+        for _ in range(spec.max_rounds):
+            t0 = time.perf_counter()
+            if not self._pending:
+                self._send()
+            _, idx, sent = self._pending.popleft()
+            rollouts = self.runtime.collect(sent)
+            t_rollout += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            rewards = score(self.reward_fn, rollouts, [self.data.items[i] for i in idx])
+            t_reward += time.perf_counter() - t0
+            generated += len(rollouts)
+            gen_tokens += sum(len(c.token_ids) for c in completions_of(rollouts))
+            keep = (
+                filters.keep_groups_in_range(torch.tensor(rewards), G, *spec.filter_range)
+                if spec.filter_range
+                else torch.ones(len(rollouts), dtype=torch.bool)
+            )
+            for g, r in enumerate(rollouts):
+                if keep[g]:
+                    kept.append(r)
+                    kept_rewards.extend(rewards[g * G : (g + 1) * G])
+            if len(kept) >= spec.prompts_per_step:
+                break
+        utilization = filters.sample_utilization(min(len(kept), spec.prompts_per_step), generated)
+        if not kept:
+            kept, kept_rewards = rollouts, rewards
+        stats = {
+            "data/sample_utilization": utilization,
+            "data/kept_groups": float(min(len(kept), spec.prompts_per_step)),
+            "time/rollout_s": t_rollout,
+            "time/reward_s": t_reward,
+            "data/cursor": float(self.data.cursor),
+        }
+        if hasattr(self.reward_fn, "pop_metrics"):  # reward/errors and reward/timeouts (rewards/runner.py)
+            stats |= self.reward_fn.pop_metrics()
+        if not self.overlapped:  # sent ahead, a batch was generated while the learners worked: its wait is no rate
+            stats["perf/rollout_tokens_per_s"] = gen_tokens / max(t_rollout, 1e-9)
+        n = spec.prompts_per_step
+        return Batch(kept[:n], kept_rewards[: n * G], stats)
+
+    def state_dict(self) -> dict:
+        """The data position a checkpoint saves: before the oldest batch still in flight (see the module doc)."""
+        return self._pending[0][0] if self._pending else self.data.state_dict()
+
+    def load_state(self, state: dict) -> None:
+        self.data.load_state(state)
+
+    @property
+    def cursor(self) -> int:
+        return self.data.cursor

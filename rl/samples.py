@@ -1,0 +1,104 @@
+"""From a scored batch to the learner's samples: reward shaping -> advantages -> loss masks -> top-k.
+
+Pure functions over plain data and a frozen `SampleSpec` (no Ray, no config objects). Knobs the chosen advantage
+estimator does not use are ignored by it (rl/algorithms.py). `kl_in_reward` needs the reference logprobs, which
+the learner computes: the driver passes a function that returns them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from rl import algorithms, filters
+from rl.specs import SampleSpec
+from rl.types import PromptRollout, TrainSample, completions_of
+
+RefLogprobs = Callable[[list[PromptRollout]], list[list[float]]]
+
+
+def prepare_samples(
+    rollouts: list[PromptRollout], rewards: list[float], spec: SampleSpec
+) -> tuple[list[TrainSample], torch.Tensor, dict]:
+    """The learner's samples, the advantages [B*G] (before top-k), and metrics. `rewards` are after any KL-in-reward
+    penalty (`kl_reward_penalty`); the overlong penalty is added here."""
+    completions = completions_of(rollouts)
+    lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)  # [B*G]
+    shaped, metrics = shape_rewards(rewards, lengths, spec)
+    in_loss = (
+        filters.truncated_mask([c.finish_reason for c in completions])
+        if spec.filter_truncated
+        else [True] * len(completions)
+    )
+    adv = algorithms.get_advantage(spec.advantage)(
+        shaped,
+        spec.group_size,
+        std_normalize=spec.std_normalize,
+        std_unbiased=spec.std_unbiased,
+        pg_baseline=spec.pg_baseline,
+        eps=spec.adv_eps,
+        lengths=lengths * torch.tensor(in_loss, dtype=torch.float32),
+    )
+    samples = [
+        TrainSample(r.prompt_ids, c.token_ids, c.logprobs, float(adv[k]), [] if in_loss[k] else [0] * len(c.token_ids))
+        for k, (r, c) in enumerate((r, c) for r in rollouts for c in r.completions)
+    ]
+    metrics["response/masked_truncated_frac"] = 1.0 - sum(in_loss) / max(len(in_loss), 1)
+    if spec.top_k is not None:
+        samples = [samples[i] for i in filters.top_k_per_group(shaped, spec.group_size, spec.top_k).tolist()]
+    metrics["train/samples"] = float(len(samples))
+    return samples, adv, metrics
+
+
+def shape_rewards(
+    rewards: list[float], lengths: torch.Tensor, spec: SampleSpec
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The rewards the advantages are computed from [B*G]: with DAPO's soft overlong punishment (eq. 13) added."""
+    shaped = torch.tensor(rewards, dtype=torch.float32)  # [B*G]
+    if spec.overlong_buffer is None:
+        return shaped, {}
+    penalty = filters.overlong_penalty(lengths, spec.max_new_tokens, spec.overlong_buffer, spec.overlong_penalty_factor)
+    return shaped + penalty, {"reward/overlong_penalty_mean": float(penalty.mean())}
+
+
+def kl_reward_penalty(
+    ref_logprobs: RefLogprobs, rollouts: list[PromptRollout], rewards: list[float], spec: SampleSpec
+) -> tuple[list[float], dict[str, float]]:
+    """KL folded into the reward (InstructGPT, Ouyang et al. 2022, eq. 2; REINFORCE++): each completion's reward
+    becomes r - kl_coef * sum_t kl_t, with kl_t estimated on the sampled tokens from the behaviour logprobs and
+    the reference policy (the learner with its adapter disabled). The advantages are then computed on that.
+    Without `spec.kl_in_reward_coef` the rewards pass through unchanged."""
+    if not spec.kl_in_reward_coef:
+        return rewards, {}
+    ref = ref_logprobs(rollouts)
+    behaviour = [c.logprobs for c in completions_of(rollouts)]
+    per_seq = [
+        float(algorithms.kl_penalty(torch.tensor(b), torch.tensor(q), spec.kl_estimator).sum())
+        for b, q in zip(behaviour, ref)
+    ]
+    coef = spec.kl_in_reward_coef
+    shaped = [r - coef * k for r, k in zip(rewards, per_seq)]
+    return shaped, {
+        "reward/kl_penalty_mean": coef * float(np.mean(per_seq)),
+        "policy/kl_ref_seq": float(np.mean(per_seq)),
+    }
+
+
+def rollout_metrics(rollouts: list[PromptRollout], rewards: list[float], adv: torch.Tensor, group_size: int) -> dict:
+    completions = completions_of(rollouts)
+    lengths = [len(c.token_ids) for c in completions]
+    truncated = [c.finish_reason == "length" for c in completions]
+    rw = torch.tensor(rewards).view(-1, group_size)
+    return {
+        "reward/mean": float(rw.mean()),
+        "reward/std": float(rw.std()) if rw.numel() > 1 else 0.0,
+        "reward/group_best_mean": float(rw.max(dim=1).values.mean()),
+        "response/length_mean": float(np.mean(lengths)),
+        "response/length_max": float(max(lengths)),
+        "response/truncated_frac": float(np.mean(truncated)),
+        "adv/mean": float(adv.mean()),
+        "adv/std": float(adv.std()) if adv.numel() > 1 else 0.0,
+        "adv/zero_group_frac": float((rw.std(dim=1) == 0).float().mean()),
+    }

@@ -1,0 +1,386 @@
+"""Frozen specs for the roles, built once from the validated config: the only reader of the config below train.py.
+
+`build(cfg, run_dir)` resolves every `auto`/`null` value (learner backend and dtype, LoRA mode, loss normaliser,
+overlong buffer, output folders, `model.path`), checks the registry names (advantage, policy loss, aggregation)
+and returns a `RunSpec`. Every role takes its own spec (`LearnerSpec`, `RolloutSpec`, `PlacementSpec`, ...), so a
+knob reaches its use as a typed field and never through a keyword list copied from layer to layer.
+
+Import-light at module level (no torch, no vllm, no ray): `rl/tools/plan.py` resolves with it too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from rl.config import (
+    ClusterMode,
+    ConfigError,
+    LearnerBackend,
+    LoraMode,
+    PlacementStrategy,
+    PolicyLossKnobs,
+    RolloutBackend,
+    TrainConfig,
+    WeightSync,
+)
+from rl.types import Sampling
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    rank: int
+    alpha: int
+    dropout: float
+    targets: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """What the learner's loss is: registry names, the policy loss's knobs, and the terms added to it."""
+
+    policy_loss: str  # rl/algorithms.py POLICY_LOSSES name
+    loss_agg: str  # LOSS_AGGREGATIONS name
+    knobs: PolicyLossKnobs  # a copy of the algorithm's policy-loss knobs, read by the loss function
+    norm_length: int  # seq_mean_token_sum_norm divisor (tokens)
+    entropy_coef: float
+    kl_coef: float  # KL to the reference in the loss (0 when it is folded into the reward instead)
+    kl_estimator: str
+    temperature: float  # the sampling temperature: logprobs are of the distribution the actors sampled
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    lr: float
+    weight_decay: float
+    max_grad_norm: float  # <= 0: no clipping
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    model_path: str
+    backend: str  # peft | unsloth (auto resolved)
+    dtype: str  # base weights' torch dtype name (auto resolved)
+    load_in_4bit: bool
+    lora: LoraSpec | None  # None: full fine-tuning
+    gradient_checkpointing: bool | None  # None: the backend's default
+    max_seq_length: int
+    loss: LossSpec
+    optim: OptimSpec
+    micro_batch_size: int
+    share_prompt_prefix: bool
+    keep_reference: bool  # a KL (in the loss or the reward) needs the reference policy
+    sync_dtype: str | None  # LoRA factors sent to the actors in this dtype (the engine's); None: as trained
+    seed: int = 0
+    num_threads: int | None = None  # torch threads on CPU (None: every core)
+    trust_remote_code: bool = False
+
+    @property
+    def full_finetune(self) -> bool:
+        return self.lora is None
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    model_path: str
+    backend: RolloutBackend
+    dtype: str
+    max_model_len: int
+    seed: int
+    lora_mode: str = "merged"  # merged | native (auto resolved; full fine-tuning: merged, no LoRA slots)
+    max_lora_rank: int = 16
+    gpu_memory_utilization: float = 0.2
+    enforce_eager: bool = True
+    tensor_parallel_size: int = 1
+    weight_sync: WeightSync = WeightSync.object_store
+    full_weights: bool = False  # the learner sends every weight (full fine-tuning), not an adapter
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class PlacementSpec:
+    """Where the roles run: one process (local) or Ray actors with these resources."""
+
+    mode: ClusterMode
+    num_actors: int
+    num_learners: int
+    address: str | None = None
+    ray_num_cpus: int | None = None
+    use_gpu: bool = False
+    gpus_per_actor: float = 1.0
+    gpus_per_learner: float = 1.0
+    cpus_per_actor: float = 1.0
+    cpus_per_learner: float = 1.0
+    strategy: PlacementStrategy = PlacementStrategy.PACK
+    actor_max_restarts: int = 0
+    actor_threads: int | None = None  # CPU threads of a CPU vLLM engine (None: every core)
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """How the driver spreads work over the roles (rl/runtime.py)."""
+
+    staleness: int = 0  # adapter versions the actors may lag (the version bound; the sampler keeps that many ahead)
+    actor_max_restarts: int = 0
+    learner_chunk_size: int = 0
+    weight_sync: WeightSync = WeightSync.object_store
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """One step's batch (rl/sampler.py): prompts, sampling, the queue depth, dynamic sampling."""
+
+    prompts_per_step: int
+    sampling: Sampling
+    staleness: int = 0
+    filter_range: tuple[float, float] | None = None  # dynamic sampling (DAPO eq. 11): keep groups in this range
+    max_rounds: int = 1  # batches generated at most per step
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    """From rewards to the learner's samples (rl/samples.py): shaping, advantages, masks, selection."""
+
+    advantage: str  # ADVANTAGE_ESTIMATORS name
+    group_size: int
+    std_normalize: bool = True
+    std_unbiased: bool = True
+    pg_baseline: str = "none"
+    adv_eps: float = 1e-6
+    max_new_tokens: int = 64
+    overlong_buffer: int | None = None  # DAPO soft overlong punishment's L_cache (None: no penalty)
+    overlong_penalty_factor: float = 1.0
+    filter_truncated: bool = False
+    top_k: int | None = None
+    kl_in_reward_coef: float = 0.0  # KL folded into the reward with this weight (0: not)
+    kl_estimator: str = "k3"
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """Held-out evaluation (rl/evaluation.py)."""
+
+    size: int = 0  # held-out prompts (0: no evaluation)
+    interval: int = 0  # also every N steps (0: before and after only)
+    max_tokens: int = 64
+    n_samples: int = 0  # sampled completions per prompt for pass@k (0: greedy only)
+    temperature: float = 1.0
+    pass_k: tuple[int, ...] = (1,)
+    threshold: float = 1.0  # reward >= threshold counts as correct
+    save_dir: Path | None = None  # one step_N.jsonl per evaluation (None: not written)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    max_prompt_tokens: int
+    use_chat_template: bool
+    seed: int
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a run needs, resolved."""
+
+    run_dir: Path
+    model_path: str
+    trust_remote_code: bool
+    seed: int
+    steps: int
+    data: DataSpec
+    sampler: SamplerSpec
+    samples: SampleSpec
+    learner: LearnerSpec
+    rollout: RolloutSpec
+    placement: PlacementSpec
+    runtime: RuntimeSpec
+    eval: EvalSpec
+    updates_per_step: int = 1
+    probe_threshold: float = 0.2
+    rollout_save_interval: int = 0
+    rollout_save_dir: Path | None = None
+    save_interval: int = 0
+    keep_last: int = 0
+    max_nonfinite_steps: int = 3
+    resume: str | None = None
+
+
+# ------------------------------------------------------------------------------------------------ resolution
+
+
+def resolve_lora_mode(cfg: TrainConfig) -> str:
+    """`cluster.lora_mode` as the actors run it. auto = merged on every device: vLLM's LoRA kernels decode slower
+    than merged weights (docs/benchmarks.md: 7.6-9.2x on a 2-core CPU, 0.8x the speed on an H200 at 0.5B) and a
+    merged load costs about 0.2 s per version there. Full fine-tuning has no adapter: merged (no LoRA slots)."""
+    if cfg.model.full_finetune or cfg.cluster.lora_mode == LoraMode.auto:
+        return LoraMode.merged.value
+    return cfg.cluster.lora_mode.value
+
+
+def resolve_learner_backend(cfg: TrainConfig) -> str:
+    """auto = unsloth on GPUs when the package is installed (the fastest 4-bit LoRA path measured), else peft.
+    Looks for the package without importing it (its import patches torch)."""
+    import importlib.util
+
+    name = cfg.model.learner_backend
+    if name != LearnerBackend.auto:
+        return name.value
+    return "unsloth" if cfg.cluster.use_gpu and importlib.util.find_spec("unsloth") is not None else "peft"
+
+
+def check_registry_names(cfg: TrainConfig) -> None:
+    """Unknown advantage / policy loss / aggregation names fail here, before anything starts."""
+    from rl import algorithms
+
+    a = cfg.algorithm
+    try:
+        algorithms.get_advantage(a.advantage)
+        algorithms.get_policy_loss(a.policy_loss)
+        algorithms.get_loss_agg(a.loss_agg)
+    except KeyError as e:
+        raise ConfigError(e.args[0]) from None
+
+
+def copy_fields(source: object, cls: type):
+    """An instance of dataclass `cls` with the same-named field values of `source` (a config that mixes it in)."""
+    return cls(**{f.name: getattr(source, f.name) for f in dataclasses.fields(cls)})
+
+
+def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> RunSpec:
+    """The run's specs. `model_path` defaults to resolving `model.path` (converts an embedded model once)."""
+    from rl.filters import default_overlong_buffer
+
+    check_registry_names(cfg)
+    if model_path is None:
+        from rl.models import resolve_model_path
+
+        model_path = resolve_model_path(cfg.model.path)
+    m, a, c = cfg.model, cfg.algorithm, cfg.cluster
+    run_dir = Path(run_dir)
+    max_len = m.max_prompt_tokens + m.max_new_tokens
+    vllm = c.rollout_backend == RolloutBackend.vllm
+    loss = LossSpec(
+        policy_loss=a.policy_loss,
+        loss_agg=a.loss_agg,
+        knobs=copy_fields(a, PolicyLossKnobs),
+        norm_length=a.loss_agg_norm_length or m.max_new_tokens,
+        entropy_coef=a.entropy_coef,
+        kl_coef=0.0 if a.kl_in_reward else a.kl_coef,
+        kl_estimator=a.kl_estimator.value,
+        temperature=a.temperature,
+    )
+    learner = LearnerSpec(
+        model_path=model_path,
+        backend=resolve_learner_backend(cfg),
+        dtype="bfloat16" if m.learner_dtype.value == "auto" else m.learner_dtype.value,
+        load_in_4bit=m.load_in_4bit,
+        lora=None if m.full_finetune else LoraSpec(m.lora_rank, m.lora_alpha, m.lora_dropout, tuple(m.lora_targets)),
+        gradient_checkpointing=m.gradient_checkpointing,
+        max_seq_length=max_len,
+        loss=loss,
+        optim=OptimSpec(a.lr, a.weight_decay, a.max_grad_norm),
+        micro_batch_size=cfg.micro_batch_size,
+        share_prompt_prefix=cfg.share_prompt_prefix,
+        keep_reference=a.kl_coef > 0,
+        # a vLLM actor holds LoRA factors in its weights' dtype either way (merged or native): send them so
+        sync_dtype=m.dtype.value if vllm and m.dtype.value in ("bfloat16", "float16") else None,
+        seed=cfg.seed,
+        num_threads=c.learner_threads,
+        trust_remote_code=m.trust_remote_code,
+    )
+    rollout = RolloutSpec(
+        model_path=model_path,
+        backend=c.rollout_backend,
+        dtype=m.dtype.value,
+        max_model_len=max_len,
+        seed=cfg.seed,
+        lora_mode=resolve_lora_mode(cfg),
+        max_lora_rank=m.lora_rank,
+        gpu_memory_utilization=c.gpu_memory_utilization,
+        enforce_eager=c.enforce_eager,
+        tensor_parallel_size=max(1, int(c.gpus_per_actor)) if c.use_gpu else 1,
+        weight_sync=c.weight_sync,
+        full_weights=m.full_finetune,
+        trust_remote_code=m.trust_remote_code,
+    )
+    placement = PlacementSpec(
+        mode=c.mode,
+        num_actors=c.num_actors,
+        num_learners=c.num_learners,
+        address=c.address,
+        ray_num_cpus=c.ray_num_cpus,
+        use_gpu=c.use_gpu,
+        gpus_per_actor=c.gpus_per_actor,
+        gpus_per_learner=c.gpus_per_learner,
+        cpus_per_actor=c.cpus_per_actor,
+        cpus_per_learner=c.cpus_per_learner,
+        strategy=c.placement_strategy,
+        actor_max_restarts=c.actor_max_restarts,
+        actor_threads=c.actor_threads,
+    )
+    sampler = SamplerSpec(
+        prompts_per_step=cfg.prompts_per_step,
+        sampling=Sampling(n=a.group_size, temperature=a.temperature, top_p=a.top_p, max_tokens=m.max_new_tokens),
+        staleness=c.staleness,
+        filter_range=tuple(a.filter_range) if a.dynamic_sampling else None,
+        max_rounds=a.dynamic_sampling_max_rounds if a.dynamic_sampling else 1,
+    )
+    samples = SampleSpec(
+        advantage=a.advantage,
+        group_size=a.group_size,
+        std_normalize=a.std_normalize,
+        std_unbiased=a.std_unbiased,
+        pg_baseline=a.pg_baseline.value,
+        adv_eps=a.adv_eps,
+        max_new_tokens=m.max_new_tokens,
+        overlong_buffer=(a.overlong_buffer or default_overlong_buffer(m.max_new_tokens))
+        if a.overlong_penalty
+        else None,
+        overlong_penalty_factor=a.overlong_penalty_factor,
+        filter_truncated=a.filter_truncated_response,
+        top_k=a.top_k if a.top_k is not None and a.top_k < a.group_size else None,
+        kl_in_reward_coef=a.kl_coef if a.kl_in_reward else 0.0,
+        kl_estimator=a.kl_estimator.value,
+    )
+    evaluation = EvalSpec(
+        size=cfg.eval_size,
+        interval=cfg.eval_interval,
+        max_tokens=m.max_new_tokens,
+        n_samples=cfg.eval_n_samples,
+        temperature=cfg.eval_temperature,
+        pass_k=tuple(cfg.eval_pass_k),
+        threshold=cfg.eval_correct_threshold,
+        save_dir=Path(cfg.eval_save_dir) if cfg.eval_save_dir else run_dir / "eval",
+    )
+    return RunSpec(
+        run_dir=run_dir,
+        model_path=model_path,
+        trust_remote_code=m.trust_remote_code,
+        seed=cfg.seed,
+        steps=cfg.steps,
+        data=DataSpec(m.max_prompt_tokens, m.use_chat_template, cfg.seed),
+        sampler=sampler,
+        samples=samples,
+        learner=learner,
+        rollout=rollout,
+        placement=placement,
+        runtime=RuntimeSpec(c.staleness, c.actor_max_restarts, c.learner_chunk_size, c.weight_sync),
+        eval=evaluation,
+        updates_per_step=a.updates_per_step,
+        probe_threshold=cfg.sync_probe_threshold,
+        rollout_save_interval=cfg.rollout_save_interval,
+        rollout_save_dir=Path(cfg.rollout_save_dir) if cfg.rollout_save_dir else run_dir / "rollouts",
+        save_interval=cfg.save_interval,
+        keep_last=cfg.keep_last,
+        max_nonfinite_steps=cfg.max_nonfinite_steps,
+        resume=cfg.resume,
+    )
+
+
+def build_from_overrides(model_path: str, *overrides: str, run_dir: Path | str = "outputs/adhoc") -> RunSpec:
+    """The specs of the schema's defaults plus dotlist overrides (`algorithm.clip_high=0.28`), validated as at load
+    time but without Hydra's YAML groups: for scripts, benchmarks and tests that build one role directly."""
+    from omegaconf import OmegaConf
+
+    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(list(overrides)))
+    return build(OmegaConf.to_object(merged), Path(run_dir), model_path=str(model_path))
