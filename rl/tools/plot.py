@@ -1,10 +1,10 @@
-"""PNG plots from metrics.jsonl: `python -m rl.plot RUN_DIR [--out DIR]` (or `make plot RUN=...`).
+"""PNG plots from metrics.jsonl: `python -m rl.tools.plot RUN_DIR [--out DIR]` (or `make plot RUN=...`).
 
 RUN_DIR is a run directory (with metrics.jsonl) or a folder of runs (a sweep: every metrics.jsonl below it, one
 line per run in each figure). Writes into RUN_DIR/plots (or --out): reward, eval accuracy, response length,
 clip fraction, KL, and the step time split into rollout / reward / learn / sync / other. A figure whose metrics
 no run logged is skipped and named on stdout. For a sweep directory (jobs in subfolders), the sweep summary
-(rl/sweep.py: sweep_summary.csv/.md/.png, one row per job) is also written into RUN_DIR.
+(rl/tools/sweep.py: sweep_summary.csv/.md/.png, one row per job) is also written into RUN_DIR.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def plot_step_time(runs: dict[str, list[dict]], out: Path, plt) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rl.plot", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rl.tools.plot", description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="run directory (with metrics.jsonl) or a sweep directory")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: RUN/plots)")
     ns = parser.parse_args(argv)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     written = plot_runs(runs, ns.out or ns.run / "plots")
     if not (ns.run / "metrics.jsonl").is_file():  # a folder of runs: also the one-row-per-job summary
-        from rl.sweep import find_jobs, write_summary
+        from rl.tools.sweep import find_jobs, write_summary
 
         if find_jobs(ns.run):
             written += write_summary(ns.run)

@@ -56,7 +56,7 @@ BARS = [
 
 
 def read_metrics(path: Path) -> list[dict]:
-    from rl.plot import read_metrics as read  # one reader for every consumer of metrics.jsonl
+    from rl.tools.plot import read_metrics as read  # one reader for every consumer of metrics.jsonl
 
     return read(path) if path.is_file() else []
 
