@@ -10,9 +10,10 @@ no run logged is skipped and named on stdout. For a sweep directory (jobs in sub
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from rl.tools.runs import read_metrics
 
 # (file, title, y label, metric keys: one line per key and run)
 LINE_FIGURES = [
@@ -33,19 +34,6 @@ TIME_PARTS = [
     ("learn", "time/learn_s"),
     ("sync", "time/sync_s"),
 ]
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """Rows of a metrics.jsonl; a line cut by a killed run is skipped, and a step logged twice keeps its last row."""
-    by_step: dict[tuple[int, bool], dict] = {}
-    for line in Path(path).read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and "step" in row:
-            by_step[(row["step"], "train/loss" in row)] = row
-    return [by_step[k] for k in sorted(by_step)]
 
 
 def find_runs(root: Path) -> dict[str, list[dict]]:
