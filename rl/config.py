@@ -65,7 +65,7 @@ class ModelConfig:
     )
     gradient_checkpointing: bool | None = None  # null: backend default (unsloth: on, "unsloth" offload; peft: off)
     max_prompt_tokens: int = 256  # prompts longer than this (after the chat template) are dropped and counted
-    max_new_tokens: int = 64  # completion length cap (tokens)
+    max_new_tokens: int = 32  # completion length cap (tokens)
     use_chat_template: bool = True  # wrap prompts in the tokenizer's chat template
     trust_remote_code: bool = False  # passed to transformers / vLLM
 
@@ -103,7 +103,7 @@ class AlgorithmConfig:
     skip_threshold: float = 0.0  # zero the loss of sequences whose mean pi_learner/pi_actor ratio exceeds this (0 off)
     loss_agg_norm_length: int | None = None  # seq_mean_token_sum_norm divisor in tokens (null: model.max_new_tokens)
     entropy_coef: float = 0.0  # entropy bonus weight: loss -= entropy_coef * agg(token entropy) (0 off; costs memory)
-    kl_coef: float = 0.0  # weight of the KL penalty to the reference policy (0 disables; adapter off = reference)
+    kl_coef: float = 0.01  # weight of the KL penalty to the reference policy (0 disables; adapter off = reference)
     kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's estimators)
     kl_in_reward: bool = (
         False  # fold the KL into the reward (r - kl_coef * sum_t kl_t, before advantages), not the loss
@@ -116,7 +116,7 @@ class AlgorithmConfig:
     overlong_penalty_factor: float = 1.0  # scale of the overlong penalty (reward units at full length)
     filter_truncated_response: bool = False  # mask responses cut by max_new_tokens out of the loss
     top_k: int | None = None  # keep only the k highest-reward completions per prompt for the learner (null: all G)
-    lr: float = 1e-4  # AdamW learning rate for the LoRA parameters
+    lr: float = 2e-4  # AdamW learning rate for the LoRA parameters
     weight_decay: float = 0.0  # AdamW weight decay
     max_grad_norm: float = 1.0  # gradient clipping by global norm (<= 0 disables)
     updates_per_step: int = 1  # optimizer steps per rollout batch (mini-batches); 1 = fully on-policy
@@ -272,7 +272,7 @@ class TrainConfig:
     env: Any = field(default_factory=dict)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0  # seeds python, numpy, torch, the data order and the rollout engine
-    steps: int = 20  # training steps (one rollout batch + update + adapter sync each)
+    steps: int = 24  # training steps (one rollout batch + update + adapter sync each)
     prompts_per_step: int = 8  # prompts per step; each gets algorithm.group_size completions
     micro_batch_size: int = 16  # sequences per learner forward/backward (gradient accumulation over the rest)
     share_prompt_prefix: bool = True  # learner runs each prompt once per group and reuses its KV cache (exact, faster)
