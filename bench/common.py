@@ -71,10 +71,11 @@ def demo_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
 
 def learner_spec(path: str, *overrides: str, rank: int = 16, dtype: str = "float32", seed: int = 0, threads=None):
     """The LearnerSpec a run builds for LoRA rank `rank` (alpha 2r) on all 7 projections, learner weights in `dtype`,
-    plus config overrides; `path` is taken as the resolved model path."""
+    no KL term, plus config overrides; `path` is taken as the resolved model path."""
     from rl.specs import build_from_overrides
 
     keys = [f"model.lora_rank={rank}", f"model.lora_alpha={2 * rank}", f"model.learner_dtype={dtype}", f"seed={seed}"]
+    keys.append("algorithm.kl_coef=0")  # no reference forward unless the overrides ask for one
     keys.append(f"cluster.learner_threads={threads if threads else 'null'}")
     return build_from_overrides(path, *keys, *overrides).learner
 

@@ -9,29 +9,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from rewards.extract import BOX_START, answer_tag_content, boxed_contents
+
 _AFTER_FINAL_BOX = re.compile(r"[\s$.!\\\])]*")  # what may follow the final box in strict mode: `$`, `.`, `\]`
 
 
 def _count(text: str, tag: str) -> int:
     return text.count(tag)
-
-
-def answer_tag_content(completion: str, think_in_prompt: bool = False) -> str | None:
-    """The content of the single `<answer>...</answer>` that follows the thinking section, else None.
-
-    None when there is not exactly one opening and one closing answer tag in order, or when the answer sits
-    inside the thinking section. think_in_prompt: the prompt opened `<think>`, so the completion holds only
-    `</think>`.
-    """
-    if _count(completion, "<answer>") != 1 or _count(completion, "</answer>") != 1:
-        return None
-    start, end = completion.index("<answer>"), completion.index("</answer>")
-    if end < start:
-        return None
-    think_end = completion.rfind("</think>")
-    if think_end > start or (think_in_prompt and think_end < 0):
-        return None
-    return completion[start + len("<answer>") : end]
 
 
 class FormatReward:
@@ -54,12 +38,10 @@ class FormatReward:
 
     def ok(self, completion: str) -> bool:
         if self.style == "boxed":
-            from rewards.math import _BOX_START, boxed_contents
-
             boxes = boxed_contents(completion)
             if self.mode == "soft":
                 return any(b.strip() for b in boxes)
-            if len(boxes) != 1 or not boxes[0].strip() or len(_BOX_START.findall(completion)) != 1:
+            if len(boxes) != 1 or not boxes[0].strip() or len(BOX_START.findall(completion)) != 1:
                 return False
             tail = completion[completion.rindex(boxes[0]) + len(boxes[0]) + 1 :]
             return _AFTER_FINAL_BOX.fullmatch(tail) is not None

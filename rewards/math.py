@@ -3,7 +3,7 @@ against the ground truth with math-verify, with a normalised exact-match fallbac
 
 Why our own extraction in front of math-verify (shared/FACTS.md): on a whole completion math-verify treats
 several boxed answers as a set and falls back to the last number when nothing is boxed, both of which a policy
-can game. Here the answer is cut out first (balanced braces), then only that string is parsed.
+can game. Here the answer is cut out first (balanced braces, rewards/extract.py), then only that string is parsed.
 
 Hardening against reward hacking (each exploit is in rewards/check.py):
 - several boxed answers that disagree score 0 (`multiple_boxed="reject"`), so listing candidates never pays;
@@ -23,43 +23,15 @@ import threading
 from functools import lru_cache
 from typing import Any
 
-from rewards.format import FormatReward, answer_tag_content
-
-_BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
+from rewards.extract import answer_tag_content, boxed_contents
+from rewards.format import FormatReward
 
 
 class RewardTimeout(TimeoutError):
     """math-verify ran past its time limit on one sample (counted as a timeout, scored 0)."""
 
 
-# ------------------------------------------------------------------------------------------------ extraction
-
-
-def boxed_contents(text: str) -> list[str]:
-    """Contents of every top-level `\\boxed{...}` / `\\fbox{...}`, in order (balanced braces; an unclosed box is
-    ignored; `\\{` and `\\}` do not count as braces)."""
-    out, pos = [], 0
-    while True:
-        m = _BOX_START.search(text, pos)
-        if m is None:
-            return out
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            ch = text[i]
-            if ch == "\\":
-                i += 2
-                continue
-            depth += (ch == "{") - (ch == "}")
-            i += 1
-        if depth:
-            return out
-        out.append(text[m.end() : i - 1])
-        pos = i
-
-
-def last_boxed(text: str) -> str | None:
-    found = boxed_contents(text)
-    return found[-1] if found else None
+# ------------------------------------------------------------------------------------------------ normalisation
 
 
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")

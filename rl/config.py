@@ -1,8 +1,9 @@
 """Typed configuration schema (Hydra structured configs).
 
-Values live in `conf/*.yaml`; the shapes and one-line descriptions live here. Hydra merges every YAML file and
-command-line override into these dataclasses, so an unknown key or a wrong type fails at composition time.
-Cross-field checks are in `__post_init__` and raise `ConfigError` naming the key and the fix.
+The shapes, defaults and one-line descriptions live here; `conf/*.yaml` states only what differs from them. Hydra
+merges every YAML file and command-line override into these dataclasses, so an unknown key or a wrong type fails
+at composition time. Cross-field checks are in `__post_init__` and raise `ConfigError` naming the key and the fix;
+registry names and `auto` values are resolved right after, by rl/specs.py, before anything starts.
 
 This module must stay import-light (no torch, no vllm, no ray): `python train.py --help` imports it.
 """
@@ -108,7 +109,7 @@ class ModelConfig:
     )
     gradient_checkpointing: bool | None = None  # null: backend default (unsloth: on, "unsloth" offload; peft: off)
     max_prompt_tokens: int = 256  # prompts longer than this (after the chat template) are dropped and counted
-    max_new_tokens: int = 64  # completion length cap (tokens)
+    max_new_tokens: int = 32  # completion length cap (tokens)
     use_chat_template: bool = True  # wrap prompts in the tokenizer's chat template
     trust_remote_code: bool = False  # passed to transformers / vLLM
 
@@ -160,7 +161,7 @@ class AlgorithmConfig(PolicyLossKnobs):
     adv_eps: float = 1e-6  # grpo: added to the std before dividing; reinforce_pp: added to the batch variance
     loss_agg_norm_length: int | None = None  # seq_mean_token_sum_norm divisor in tokens (null: model.max_new_tokens)
     entropy_coef: float = 0.0  # entropy bonus weight: loss -= entropy_coef * agg(token entropy) (0 off; costs memory)
-    kl_coef: float = 0.0  # weight of the KL penalty to the reference policy (0 disables; adapter off = reference)
+    kl_coef: float = 0.01  # weight of the KL penalty to the reference policy (0 disables; adapter off = reference)
     kl_estimator: KLEstimator = KLEstimator.k3  # k1 | k2 | k3 (Schulman's estimators)
     kl_in_reward: bool = (
         False  # fold the KL into the reward (r - kl_coef * sum_t kl_t, before advantages), not the loss
@@ -173,7 +174,7 @@ class AlgorithmConfig(PolicyLossKnobs):
     overlong_penalty_factor: float = 1.0  # scale of the overlong penalty (reward units at full length)
     filter_truncated_response: bool = False  # mask responses cut by max_new_tokens out of the loss
     top_k: int | None = None  # keep only the k highest-reward completions per prompt for the learner (null: all G)
-    lr: float = 1e-4  # AdamW learning rate for the LoRA parameters
+    lr: float = 2e-4  # AdamW learning rate for the LoRA parameters
     weight_decay: float = 0.0  # AdamW weight decay
     max_grad_norm: float = 1.0  # gradient clipping by global norm (<= 0 disables)
     updates_per_step: int = 1  # optimizer steps per rollout batch (mini-batches); 1 = fully on-policy
@@ -295,7 +296,7 @@ class TrainConfig:
     env: Any = field(default_factory=dict)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0  # seeds python, numpy, torch, the data order and the rollout engine
-    steps: int = 20  # training steps (one rollout batch + update + adapter sync each)
+    steps: int = 24  # training steps (one rollout batch + update + adapter sync each)
     prompts_per_step: int = 8  # prompts per step; each gets algorithm.group_size completions
     micro_batch_size: int = 16  # sequences per learner forward/backward (gradient accumulation over the rest)
     share_prompt_prefix: bool = True  # learner runs each prompt once per group and reuses its KV cache (exact, faster)
@@ -314,7 +315,7 @@ class TrainConfig:
     keep_last: int = 2  # checkpoints kept; older ones are deleted after each save (0: keep all)
     max_nonfinite_steps: int = 3  # stop the run after this many steps in a row with a NaN/inf loss (each is skipped)
     resume: str | None = None  # null: start fresh | auto: latest checkpoint in output_dir | a checkpoints/step_N path
-    plan: bool = False  # print the GPU map and a memory estimate per role, then exit (nothing starts; rl/plan.py)
+    plan: bool = False  # print the GPU map and a memory estimate per role, then exit (nothing starts; rl/tools/plan.py)
     plan_gpu_memory_gib: float | None = None  # GPU memory plan=true assumes per GPU (null: nvidia-smi's, else 80)
 
     def __post_init__(self) -> None:

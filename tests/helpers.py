@@ -107,11 +107,13 @@ def run_spec(model: Path | str, *overrides: str, run_dir: Path | str = "/nonexis
     return build_from_overrides(str(model), *overrides, run_dir=run_dir)
 
 
-LEARNER_TEST_OVERRIDES = (
+LEARNER_TEST_OVERRIDES = (  # a small fp32 LoRA learner without the KL term, at lr 1e-4
     "model.dtype=float32",
     "model.learner_dtype=float32",
     "model.lora_targets=[q_proj,v_proj,up_proj]",
     "cluster.learner_threads=1",
+    "algorithm.kl_coef=0",
+    "algorithm.lr=1e-4",
 )
 
 

@@ -1,10 +1,10 @@
-"""`make plot` / `python -m rl.plot`: PNG files from a small metrics.jsonl, for one run and for a sweep folder."""
+"""`make plot` / `python -m rl.tools.plot`: PNG files from a small metrics.jsonl, for one run and for a sweep folder."""
 
 from __future__ import annotations
 
 import json
 
-from rl import plot
+from rl.tools import plot
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURES = ["reward", "eval_accuracy", "response_length", "clip_fraction", "kl", "step_time"]

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from rewards.combine import WeightedSum
+from rewards.extract import boxed_contents, last_boxed
 from rewards.format import FormatReward
-from rewards.math import BoxedReward, ThinkAnswerReward, answers_match, boxed_contents, last_boxed, normalize_answer
+from rewards.math import BoxedReward, ThinkAnswerReward, answers_match, normalize_answer
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"{DATA} (shared benchmark copies) is absent")

@@ -1,4 +1,4 @@
-"""Sweep summary (rl/sweep.py) from synthetic job directories: values, idle fractions, files, and `make plot`."""
+"""Sweep summary (rl/tools/sweep.py) from synthetic job directories: values, idle fractions, files, and `make plot`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rl import plot, sweep
+from rl.tools import plot, sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

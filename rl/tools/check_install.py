@@ -1,4 +1,4 @@
-"""`python -m rl.check_install`: fail fast, with one line per problem, if the environment cannot run the demo.
+"""`python -m rl.tools.check_install`: fail fast, with one line per problem, if the environment cannot run the demo.
 
 Run at the end of `make install`; catches what a pip resolve does not (PyPI's torchvision beside the CPU torch
 breaks transformers' model classes; the embedded model wheel must be present).

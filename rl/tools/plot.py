@@ -1,18 +1,19 @@
-"""PNG plots from metrics.jsonl: `python -m rl.plot RUN_DIR [--out DIR]` (or `make plot RUN=...`).
+"""PNG plots from metrics.jsonl: `python -m rl.tools.plot RUN_DIR [--out DIR]` (or `make plot RUN=...`).
 
 RUN_DIR is a run directory (with metrics.jsonl) or a folder of runs (a sweep: every metrics.jsonl below it, one
 line per run in each figure). Writes into RUN_DIR/plots (or --out): reward, eval accuracy, response length,
 clip fraction, KL, and the step time split into rollout / reward / learn / sync / other. A figure whose metrics
 no run logged is skipped and named on stdout. For a sweep directory (jobs in subfolders), the sweep summary
-(rl/sweep.py: sweep_summary.csv/.md/.png, one row per job) is also written into RUN_DIR.
+(rl/tools/sweep.py: sweep_summary.csv/.md/.png, one row per job) is also written into RUN_DIR.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from rl.tools.runs import read_metrics
 
 # (file, title, y label, metric keys: one line per key and run)
 LINE_FIGURES = [
@@ -33,19 +34,6 @@ TIME_PARTS = [
     ("learn", "time/learn_s"),
     ("sync", "time/sync_s"),
 ]
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """Rows of a metrics.jsonl; a line cut by a killed run is skipped, and a step logged twice keeps its last row."""
-    by_step: dict[tuple[int, bool], dict] = {}
-    for line in Path(path).read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and "step" in row:
-            by_step[(row["step"], "train/loss" in row)] = row
-    return [by_step[k] for k in sorted(by_step)]
 
 
 def find_runs(root: Path) -> dict[str, list[dict]]:
@@ -136,7 +124,7 @@ def plot_step_time(runs: dict[str, list[dict]], out: Path, plt) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rl.plot", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rl.tools.plot", description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="run directory (with metrics.jsonl) or a sweep directory")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: RUN/plots)")
     ns = parser.parse_args(argv)
@@ -146,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     written = plot_runs(runs, ns.out or ns.run / "plots")
     if not (ns.run / "metrics.jsonl").is_file():  # a folder of runs: also the one-row-per-job summary
-        from rl.sweep import find_jobs, write_summary
+        from rl.tools.sweep import find_jobs, write_summary
 
         if find_jobs(ns.run):
             written += write_summary(ns.run)

@@ -26,6 +26,8 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from rl.tools import runs
+
 FILES = ("sweep_summary.csv", "sweep_summary.md", "sweep_summary.png")
 
 # (column, header in the Markdown table, format)
@@ -56,9 +58,7 @@ BARS = [
 
 
 def read_metrics(path: Path) -> list[dict]:
-    from rl.plot import read_metrics as read  # one reader for every consumer of metrics.jsonl
-
-    return read(path) if path.is_file() else []
+    return runs.read_metrics(path) if path.is_file() else []  # a job that never logged a step has no file
 
 
 def _mean(values: list[float]) -> float | None:
