@@ -266,7 +266,13 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def importance_terms(
-    logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, knobs: PolicyLossKnobs, *, tis: bool = True
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    knobs: PolicyLossKnobs,
+    *,
+    tis: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
     """The log importance ratio a surrogate clips, and a per-token weight (no gradient) on its loss. [B, T] each.
 
@@ -279,6 +285,9 @@ def importance_terms(
       one optimizer step (algorithm.updates_per_step = 1; the config enforces it).
     skip_threshold > 0: sequences whose mean token ratio pi_learner / pi_behaviour exceeds it get weight 0 (the
       ColossalChat seed documents this knob; here it is read). They still count in the loss normaliser.
+    positive_weight != 1: the loss of samples with a positive advantage is scaled by it (W-REINFORCE, Zhu et al.
+      2025, "The Surprising Effectiveness of Negative Reinforcement in LLM Reasoning", section 5: lambda = 0.1
+      keeps most of the learning on pushing down wrong answers, which preserves the model's diversity).
     `tis=False`: a loss whose ratio is not per token (GSPO, CISPO) ignores tis_cap.
     """
     tis_cap = knobs.tis_cap if tis else 0.0
@@ -296,6 +305,9 @@ def importance_terms(
             keep = (seq_ratio <= skip_threshold).to(logp.dtype)  # [B]
             weight = weight * keep.unsqueeze(1)
             metrics["policy/skipped_seq_frac"] = (1 - keep.mean()) if keep.numel() else 0.0
+        if knobs.positive_weight != 1.0:
+            positive = (advantages > 0).to(logp.dtype).unsqueeze(1)  # [B, 1]
+            weight = weight * (1 + (knobs.positive_weight - 1) * positive)
     log_ratio = (logp - logp.detach()) if tis_cap > 0 else (logp - old_logp) * mask
     return log_ratio, weight, metrics
 
@@ -328,7 +340,7 @@ def pg_loss(
     logp, old_logp, mask: [B, T]; advantages: [B]. On-policy by assumption: old_logp only enters through the
     optional truncated-IS weight and skip_threshold (see `importance_terms`).
     """
-    _, weight, metrics = importance_terms(logp, old_logp, mask, knobs)
+    _, weight, metrics = importance_terms(logp, old_logp, advantages, mask, knobs)
     per_token = -advantages.unsqueeze(1) * logp * weight  # [B, T]
     loss = agg(per_token, mask)
     with torch.no_grad():
@@ -356,7 +368,7 @@ def clipped_surrogate_loss(
     returned by the rollout engine, so the ratio also corrects for the train-inference mismatch.
     """
     clip_low, clip_high, dual_clip = knobs.clip_low, knobs.clip_high, knobs.dual_clip
-    log_ratio, weight, metrics = importance_terms(logp, old_logp, mask, knobs)
+    log_ratio, weight, metrics = importance_terms(logp, old_logp, advantages, mask, knobs)
     ratio = torch.exp(log_ratio)  # [B, T]
     adv = advantages.unsqueeze(1)  # [B, 1]
     unclipped = -ratio * adv
@@ -398,7 +410,7 @@ def gspo_loss(
     (the ratio is already sequence-level); skip_threshold does. logp, old_logp, mask: [B, T]; advantages: [B].
     """
     clip_low, clip_high = knobs.clip_low, knobs.clip_high
-    _, weight, metrics = importance_terms(logp, old_logp, mask, knobs, tis=False)
+    _, weight, metrics = importance_terms(logp, old_logp, advantages, mask, knobs, tis=False)
     token_log_ratio = (logp - old_logp) * mask  # [B, T]
     seq_log_ratio = token_log_ratio.sum(1) / mask.sum(1).clamp(min=1)  # [B]
     log_s = torch.clamp(logp - logp.detach() + seq_log_ratio.detach().unsqueeze(1), max=10.0)  # [B, T]
@@ -431,7 +443,7 @@ def cispo_loss(
     The paper sets no lower bound (eL large); here both bounds are knobs. logp, old_logp, mask: [B, T]; A: [B].
     """
     clip_low, clip_high = knobs.clip_low, knobs.clip_high
-    _, weight, metrics = importance_terms(logp, old_logp, mask, knobs, tis=False)
+    _, weight, metrics = importance_terms(logp, old_logp, advantages, mask, knobs, tis=False)
     log_ratio = (logp - old_logp) * mask
     ratio = torch.exp(log_ratio)  # [B, T]
     clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high).detach()

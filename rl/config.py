@@ -135,6 +135,7 @@ class PolicyLossKnobs:
     dual_clip: float = 0.0  # clipped loss: cap -A*ratio at -A*dual_clip for A < 0 (dual-clip PPO; > 1 enables, 0 off)
     tis_cap: float = 0.0  # truncated importance sampling: weight tokens by min(pi_learner/pi_actor, tis_cap) (0 off)
     skip_threshold: float = 0.0  # zero the loss of sequences whose mean pi_learner/pi_actor ratio exceeds this (0 off)
+    positive_weight: float = 1.0  # scale the loss of positive-advantage samples (W-REINFORCE: 0.1; 1 = off)
 
     def __post_init__(self) -> None:
         _check(self.clip_low >= 0 and self.clip_high >= 0, "algorithm.clip_low/clip_high must be >= 0")
@@ -146,6 +147,7 @@ class PolicyLossKnobs:
             self.tis_cap >= 0 and self.skip_threshold >= 0,
             "algorithm.tis_cap and algorithm.skip_threshold must be >= 0 (0 disables)",
         )
+        _check(self.positive_weight >= 0, f"algorithm.positive_weight must be >= 0 (got {self.positive_weight})")
 
 
 @dataclass
