@@ -394,3 +394,29 @@ def test_policy_losses_and_gradients_agree_with_verl(ours_name, verl_name, knobs
 def test_kl_estimators_agree_with_verl(estimator):
     logp, ref, _, _ = random_batch(seed=9)
     assert torch.allclose(alg.kl_penalty(logp, ref, estimator), VERL.kl_penalty(logp, ref, estimator), atol=1e-6)
+
+
+@pytest.mark.parametrize("loss_name", LOSSES)
+def test_positive_weight_scales_only_the_positive_samples(loss_name):
+    """W-REINFORCE (algorithm.positive_weight): the loss and gradient of positive-advantage samples are scaled by
+    the weight, those of negative-advantage samples are untouched, in every policy loss."""
+    logp, old, adv, mask = random_batch(seed=11)
+    adv = torch.where(torch.arange(adv.numel()) % 2 == 0, adv.abs() + 0.1, -adv.abs() - 0.1)  # +, -, +, - ...
+    fn, agg = alg.get_policy_loss(loss_name), alg.agg_seq_mean_token_mean
+    knobs = {"gspo": dict(clip_low=3e-4, clip_high=4e-4)}.get(loss_name, {})
+    grads = []
+    for weight in (1.0, 0.1):
+        x = logp.clone().requires_grad_()
+        fn(x, old, adv, mask, agg=agg, knobs=Knobs(**knobs, positive_weight=weight))[0].backward()
+        grads.append(x.grad)
+    positive = adv > 0
+    assert torch.allclose(grads[1][positive], 0.1 * grads[0][positive], atol=1e-7)
+    assert torch.equal(grads[1][~positive], grads[0][~positive])
+    assert grads[0][positive].abs().max() > 0
+
+
+def test_positive_weight_is_checked():
+    from rl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="algorithm.positive_weight must be >= 0"):
+        Knobs(positive_weight=-1.0)
