@@ -9,6 +9,8 @@ and renamed, so a killed conversion never leaves a half-written model behind.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import tempfile
@@ -87,6 +89,14 @@ def convert_embedded(name: str) -> Path:
 
 
 def _gguf_to_hf(gguf: Path, out: Path) -> None:
+    # one line instead of transformers' GGUF progress bars: this runs inside train.py, whose stderr is kept for
+    # one-line errors
+    print(f"converting the embedded model {gguf.name} into {out.parent.parent} (once)", flush=True)
+    with contextlib.redirect_stderr(io.StringIO()):
+        _convert(gguf, out)
+
+
+def _convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
