@@ -75,9 +75,10 @@ def measure_actors(path: str, prompts: list[list[int]], n_actors: int, pinned: b
     """Generated tokens/s of `n_actors` Ray rollout actors splitting one step's prompts (rl.runtime.Runtime)."""
     import ray
 
+    from rl.groups import shard
     from rl.placement import RayGroup
     from rl.rollout.vllm import VLLMRollout, cpu_threads_env
-    from rl.runtime import Runtime, shard
+    from rl.runtime import Runtime
     from rl.specs import build_from_overrides
     from rl.types import Sampling
 

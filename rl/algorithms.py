@@ -1,5 +1,8 @@
 """Advantage estimators, policy losses, KL estimators and loss aggregation, registered by name.
 
+One module on purpose (as verl's core_algos.py): every entry is short, and the reader compares the algorithms
+side by side, against the papers each docstring names; that is why it is past 400 lines.
+
 Pure tensor maths: no Ray, no config objects. Every per-token tensor comes with its mask `[B, T]`
 (1 = a completion token that counts). Algorithms are YAML bundles (`conf/algorithm/*.yaml`) that pick entries of
 these registries by name; nothing in the code branches on the algorithm's name.

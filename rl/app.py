@@ -11,7 +11,8 @@ from typing import Any
 
 from rl.config import ClusterMode
 from rl.errors import UserFacingError
-from rl.runtime import LocalGroup, Runtime
+from rl.groups import LocalGroup
+from rl.runtime import Runtime
 from rl.specs import LearnerSpec, PlacementSpec, RunSpec
 
 log = logging.getLogger(__name__)

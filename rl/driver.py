@@ -22,9 +22,10 @@ import torch
 from rl import checkpoint, evaluation
 from rl.data import PromptData
 from rl.errors import RunStopped
+from rl.groups import MemberDied, shard
 from rl.metrics import MetricsLogger
 from rl.probe import SyncProbe
-from rl.runtime import MemberDied, Runtime, shard
+from rl.runtime import Runtime
 from rl.sampler import Batch, RewardFn, Sampler
 from rl.samples import kl_reward_penalty, prepare_samples, rollout_metrics
 from rl.specs import RunSpec

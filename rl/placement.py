@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from rl.errors import UserFacingError
-from rl.runtime import MemberDied, Runtime
+from rl.groups import MemberDied
+from rl.runtime import Runtime
 from rl.specs import PlacementSpec, RuntimeSpec
 
 log = logging.getLogger(__name__)

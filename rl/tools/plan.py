@@ -1,5 +1,8 @@
 """Preflight plan: `python train.py ... plan=true` prints the GPU map and a memory estimate per role, then exits.
 
+Past 400 lines because the estimate is written out term by term (each term below is one function, with its
+source), so that a wrong number can be traced to the term that made it.
+
 Nothing starts (no Ray, no vLLM, no torch): the model's shapes come from its config.json (a local folder, the
 converted embedded model, or the local Hugging Face cache for a hub id). `estimate_memory` is a pure function of
 the shapes and flat settings, for other code too (benchmarks projecting to N GPUs); `plan_for_config` reads a
@@ -15,7 +18,7 @@ What is counted, in bytes (an estimate: allocator slack, CUDA context and fragme
   (norm inputs, q/k/v/o inputs and outputs, the four SwiGLU intermediates; 4h + 2q + 2kv + 4i values per token
   and layer; only the layer inputs plus one block when gradient checkpointing), plus the logits the learner
   keeps (all positions in the model dtype, then the completion positions' copy, fp32 copy and log-softmax).
-  An upper bound for rl/learner.py's default share_prompt_prefix=true, which runs each prompt once per group.
+  An upper bound for the learner's default share_prompt_prefix=true, which runs each prompt once per group.
 - actor (vLLM): on GPU the engine takes cluster.gpu_memory_utilization of each of its GPUs; weights, the LoRA
   slot and a profiling peak (8192 batched tokens) come out of it and the rest is KV cache (2 x layers x kv
   heads x head_dim values per token). On CPU the fraction is of RAM and is all KV cache (vLLM CPU).

@@ -13,8 +13,9 @@ from rl.config import AlgorithmConfig, TrainConfig
 from rl.data import PromptData
 from rl.driver import train
 from rl.errors import RunStopped
+from rl.groups import LocalGroup, MemberDied
 from rl.metrics import MetricsLogger
-from rl.runtime import LocalGroup, MemberDied, Runtime, VersionMismatch
+from rl.runtime import Runtime, VersionMismatch
 from rl.sampler import Sampler
 from rl.specs import DataSpec, RuntimeSpec, SamplerSpec
 from rl.types import Adapter, Completion, PromptRollout, Sampling

@@ -184,7 +184,8 @@ class EngineWithoutRngState:
 
 
 def test_restore_run_pushes_the_adapter_and_skips_engines_without_rng_state(tmp_path):
-    from rl.runtime import LocalGroup, Runtime
+    from rl.groups import LocalGroup
+    from rl.runtime import Runtime
 
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": str(i)} for i in range(4)]
     data = PromptData(items, CharTokenizer(), DataSpec(10, False, 0))

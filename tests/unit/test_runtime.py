@@ -7,7 +7,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from rl.config import ConfigError, TrainConfig
-from rl.runtime import LocalGroup, Runtime, VersionMismatch, merge_learner_metrics, shard_groups
+from rl.groups import LocalGroup, merge_learner_metrics, shard_groups
+from rl.runtime import Runtime, VersionMismatch
 from rl.types import Completion, PromptRollout, Sampling, TrainSample
 
 

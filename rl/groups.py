@@ -1,0 +1,143 @@
+"""The members of one role behind one interface, in this process or as Ray actors, and how work is split.
+
+A `Group` is either plain objects called in this process (`LocalGroup`, cluster.mode=local and tests) or Ray actor
+handles (`rl/placement.py`'s RayGroup); `rl/runtime.py` is written once against the interface.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class MemberDied(RuntimeError):
+    """A role's process died during a call (with Ray: RayActorError). Names the role, its index and the cause."""
+
+    def __init__(self, role: str, index: int, cause: str):
+        super().__init__(f"{role} {index} died: {cause}")
+        self.role, self.index, self.cause = role, index, cause
+
+
+class Group(Protocol):
+    """Members of one role. Calls on one member run one at a time, in submission order (as Ray actor methods do);
+    calls on different members run concurrently where the group allows."""
+
+    def __len__(self) -> int: ...
+
+    def call(self, method: str, args: list[tuple]) -> list[Any]:
+        """Call `method(*args[i])` on member i, concurrently where possible; return results in member order."""
+
+    def broadcast(self, method: str, *args: Any) -> list[Any]:
+        """Call `method(*args)` on every member with the same (possibly large) arguments."""
+
+    def submit(self, index: int, method: str, *args: Any) -> Any:
+        """Start `method(*args)` on member `index`; returns a handle for `result` (AttributeError: no such method)."""
+
+    def result(self, handle: Any) -> Any:
+        """Wait for a submitted call; raises MemberDied when the member's process died."""
+
+    def put(self, value: Any) -> Any:
+        """Share a (large) argument once for several calls."""
+
+    def ready(self, index: int) -> bool:
+        """Whether member `index` takes calls now (False while Ray restarts it)."""
+
+    def pop_busy_s(self) -> float:
+        """Member-seconds spent inside calls whose results were collected since the last pop."""
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Raised:
+    error: Exception
+
+
+class LocalGroup:
+    """Members are plain objects in this process; a submitted call runs at once (nothing overlaps)."""
+
+    def __init__(self, members: list[Any]):
+        self.members = members
+        self._busy_s = 0.0
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def submit(self, index: int, method: str, *args: Any) -> Any:
+        fn = getattr(self.members[index], method)
+        t0 = time.perf_counter()
+        try:
+            out = fn(*args)
+        except Exception as e:  # raised by result(), as a remote call's error is
+            out = _Raised(e)
+        self._busy_s += time.perf_counter() - t0
+        return out
+
+    def result(self, handle: Any) -> Any:
+        if isinstance(handle, _Raised):
+            raise handle.error
+        return handle
+
+    def put(self, value: Any) -> Any:
+        return value
+
+    def ready(self, index: int) -> bool:
+        return True
+
+    def call(self, method: str, args: list[tuple]) -> list[Any]:
+        return [self.result(self.submit(i, method, *a)) for i, a in enumerate(args)]
+
+    def broadcast(self, method: str, *args: Any) -> list[Any]:
+        return [self.result(self.submit(i, method, *args)) for i in range(len(self.members))]
+
+    def pop_busy_s(self) -> float:
+        busy, self._busy_s = self._busy_s, 0.0
+        return busy
+
+    def close(self) -> None:
+        for m in self.members:
+            if hasattr(m, "close"):
+                m.close()
+
+
+def shard(items: list, n: int) -> list[list]:
+    """Split into n contiguous, nearly equal parts (earlier parts get the remainder)."""
+    k, r = divmod(len(items), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + k + (1 if i < r else 0)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
+def shard_groups(samples: list, n: int) -> list[list]:
+    """Split samples into n contiguous, nearly equal parts, cutting only between prompt groups (consecutive
+    samples with the same prompt: the learner runs a group's prompt once); when that would leave a part
+    empty (fewer groups than parts), cut inside groups instead (exact either way, only slower)."""
+    bounds = [i for i in range(1, len(samples)) if samples[i].prompt_ids != samples[i - 1].prompt_ids]
+    bounds = [0, *bounds, len(samples)]
+    cuts = [0]
+    for i in range(1, n):
+        ideal = i * len(samples) / n
+        cuts.append(min(bounds, key=lambda b: (abs(b - ideal), b)))
+    cuts.append(len(samples))
+    if any(b <= a for a, b in zip(cuts, cuts[1:])):
+        return shard(samples, n)
+    return [samples[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def merge_learner_metrics(results: list[dict[str, float]]) -> dict[str, float]:
+    """Learners return the same global loss metrics (all-reduced); their times overlap (max) and their
+    throughputs add up (sum)."""
+    out = {}
+    for k in results[0]:
+        values = [r[k] for r in results]
+        if k.startswith("time/"):
+            out[k] = max(values)
+        elif k.startswith("perf/"):
+            out[k] = sum(values)
+        else:
+            out[k] = sum(values) / len(values)
+    return out
