@@ -9,7 +9,10 @@ SHELL   := /bin/bash
 QUIET   := 2>&1 | { grep -v "^WARNING: Location" || true; }
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-gpu demo test test-fast lint format clean
+# The GPU machine has no .venv: its python3 holds torch and /tmp/site the carried wheels (docs/gpus-and-clusters.md)
+TEST_PY := $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+
+.PHONY: help install install-gpu demo test test-fast test-gpu lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -45,6 +48,11 @@ test:  ## all CPU tests (unit + integration with real Ray and vLLM on a tiny mod
 
 test-fast:  ## unit tests only (no Ray, no vLLM)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+test-gpu:  ## GPU tests (pytest -m gpu, one CUDA GPU); where there is none, one line and nothing run
+	@if $(TEST_PY) -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then \
+		$(TEST_PY) -m pytest -q -m gpu -rP tests/gpu tests/unit; \
+	else echo "make test-gpu: no CUDA GPU here, nothing run (the gpu tests run on a GPU machine: docs/gpus-and-clusters.md)"; fi
 
 lint:  ## ruff lint + format check
 	$(BIN)/ruff check .

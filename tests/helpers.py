@@ -89,7 +89,9 @@ def make_samples(groups: int = 3, group_size: int = 4, seed: int = 0, old_logpro
 
 def run_train(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     """Run train.py as a user would; returns the finished process (stdout and stderr captured)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), HYDRA_FULL_ERROR="0")
+    # packages installed with `pip --target` (the GPU machine) stay importable behind the repo
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=pythonpath, HYDRA_FULL_ERROR="0")
     return subprocess.run(
         [sys.executable, str(REPO / "train.py"), *args],
         cwd=REPO,

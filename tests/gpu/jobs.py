@@ -1,0 +1,137 @@
+"""GPU work the gpu tests run, each job in a fresh process: `python -m tests.gpu.jobs NAME '<json args>'` prints one
+line `RESULT <json>`. A fresh process because Unsloth must be a process's first ML import (the parent sets
+RLFT_IMPORT_UNSLOTH=1, which rl/__init__.py reads), and an in-process vLLM engine is not torn down cleanly.
+
+Every job builds its roles from specs as a run does (rl.specs.build_from_overrides), on one GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rl.specs import build_from_overrides  # the first ML-adjacent import: rl/__init__.py may import unsloth first
+
+PROMPTS = [
+    "What is 7 + 5? Give the final answer as a number at the end.",
+    "What is 9 - 4? Give the final answer as a number at the end.",
+    "Name the capital of France.",
+    "Write one word that rhymes with cat.",
+]
+COMPLETIONS = ["12", "The answer is 12.", "7 + 5 = 13", "I do not know."]
+
+LEARNER = {  # config overrides per learner kind
+    "peft_bf16": ["model.learner_backend=peft", "model.load_in_4bit=false"],
+    "peft_bnb": ["model.learner_backend=peft", "model.load_in_4bit=true"],
+    "unsloth": ["model.learner_backend=unsloth", "model.load_in_4bit=true"],
+}
+COMMON = ["cluster.use_gpu=true", "model.learner_dtype=bfloat16", "algorithm.kl_coef=0", "algorithm.lr=1e-3"]
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    enc = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
+def fixed_batch(tokenizer):
+    """4 prompts x 4 fixed completions (real text, so a real model gives them varied logprobs), advantages +1/-1."""
+    from rl.types import TrainSample
+
+    out = []
+    for p in PROMPTS:
+        ids = chat_ids(tokenizer, p)
+        for k, c in enumerate(COMPLETIONS):
+            comp = tokenizer(c + "<|im_end|>", add_special_tokens=False)["input_ids"]
+            out.append(TrainSample(ids, comp, [0.0] * len(comp), 1.0 if k % 2 == 0 else -1.0))
+    return out
+
+
+def learner(model: str, kind: str) -> dict:
+    """Logprobs of the fixed batch under a fresh learner of this kind, then three on-policy steps on it."""
+    from transformers import AutoTokenizer
+
+    from rl.learner import Learner
+
+    learner = Learner(build_from_overrides(model, *COMMON, *LEARNER[kind]).learner)
+    samples = fixed_batch(AutoTokenizer.from_pretrained(model))
+    logprobs = learner.sequence_logprobs([s.prompt_ids for s in samples], [s.completion_ids for s in samples])
+    for s, lp in zip(samples, logprobs):
+        s.old_logprobs = lp  # on-policy: the first step's ratio is 1
+    steps = [learner.train_step(samples) for _ in range(3)]
+    import torch
+
+    return {
+        "logprobs": logprobs,
+        "losses": [m["train/loss"] for m in steps],
+        "skipped": [m["train/skipped_nonfinite"] for m in steps],
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+    }
+
+
+def actor_vs_learner(model: str, lora_mode: str) -> dict:
+    """A CUDA vLLM actor and a PEFT learner on one GPU, as a run builds them: the probe floor on the base model, a
+    training step on an adapter made to matter, a sync, its probe, then greedy tokens of the actor against the
+    learner's own greedy decoding with the same adapter."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rl.groups import LocalGroup
+    from rl.learner import Learner
+    from rl.probe import SyncProbe
+    from rl.rollout.vllm import VLLMRollout
+    from rl.runtime import Runtime
+    from rl.types import Sampling
+
+    spec = build_from_overrides(
+        model,
+        *COMMON,
+        *LEARNER["peft_bf16"],
+        f"cluster.lora_mode={lora_mode}",
+        "cluster.gpu_memory_utilization=0.3",
+        "model.max_new_tokens=24",
+    )
+    actor = VLLMRollout(spec.rollout)  # engines first: vLLM measures free memory while it starts
+    lrn = Learner(spec.learner)
+    tok = AutoTokenizer.from_pretrained(model)
+    prompts = [chat_ids(tok, p) for p in PROMPTS]
+    runtime = Runtime(LocalGroup([actor]), LocalGroup([lrn]), spec.runtime)
+    probe = SyncProbe(runtime, prompts[:2], 1.0, 1.0, threshold=0.2, deferred=False)
+    floor = probe.measure_floor()
+    greedy = Sampling(n=1, temperature=0.0, max_tokens=16)
+    base = [r.completions[0].token_ids for r in actor.generate(prompts, greedy)]
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    with torch.no_grad():  # an adapter that changes the answers, so that a missed sync would show
+        for name, p in lrn.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen).to(p) * 0.02)
+    samples = fixed_batch(tok)
+    lp = lrn.sequence_logprobs([s.prompt_ids for s in samples], [s.completion_ids for s in samples])
+    for s, x in zip(samples, lp):
+        s.old_logprobs = x
+    lrn.train_step(samples)
+    sync = runtime.sync()
+    probe_diff = probe.after_sync(1, last=True)["sync/logprob_abs_diff"]
+    rollouts = actor.generate(prompts, greedy)
+    ours = [r.completions[0].token_ids for r in rollouts]
+    learner_greedy = [r.completions[0].token_ids for r in lrn.generate(prompts, greedy)]
+    rescored = lrn.sequence_logprobs(prompts, ours)
+    diffs = [abs(a - b) for r, lp in zip(rollouts, rescored) for a, b in zip(r.completions[0].logprobs, lp)]
+    actor.close()
+    return {
+        "floor": floor,
+        "probe": probe_diff,
+        "limit": probe.limit,
+        "version": [r.adapter_version for r in rollouts],
+        "sync_s": sync["time/sync_s"],
+        "base": base,
+        "actor": ours,
+        "learner": learner_greedy,
+        "logprob_abs_diff": sum(diffs) / max(len(diffs), 1),
+    }
+
+
+JOBS = {"learner": learner, "actor_vs_learner": actor_vs_learner}
+
+if __name__ == "__main__":  # vLLM may spawn processes
+    name, args = sys.argv[1], json.loads(sys.argv[2])
+    print("RESULT " + json.dumps(JOBS[name](**args)), flush=True)
