@@ -173,7 +173,8 @@ class Learner:
             self._gen_tokenizer = AutoTokenizer.from_pretrained(
                 self.spec.model_path, trust_remote_code=self.spec.trust_remote_code
             )
-            self._gen_rng = torch.Generator(device=self.device).manual_seed(self.spec.seed + 1 + self.dp.rank)
+            # draws one seed per prompt on the host (hf_generate), whatever the model's device
+            self._gen_rng = torch.Generator().manual_seed(self.spec.seed + 1 + self.dp.rank)
         self.model.eval()
         try:
             return hf_generate(self.model, self._gen_tokenizer, prompts, sampling, self._gen_rng, self.version)

@@ -28,7 +28,7 @@ class HFRollout:
             .to(self.device)
             .eval()
         )
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(seed)  # draws the per-prompt seeds, on the host
         self.seed = seed
         self.version = 0
 

@@ -120,22 +120,6 @@ def test_cuda_only_backends_fail_clearly_on_a_process_without_gpu(tiny_model):
     assert run_spec(tiny_model).learner.backend == "peft"  # auto without GPUs
 
 
-@pytest.mark.gpu
-def test_ipc_weights_rebuild_to_the_learner_parameters(tiny_model):
-    """cluster.weight_sync=ipc: every parameter's CUDA IPC handle rebuilds to a tensor equal to the parameter
-    (what vLLM's IPC weight-transfer engine does in the actor's process). Skipped without a GPU."""
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-    learner = full_learner(tiny_model)
-    info = learner.ipc_weights()
-    params = dict(learner.model.named_parameters())
-    assert info["names"] == list(params)
-    for name, handle in zip(info["names"], info["ipc_handles"]):
-        (args,) = handle.values()
-        assert torch.equal(rebuild_cuda_tensor(*args), params[name])
-    learner.release_ipc_weights()
-
-
 def test_nonfinite_loss_skips_the_optimizer_step(tiny_model):
     learner = make_learner(tiny_model)
     before = learner.adapter_checksum()
