@@ -79,9 +79,7 @@ def _declared_answers(completion: str) -> list[str] | None:
     left open or nested."""
     tags = _ANSWER_TAG.findall(completion)
     if completion.count("<answer>") != len(tags) or completion.count("</answer>") != len(tags):
-        return None
-    if any("<answer>" in t for t in tags):
-        return None
+        return None  # an unclosed tag, or one inside another (the non-greedy match pairs fewer than there are)
     boxes = boxed_contents(completion)
     if len(BOX_START.findall(completion)) != len(boxes):  # unclosed, or a box inside a box
         return None

@@ -83,6 +83,7 @@ def test_thousands_and_answers_equal_to_an_operand():
         "\\boxed{-3 \\text{ or } -4}",
         "<answer>-3</answer><answer>-4</answer>",
         "<answer>-4",
+        "<answer><answer>-4</answer></answer>",
         "\\boxed{-3} <answer>-4</answer>",  # two declared answers that disagree
     ],
 )
