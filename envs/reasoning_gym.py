@@ -59,6 +59,8 @@ class ReasoningGymEnv:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         metadata = dict(entry.get("metadata", {}))
         metadata["task"] = self.task
+        # the reward blanks copies of the question out of a completion (a question may contain its answer)
+        metadata["question"] = entry["question"]
         return {
             "messages": messages,
             "answer": str(entry["answer"]),

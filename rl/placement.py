@@ -109,6 +109,7 @@ class RolePlan:
     role: str  # "actor" or "learner"
     index: int
     resources: dict[str, float]
+    node: str = ""  # the Ray node its bundle was placed on: "<node id prefix> (<node ip>)", once the group is ready
 
 
 def start_ray(address: str | None, num_cpus: int | None) -> bool:
@@ -189,9 +190,22 @@ def place_roles(p: PlacementSpec) -> tuple[Any, list[RolePlan]]:
         raise RayStartError(
             f"placement group {[r.resources for r in plans]} ({strategy}) was not ready in 120 s: {e}"
         ) from e
+    for b, node in enumerate(bundle_nodes(pg)):
+        plans[b].node = node
     for b, r in enumerate(plans):
-        log.info("placement: bundle %d -> %s %d %s", b, r.role, r.index, r.resources)
+        log.info("placement: bundle %d -> %s %d %s on node %s", b, r.role, r.index, r.resources, r.node)
     return pg, plans
+
+
+def bundle_nodes(pg: Any) -> list[str]:
+    """The node each bundle of a ready placement group sits on, as "<node id prefix> (<node ip>)": on a cluster
+    the node ID tells nodes apart even where several share one IP (several Ray nodes on one machine)."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    ips = {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes()}
+    on = placement_group_table(pg).get("bundles_to_node_id", {})
+    return [f"{on[b][:12]} ({ips.get(on[b], '?')})" if b in on else "?" for b in range(len(pg.bundle_specs))]
 
 
 Role = tuple[type, Any, dict[str, str]]  # (class, the spec its constructor takes, environment of its process)
