@@ -132,3 +132,17 @@ def make_learner(model: Path | str, *overrides: str):
         if "lora_B" in name:  # PEFT starts B at zero; give the adapter an effect so the test is not trivial
             p.data.normal_(0, 0.05, generator=gen)
     return learner
+
+
+def sigkill_self_once(marker: str) -> None:
+    """SIGKILL this process, unless `marker` exists: it is created first, exclusively, holding the pid, so the first
+    process to get here dies and a restarted one (or a second actor) goes on."""
+    import signal
+
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    os.kill(os.getpid(), signal.SIGKILL)

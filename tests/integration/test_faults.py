@@ -5,14 +5,12 @@ is trained exactly once and the log says what happened; and staleness 1 with rea
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
 
 from rl.rollout.hf import HFRollout
-from tests.helpers import LengthReward, run_train
+from tests.helpers import LengthReward, run_train, sigkill_self_once
 
 pytestmark = pytest.mark.slow
 
@@ -30,14 +28,7 @@ class KilledOnce(HFRollout):
     def generate(self, prompts, sampling):
         self.calls += 1
         if self.calls == 2:
-            try:
-                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                pass
-            else:
-                os.write(fd, str(os.getpid()).encode())
-                os.close(fd)
-                os.kill(os.getpid(), signal.SIGKILL)
+            sigkill_self_once(self.marker)
         return super().generate(prompts, sampling)
 
 

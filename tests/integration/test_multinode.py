@@ -27,7 +27,7 @@ import pytest
 
 from rl import checkpoint
 from rl.rollout.vllm import VLLMRollout
-from tests.helpers import REPO, LengthReward, run_train, tiny_args
+from tests.helpers import REPO, LengthReward, run_train, sigkill_self_once, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -266,14 +266,7 @@ class KilledOnceVLLM(VLLMRollout):
 
     def generate(self, prompts, sampling):
         if self.version >= 1 and sampling.max_tokens == 8:
-            try:
-                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                pass
-            else:
-                os.write(fd, str(os.getpid()).encode())
-                os.close(fd)
-                os.kill(os.getpid(), signal.SIGKILL)
+            sigkill_self_once(self.marker)
         return super().generate(prompts, sampling)
 
 
