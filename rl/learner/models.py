@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -52,14 +51,10 @@ def load_policy(spec: LearnerSpec, device: torch.device) -> PolicyModel:
             f"{'model.learner_backend=unsloth' if spec.backend == 'unsloth' else 'model.load_in_4bit=true'} needs a "
             "CUDA GPU, and this learner's process sees none (cluster.use_gpu=true, but Ray gave it no GPU?)"
         )
-    lora = dataclasses.asdict(spec.lora) if spec.lora is not None else None
-    if lora is not None:
-        lora = {
-            "r": lora["rank"],
-            "lora_alpha": lora["alpha"],
-            "lora_dropout": lora["dropout"],
-            "target_modules": list(lora["targets"]),
-        }
+    lora = None
+    if spec.lora is not None:  # PEFT's and Unsloth's names for the same four settings
+        r = spec.lora
+        lora = {"r": r.rank, "lora_alpha": r.alpha, "lora_dropout": r.dropout, "target_modules": list(r.targets)}
     build = _build_unsloth if spec.backend == "unsloth" else _build_peft
     model, checkpointing = build(spec, device, lora)
     model.train()
