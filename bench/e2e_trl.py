@@ -35,11 +35,10 @@ from bench.common import LORA_TARGETS, REPO, add_threads_arg, machine, machine_l
 PROMPTS, G, MAX_NEW, RANK, LR, KL = 8, 8, 32, 16, 2e-4, 0.01
 
 
-def run_ours(steps: int, out: Path, threads: int | None) -> dict:
-    """train.py's demo settings with `steps` steps, no eval and no checkpoints; step times from metrics.jsonl."""
-    cmd = [
-        sys.executable,
-        str(REPO / "train.py"),
+def ours_args(steps: int, out: Path, threads: int | None) -> list[str]:
+    """train.py's overrides for our side: the demo's settings (its memory settings too, which fit any machine the
+    README supports) with `steps` steps, no eval and no checkpoints."""
+    args = [
         f"steps={steps}",
         "eval_size=0",
         "save_interval=0",
@@ -50,10 +49,15 @@ def run_ours(steps: int, out: Path, threads: int | None) -> dict:
         f"algorithm.group_size={G}",
         f"model.max_new_tokens={MAX_NEW}",
         f"model.lora_rank={RANK}",
-        "cluster.gpu_memory_utilization=0.05",  # 1.2 GB of KV cache on CPU: plenty for 64 x 90 tokens, shared machine
     ]
     if threads:
-        cmd += [f"cluster.actor_threads={threads}", f"cluster.learner_threads={threads}"]
+        args += [f"cluster.actor_threads={threads}", f"cluster.learner_threads={threads}"]
+    return args
+
+
+def run_ours(steps: int, out: Path, threads: int | None) -> dict:
+    """train.py with `ours_args`; step times from metrics.jsonl."""
+    cmd = [sys.executable, str(REPO / "train.py"), *ours_args(steps, out, threads)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     wall = time.perf_counter() - t0
