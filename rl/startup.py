@@ -156,7 +156,7 @@ def _chain(e: BaseException | None) -> Iterator[BaseException]:
 def cause_of(e: BaseException) -> str:
     """What a role's failed constructor raised, as one `Type: message` line. In this process: an EngineStartError
     in the chain, else the exception itself. From a Ray actor (ray.exceptions) only the text of the actor's
-    traceback arrives: its EngineStartError line, else its last `Type: message` line, else its first sentence."""
+    traceback arrives (`cause_from_text`)."""
     for x in _chain(e):
         if isinstance(x, EngineStartError):
             return str(x)
@@ -165,7 +165,7 @@ def cause_of(e: BaseException) -> str:
 
 def cause_from_text(text: str) -> str:
     """The role's error in the text of a traceback (what Ray passes on from an actor): its EngineStartError line,
-    else its last `Type: message` line, else its first sentence."""
+    else its last `Type: message` line, else the text itself (Ray's words for an actor that died, e.g. of memory)."""
     lines = [_clean(x).strip() for x in text.splitlines()]
     engine = [x for x in lines if re.match(r"^(?:[\w.]+\.)?EngineStartError: ", x)]
     if engine:
@@ -173,7 +173,7 @@ def cause_from_text(text: str) -> str:
     found = [m for m in map(_EXC_LINE.match, lines) if m]
     if found:
         return f"{found[-1]['type'].rsplit('.', 1)[-1]}: {found[-1]['msg']}"
-    return " ".join(text.split()).split(". ")[0][:300]
+    return _short(_ANSI.sub("", text), 400)
 
 
 def explain(role: str, cause: str, spec: Any, failed: str = "failed to start") -> str:

@@ -129,6 +129,11 @@ def test_cause_of_a_role_here_and_through_ray():
     assert startup.cause_from_text(RAY_TEXT) == f"ValueError: {KV_CAUSE}"
     learner = RAY_TEXT.split("rl.startup.EngineStartError")[0] + "OSError: Error no file named model.safetensors"
     assert startup.cause_from_text(learner) == "OSError: Error no file named model.safetensors"
+    died = (  # an actor killed while it starts: no exception of its own, Ray's words
+        "The actor died unexpectedly before finishing this task.\n\tclass_name: Learner\n\tpid: 4242\n"
+        "Task was killed due to the node running low on memory."
+    )
+    assert startup.cause_from_text(died).endswith("Task was killed due to the node running low on memory.")
 
 
 def test_kv_cache_too_small_on_cpu_names_the_key_and_a_value_that_fits(spec):
@@ -201,6 +206,14 @@ def test_engine_failure_without_its_output_still_says_what_plan_predicts(spec):
     line = startup.explain("rollout actor 0", ENGINE_FAILED, spec)
     assert "the vLLM engine did not start" in line and "its own error is in the engine's output above" in line
     assert "by plan=true's estimate cluster.gpu_memory_utilization=0.01 leaves it no KV cache" in line
+
+
+def test_a_host_out_of_memory_names_the_memory_keys(spec):
+    line = startup.explain(
+        "learner 0", "The actor died ... Task was killed due to the node running low on memory.", spec
+    )
+    assert line.startswith("learner 0 failed to start: the machine ran out of memory (")
+    assert "plan=true` shows each role's memory" in line and "cluster.gpu_memory_utilization" in line
 
 
 def test_an_unknown_cause_is_kept_and_points_to_the_log(spec):
