@@ -1,7 +1,7 @@
 """End to end: our GRPO step (train.py: Ray + vLLM rollout actor + PEFT learner, the demo) against TRL's
 `GRPOTrainer` on the same model, prompts, group size, lengths, LoRA, KL and reward; one optimizer step per batch.
 
-CPU (9-14 min on the shared 2-core machine):  python -m bench.e2e_trl [--steps 3] [--trl-vllm]
+CPU (5-14 min on the shared 2-core machine, depending on its load):  python -m bench.e2e_trl [--steps 3] [--trl-vllm]
 TRL is not in the core install: `.venv/bin/python -m pip install -r requirements-bench.txt` first.
 
 Both sides: SmolLM2-135M-Instruct, base weights bf16 with fp32 LoRA r=16 (alpha 32) on all 7 projections, 8
