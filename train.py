@@ -110,6 +110,15 @@ def to_typed(cfg: DictConfig) -> TrainConfig:
         fail(one_line_config_error(e))
 
 
+def log_to_file(e: BaseException) -> None:
+    """The full traceback of an error the console shows as one line, into the run's log file (Hydra's file
+    handler: <hydra run dir>/train.log) and not onto the console; a role's traceback comes with it."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "%s", (e,), (type(e), e, e.__traceback__))
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 def build_target(node: DictConfig, key: str):
     """Instantiate a `_target_` config node (env, reward) with a one-line error naming the key."""
     from hydra.utils import instantiate
@@ -166,6 +175,7 @@ def main(dcfg: DictConfig) -> float | None:
     except ConfigError as e:
         fail(str(e))
     except UserFacingError as e:
+        log_to_file(e)
         fail(str(e), code=1)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary.get("eval/accuracy_after")

@@ -1,7 +1,8 @@
 """End to end: our GRPO step (train.py: Ray + vLLM rollout actor + PEFT learner, the demo) against TRL's
 `GRPOTrainer` on the same model, prompts, group size, lengths, LoRA, KL and reward; one optimizer step per batch.
 
-CPU (9-14 min on the shared 2-core machine):  python -m bench.e2e_trl [--steps 3] [--trl-vllm]
+CPU (5-14 min on the shared 2-core machine, depending on its load):  python -m bench.e2e_trl [--steps 3] [--trl-vllm]
+TRL is not in the core install: `.venv/bin/python -m pip install -r requirements-bench.txt` first.
 
 Both sides: SmolLM2-135M-Instruct, base weights bf16 with fp32 LoRA r=16 (alpha 32) on all 7 projections, 8
 reasoning-gym chain_sum prompts x 8 completions, at most 32 new tokens, temperature 1, GRPO loss averaged per
@@ -35,11 +36,10 @@ from bench.common import LORA_TARGETS, REPO, add_threads_arg, machine, machine_l
 PROMPTS, G, MAX_NEW, RANK, LR, KL = 8, 8, 32, 16, 2e-4, 0.01
 
 
-def run_ours(steps: int, out: Path, threads: int | None) -> dict:
-    """train.py's demo settings with `steps` steps, no eval and no checkpoints; step times from metrics.jsonl."""
-    cmd = [
-        sys.executable,
-        str(REPO / "train.py"),
+def ours_args(steps: int, out: Path, threads: int | None) -> list[str]:
+    """train.py's overrides for our side: the demo's settings (its memory settings too, which fit any machine the
+    README supports) with `steps` steps, no eval and no checkpoints."""
+    args = [
         f"steps={steps}",
         "eval_size=0",
         "save_interval=0",
@@ -50,10 +50,15 @@ def run_ours(steps: int, out: Path, threads: int | None) -> dict:
         f"algorithm.group_size={G}",
         f"model.max_new_tokens={MAX_NEW}",
         f"model.lora_rank={RANK}",
-        "cluster.gpu_memory_utilization=0.05",  # 1.2 GB of KV cache on CPU: plenty for 64 x 90 tokens, shared machine
     ]
     if threads:
-        cmd += [f"cluster.actor_threads={threads}", f"cluster.learner_threads={threads}"]
+        args += [f"cluster.actor_threads={threads}", f"cluster.learner_threads={threads}"]
+    return args
+
+
+def run_ours(steps: int, out: Path, threads: int | None) -> dict:
+    """train.py with `ours_args`; step times from metrics.jsonl."""
+    cmd = [sys.executable, str(REPO / "train.py"), *ours_args(steps, out, threads)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     wall = time.perf_counter() - t0
@@ -194,7 +199,17 @@ def main() -> None:
     ap.add_argument("--only", choices=["ours", "trl"], default=None)
     add_threads_arg(ap)
     args = ap.parse_args()
-    import trl
+    try:
+        from importlib.metadata import version
+
+        trl_version = version("trl")
+    except Exception:  # noqa: BLE001 - not installed
+        if args.only != "ours":
+            raise SystemExit(
+                "error: bench.e2e_trl compares with TRL, which `make install` leaves out: "
+                ".venv/bin/python -m pip install -r requirements-bench.txt (or run --only ours)"
+            ) from None
+        trl_version = None
 
     before = machine()
     rows = []
@@ -208,14 +223,14 @@ def main() -> None:
     info = machine()
     info["load_avg_before"] = before["load_avg"]
     work = {"model": "smollm2-135m-instruct", "prompts": PROMPTS, "G": G, "max_new_tokens": MAX_NEW, "rank": RANK}
-    summary = {"bench": "e2e_trl", **work, "trl": trl.__version__, "steps": args.steps, "machine": info}
+    summary = {"bench": "e2e_trl", **work, "trl": trl_version, "steps": args.steps, "machine": info}
     if len(rows) == 2:
         ours, theirs = rows
         summary["speedup_ours_over_trl"] = round(theirs["steady_step_s"] / ours["steady_step_s"], 2)
         print(json.dumps(summary))
         print(
             f"| GRPO step end to end, SmolLM2, {PROMPTS} prompts x {G}, {MAX_NEW} new tokens, LoRA r={RANK} "
-            f"| TRL {trl.__version__} GRPOTrainer ({'vLLM colocate' if args.trl_vllm else 'HF generate'}) "
+            f"| TRL {trl_version} GRPOTrainer ({'vLLM colocate' if args.trl_vllm else 'HF generate'}) "
             f"{theirs['steady_step_s']:.1f} s/step | ours (Ray + vLLM + PEFT) {ours['steady_step_s']:.1f} s/step "
             f"| **{summary['speedup_ours_over_trl']:.2f}x** | {machine_label(info)} |"
         )

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 
-from bench.common import demo_prompts, machine, machine_label, model_path, timed_generations
+from bench.common import demo_prompts, machine, machine_label, model_path, timed_generations, vllm_memory_fraction
 
 
 @dataclass
@@ -71,6 +72,17 @@ def project(gpus: int, **kw) -> list[Split]:
 # ------------------------------------------------------------------------------------------------ measurement
 
 
+def actor_overrides(path: str, n_prompts: int, n_actors: int, args) -> list[str]:
+    """Config overrides of each measured actor: its lengths and a vLLM memory share derived from this machine."""
+    sequences = math.ceil(n_prompts * args.n / n_actors)
+    share = vllm_memory_fraction(path, sequences, 448 + args.max_tokens)
+    return [
+        "model.max_prompt_tokens=448",
+        f"model.max_new_tokens={args.max_tokens}",
+        f"cluster.gpu_memory_utilization={share}",
+    ]
+
+
 def measure_actors(path: str, prompts: list[list[int]], n_actors: int, pinned: bool, args) -> dict:
     """Generated tokens/s of `n_actors` Ray rollout actors splitting one step's prompts (rl.runtime.Runtime)."""
     import ray
@@ -92,12 +104,7 @@ def measure_actors(path: str, prompts: list[list[int]], n_actors: int, pinned: b
             env = cpu_threads_env(None)  # what the framework sets with cluster.actor_threads=null
         handles.append(
             ray.remote(num_cpus=1, runtime_env={"env_vars": env})(VLLMRollout).remote(
-                build_from_overrides(
-                    path,
-                    "model.max_prompt_tokens=448",
-                    "model.max_new_tokens=64",
-                    "cluster.gpu_memory_utilization=0.05",
-                ).rollout
+                build_from_overrides(path, *actor_overrides(path, len(prompts), n_actors, args)).rollout
             )
         )
     ray.get([h.__ray_ready__.remote() for h in handles])
@@ -111,7 +118,7 @@ def measure_actors(path: str, prompts: list[list[int]], n_actors: int, pinned: b
     return {"actors": n_actors, "pinned": pinned, "tokens_per_s": round(rates[len(rates) // 2], 1)}
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model.path (default: the random --shape)")
     ap.add_argument("--shape", default="tiny")
@@ -130,7 +137,11 @@ def main() -> None:
     ap.add_argument("--sync-s", type=float, default=0.5)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--overlap", action="store_true", help="staleness 1: generation overlaps learning")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     args.device = "cpu"
 
     measured = []
@@ -144,7 +155,7 @@ def main() -> None:
             args.shape = None
         path = model_path(args)
         prompts = demo_prompts(AutoTokenizer.from_pretrained(path), args.prompts)
-        started = placement.start_ray(None, 8, {})
+        started = placement.start_ray(None, 8)
         try:
             for pinned in (False, True):
                 for a in (int(x) for x in args.actors.split(",")):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -24,18 +25,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run(staleness: int, model: Path, out: Path, args: argparse.Namespace) -> dict:
-    run_dir = out / f"staleness{staleness}"
-    cmd = [
-        sys.executable,
-        str(REPO / "train.py"),
+def train_args(staleness: int, model: Path, run_dir: Path, args: argparse.Namespace) -> list[str]:
+    """train.py's overrides for one side (the vLLM memory share derived from this machine, bench/common.py)."""
+    from bench.common import vllm_memory_fraction
+    from rl.config import ModelConfig
+
+    sequences = math.ceil(args.prompts * args.group_size / 2)  # per actor
+    seq_len = ModelConfig().max_prompt_tokens + args.max_new_tokens
+    share = vllm_memory_fraction(str(model), sequences, seq_len, dtype="float32")
+    return [
         f"model.path={model}",
         f"output_dir={run_dir}",
         "cluster=2a1l",
         f"cluster.staleness={staleness}",
         "cluster.actor_threads=1",
         "cluster.learner_threads=1",
-        "cluster.gpu_memory_utilization=0.1",
+        f"cluster.gpu_memory_utilization={share}",
         f"steps={args.steps}",
         f"prompts_per_step={args.prompts}",
         f"algorithm.group_size={args.group_size}",
@@ -50,6 +55,11 @@ def run(staleness: int, model: Path, out: Path, args: argparse.Namespace) -> dic
         "logger=none",
         "seed=0",
     ]
+
+
+def run(staleness: int, model: Path, out: Path, args: argparse.Namespace) -> dict:
+    run_dir = out / f"staleness{staleness}"
+    cmd = [sys.executable, str(REPO / "train.py"), *train_args(staleness, model, run_dir, args)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -74,7 +84,7 @@ def run(staleness: int, model: Path, out: Path, args: argparse.Namespace) -> dic
     }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="HF folder (default: the tiny random test model)")
     ap.add_argument("--steps", type=int, default=10)
@@ -83,7 +93,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--out", default=None, help="folder for the runs (default: a temporary one)")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
 
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-staleness-"))
     if args.model:

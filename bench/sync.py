@@ -30,7 +30,7 @@ import json
 import statistics
 import time
 
-from bench.common import add_threads_arg, demo_prompts, learner_spec, machine, machine_label
+from bench.common import add_threads_arg, demo_prompts, learner_spec, machine, machine_label, vllm_memory_fraction
 from rl.learner import Learner
 from rl.rollout.vllm import VLLMRollout
 from rl.specs import build_from_overrides
@@ -314,6 +314,14 @@ def metrics_share(path: str) -> dict:
     }
 
 
+def actor_overrides(path: str, mode: str, rank: int) -> list[str]:
+    """Config overrides of the bench's actor: LoRA mode and rank, lengths, and a vLLM memory share derived from this
+    machine that holds the demo-shaped step (8 prompts x 8 samples) at once."""
+    share = vllm_memory_fraction(path, 64, 448 + 64, lora_rank=rank if mode == "native" else 0)
+    keys = [f"cluster.lora_mode={mode}", f"model.lora_rank={rank}", "model.max_prompt_tokens=448"]
+    return keys + ["model.max_new_tokens=64", f"cluster.gpu_memory_utilization={share}"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="embedded:smollm2-135m-instruct")
@@ -364,8 +372,7 @@ def main() -> None:
     try:
         for mode in args.modes.split(","):
             # one actor and one learner alive at a time: the machine is shared and a learner is ~0.6 GB
-            keys = [f"cluster.lora_mode={mode}", f"model.lora_rank={max(ranks)}", "model.max_prompt_tokens=448"]
-            keys += ["model.max_new_tokens=64", "cluster.gpu_memory_utilization=0.05"]
+            keys = actor_overrides(path, mode, max(ranks))
             actor = ray.remote(num_cpus=1, runtime_env={"env_vars": actor_env})(BenchRollout).remote(
                 build_from_overrides(path, *keys).rollout
             )

@@ -9,11 +9,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rl import startup
 from rl.config import ClusterMode
 from rl.errors import UserFacingError
 from rl.groups import LocalGroup
 from rl.runtime import Runtime
 from rl.specs import LearnerSpec, PlacementSpec, RunSpec
+from rl.startup import StartupError
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +29,10 @@ def run(spec: RunSpec, *, env: Any, reward_fn: Any, resolved: dict, logger_spec:
     from rl.placement import RayStartError
 
     t0 = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
+    except Exception as e:
+        raise StartupError(startup.explain("the tokenizer", startup.cause_of(e), spec, "did not load")) from e
     lg = logger_spec
     logger = MetricsLogger(
         spec.run_dir,
@@ -53,6 +58,9 @@ def run(spec: RunSpec, *, env: Any, reward_fn: Any, resolved: dict, logger_spec:
     except RayStartError as e:
         logger.close()
         raise UserFacingError(str(e)) from e
+    except startup.RoleStartFailed as e:  # its cause in one line, with the key that fixes it
+        logger.close()
+        raise StartupError(startup.explain(e.role, e.cause, spec)) from e
     try:
         summary = train(spec, runtime, tokenizer, env, reward_fn, logger, resolved)
     finally:
@@ -79,8 +87,8 @@ def build_runtime(spec: RunSpec) -> tuple[Runtime, Callable[[], None]]:
         os.environ.update(actor_env(p))
         if learner_env(spec.learner):  # too late to come first in this process (torch is loaded); models.py warns
             import unsloth  # noqa: F401
-        learner = Learner(spec.learner)
-        rollout = rollout_class(spec.rollout)(spec.rollout)
+        learner = start_role("learner 0", Learner, spec.learner)
+        rollout = start_role("rollout actor 0", rollout_class(spec.rollout), spec.rollout)
         runtime = Runtime(LocalGroup([rollout]), LocalGroup([learner]), spec.runtime)
         return runtime, runtime.close
 
@@ -103,6 +111,15 @@ def build_runtime(spec: RunSpec) -> tuple[Runtime, Callable[[], None]]:
         placement.stop_ray(started)
 
     return runtime, teardown
+
+
+def start_role(role: str, cls: type, role_spec: Any) -> Any:
+    """A role built in this process (cluster.mode=local); a failed constructor becomes RoleStartFailed, as a Ray
+    actor's does in rl/placement.py."""
+    try:
+        return cls(role_spec)
+    except Exception as e:
+        raise startup.RoleStartFailed(role, startup.cause_of(e)) from e
 
 
 def actor_env(placement: PlacementSpec) -> dict[str, str]:

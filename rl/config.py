@@ -235,7 +235,7 @@ class ClusterConfig:
     lora_mode: LoraMode = LoraMode.auto  # vLLM adapter loading: merged (into the weights) | native (LoRARequest) | auto
     actor_threads: int | None = None  # CPU threads of a CPU vLLM engine (null: all cores)
     learner_threads: int | None = None  # torch threads of a CPU learner (null: all cores)
-    gpu_memory_utilization: float = 0.2  # vLLM memory fraction (on CPU: of RAM, for the KV cache)
+    gpu_memory_utilization: float = 0.2  # vLLM memory fraction (CPU: of a NUMA node, for the engine's whole process)
     enforce_eager: bool = True  # vLLM: no CUDA graphs / compilation (faster start; set false for long GPU runs)
     ray_num_cpus: int | None = None  # CPUs a local Ray advertises (null: what Ray detects)
     weight_sync: WeightSync = WeightSync.object_store  # full fine-tuning sync: object_store (any device) | ipc (CUDA)

@@ -17,6 +17,7 @@ from rl.errors import UserFacingError
 from rl.groups import MemberDied
 from rl.runtime import Runtime
 from rl.specs import PlacementSpec, RuntimeSpec
+from rl.startup import RoleStartFailed, cause_of
 
 log = logging.getLogger(__name__)
 
@@ -184,12 +185,7 @@ def place_roles(p: PlacementSpec) -> tuple[Any, list[RolePlan]]:
         )
     strategy = p.strategy.value
     pg = placement_group([r.resources for r in plans], strategy=strategy)
-    try:
-        ray.get(pg.ready(), timeout=120)
-    except Exception as e:
-        raise RayStartError(
-            f"placement group {[r.resources for r in plans]} ({strategy}) was not ready in 120 s: {e}"
-        ) from e
+    wait_placed(pg, [r.resources for r in plans], strategy, fail_fast=p.address is None)
     for b, node in enumerate(bundle_nodes(pg)):
         plans[b].node = node
     for b, r in enumerate(plans):
@@ -208,6 +204,30 @@ def bundle_nodes(pg: Any) -> list[str]:
     return [f"{on[b][:12]} ({ips.get(on[b], '?')})" if b in on else "?" for b in range(len(pg.bundle_specs))]
 
 
+def wait_placed(
+    pg: Any, bundles: list[dict[str, float]], strategy: str, *, fail_fast: bool, timeout_s: float = 120.0
+) -> None:
+    """Wait until Ray has placed the group, at most `timeout_s`; with `fail_fast` (a local Ray: no autoscaler adds
+    nodes) stop as soon as Ray calls it infeasible. A group not placed is removed and ends the run with the
+    resources asked and those the cluster has (rl/startup.py)."""
+    import ray
+    from ray.util.placement_group import placement_group_table, remove_placement_group
+
+    from rl.startup import placement_failure
+
+    t0 = time.monotonic()
+    ready = pg.ready()
+    state = None
+    while not ray.wait([ready], timeout=1.0)[0]:
+        state = placement_group_table(pg).get("stats", {}).get("scheduling_state")
+        if (fail_fast and state == "INFEASIBLE") or time.monotonic() - t0 > timeout_s:
+            remove_placement_group(pg)
+            nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+            raise RayStartError(
+                placement_failure(bundles, strategy, nodes, ray.available_resources(), state, time.monotonic() - t0)
+            )
+
+
 Role = tuple[type, Any, dict[str, str]]  # (class, the spec its constructor takes, environment of its process)
 
 
@@ -221,14 +241,14 @@ def build_ray_runtime(p: PlacementSpec, runtime_spec: RuntimeSpec, *, rollout: R
     pg, plans = place_roles(p)
     handles: dict[str, list] = {"actor": [], "learner": []}
 
-    def wait_ready(role: str) -> None:  # surface constructor errors (model load, engine start), role named
+    def wait_ready(role: str) -> None:  # a constructor's error (model load, engine start), role named: rl/startup.py
         for i, h in enumerate(handles[role]):
             try:
                 ray.get(h.__ray_ready__.remote())
             except Exception as e:
                 for hh in handles["actor"] + handles["learner"]:
                     ray.kill(hh)
-                raise RuntimeError(f"{role} {i} failed to start: {_first_line(e)}") from e
+                raise RoleStartFailed(f"{'rollout actor' if role == 'actor' else role} {i}", cause_of(e)) from e
 
     for b, plan in enumerate(plans):
         if p.use_gpu and plan.role == "learner" and plan.index == 0:

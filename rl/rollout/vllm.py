@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from rl.specs import RolloutSpec
+from rl.startup import OutputMark, engine_start_error
 from rl.types import Adapter, Completion, PromptRollout, Sampling
 
 
@@ -48,7 +49,13 @@ class VLLMRollout:
             kwargs.update(enable_lora=True, max_lora_rank=spec.max_lora_rank, max_loras=1)
         if spec.weight_sync == "ipc":  # vLLM's weight-transfer engine: full weights arrive as CUDA IPC handles
             kwargs.update(weight_transfer_config={"backend": "ipc"})
-        self.llm = LLM(**kwargs)
+        # vLLM logs an engine's real start-up error in the engine's own processes and raises only "see root cause
+        # above" here: read back what they wrote to this process's output (a Ray actor's log files)
+        mark = OutputMark()
+        try:
+            self.llm = LLM(**kwargs)
+        except Exception as e:
+            raise engine_start_error(e, mark.read()) from e
         self.version = 0
         self._lora_request = None
         self.tokenizer = self.llm.get_tokenizer()

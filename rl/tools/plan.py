@@ -21,7 +21,11 @@ What is counted, in bytes (an estimate: allocator slack, CUDA context and fragme
   An upper bound for the learner's default share_prompt_prefix=true, which runs each prompt once per group.
 - actor (vLLM): on GPU the engine takes cluster.gpu_memory_utilization of each of its GPUs; weights, the LoRA
   slot and a profiling peak (8192 batched tokens) come out of it and the rest is KV cache (2 x layers x kv
-  heads x head_dim values per token). On CPU the fraction is of RAM and is all KV cache (vLLM CPU).
+  heads x head_dim values per token). On CPU, as vLLM's CPU worker computes it (vllm/v1/worker/cpu_worker.py):
+  the fraction is of the memory of one NUMA node (the node of the engine's first CPU, capped by a cgroup limit),
+  and the KV cache is that share minus what the engine process already uses when it allocates the cache
+  (libraries, buffers and weights: `vllm_cpu_non_kv_bytes`); vLLM refuses to start when the share exceeds the
+  node's available memory or leaves no KV cache.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 VLLM_PROFILE_TOKENS = 8192  # tokens in vLLM's profiling forward (its default max_num_batched_tokens order)
 VLLM_PROFILE_SEQS = 256  # sequences whose last-token logits the profiling run computes (max_num_seqs default)
 ASSUMED_GPU_GIB = 80.0  # when neither plan_gpu_memory_gib nor nvidia-smi says
+# A vLLM CPU engine's memory besides its KV cache, when it sizes the cache: VLLM_CPU_BASE_BYTES + VLLM_CPU_WEIGHT_FACTOR
+# x its weights (libraries, buffers, the warm-up forward): at or above vllm-cpu 0.32's own report of it for three
+# models from 7M to 0.4B parameters (docs/benchmarks.md); larger models are overestimated
+VLLM_CPU_BASE_BYTES = 0.70 * GiB
+VLLM_CPU_WEIGHT_FACTOR = 1.6
 
 
 @dataclass(frozen=True)
@@ -271,16 +280,33 @@ def estimate_memory(
             f"vLLM takes cluster.gpu_memory_utilization={gpu_memory_utilization:g} of {tp} GPU(s) = "
             f"{reserved / GiB:.1f} GiB; the rest after weights is KV cache"
         )
-    else:
-        kv = gpu_memory_utilization * device_bytes
-        actor.notes.append(f"vLLM CPU: cluster.gpu_memory_utilization={gpu_memory_utilization:g} of RAM is KV cache")
+    else:  # vLLM's CPU worker: the share of its NUMA node is the engine's whole memory, weights included
+        reserved = gpu_memory_utilization * device_bytes
+        non_kv = vllm_cpu_non_kv_bytes(weights) + actor.parts.get("LoRA slot", 0.0)
+        actor.parts["engine process (libraries, buffers)"] = non_kv - actor.total
+        kv = reserved - non_kv
+        actor.budget = reserved
+        actor.notes.append(
+            f"vLLM CPU: cluster.gpu_memory_utilization={gpu_memory_utilization:g} of the NUMA node's "
+            f"{device_bytes / GiB:.2f} GiB = {reserved / GiB:.2f} GiB for the engine; it uses about "
+            f"{non_kv / GiB:.2f} GiB before its KV cache, the rest is KV cache"
+        )
     actor.parts["KV cache"] = max(kv, 0.0)
     capacity = max(kv, 0.0) / kv_token
     actor.notes.append(
         f"KV cache holds {capacity:,.0f} tokens; the step needs {sequences_per_actor} sequences x {seq_len} = "
         f"{sequences_per_actor * seq_len:,} tokens per actor ({kv_needed / GiB:.2f} GiB)"
     )
-    if capacity < seq_len:
+    if capacity < seq_len and not use_gpu:
+        fits = vllm_cpu_fraction(non_kv, kv_needed, device_bytes)
+        actor.warnings.append(
+            f"actor: vLLM's CPU engine would fail to start (no KV cache): cluster.gpu_memory_utilization="
+            f"{gpu_memory_utilization:g} gives it {reserved / GiB:.2f} GiB of the NUMA node's "
+            f"{device_bytes / GiB:.2f} GiB and it uses about {non_kv / GiB:.2f} GiB before its KV cache; set "
+            f"cluster.gpu_memory_utilization={fits:g} (the step's {sequences_per_actor} sequences of {seq_len} "
+            "tokens at once)"
+        )
+    elif capacity < seq_len:
         actor.warnings.append(
             f"actor: no room for one {seq_len}-token sequence in vLLM's KV cache ({max(kv, 0) / GiB:.2f} GiB): "
             "raise cluster.gpu_memory_utilization or cluster.gpus_per_actor, or lower model.max_new_tokens"
@@ -334,6 +360,88 @@ def ram_bytes() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
+def vllm_cpu_non_kv_bytes(weights: float) -> float:
+    """What a vLLM CPU engine's process uses when it sizes its KV cache, for `weights` bytes of weights (the
+    estimate behind VLLM_CPU_BASE_BYTES; a failed start reports the real number, see rl/startup.py)."""
+    return VLLM_CPU_BASE_BYTES + VLLM_CPU_WEIGHT_FACTOR * weights
+
+
+def vllm_cpu_fraction(non_kv: float, kv_needed: float, node_total: float, headroom: float = 1.1) -> float:
+    """The smallest cluster.gpu_memory_utilization (rounded up to 0.01) whose share of a NUMA node of `node_total`
+    bytes holds an engine that uses `non_kv` bytes before its KV cache plus `kv_needed` bytes of KV cache, with
+    `headroom` on the engine's own part (its use varies a little from start to start)."""
+    return min(1.0, math.ceil(100 * (non_kv * headroom + kv_needed) / node_total - 1e-9) / 100)
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """One NUMA node's memory as vLLM's CPU worker reads it (vllm/utils/cpu_resource_utils.py
+    get_memory_node_info): the total it takes cluster.gpu_memory_utilization of, and what it may still allocate."""
+
+    node: int
+    total: float
+    available: float
+
+
+def numa_node_memory(cpu: int | None = None, sys_root: str = "/sys") -> NodeMemory:
+    """The memory of the NUMA node of `cpu` (default: the first CPU this process may run on, which is where a CPU
+    engine started from it allocates): MemTotal, and MemFree + Active(file) + Inactive(file) + SReclaimable as
+    available, both capped by the cgroup memory limit; without NUMA nodes in sysfs, the machine's RAM."""
+    root = Path(sys_root)
+    if cpu is None:
+        cpu = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    node_dirs = sorted(root.glob("devices/system/node/node[0-9]*"), key=lambda d: int(d.name[4:]))
+    node = next((int(d.name[4:]) for d in node_dirs if cpu in _id_list((d / "cpulist").read_text())), None)
+    meminfo = root / f"devices/system/node/node{node}/meminfo"
+    if node is not None and meminfo.is_file():
+        info = {}
+        for line in meminfo.read_text().splitlines():  # "Node 0 MemTotal:       16083148 kB"
+            parts = line.split()
+            if len(parts) >= 4:
+                info[parts[2].rstrip(":")] = int(parts[3]) * 1024
+        total = float(info["MemTotal"])
+        available = float(sum(info.get(k, 0) for k in ("MemFree", "Active(file)", "Inactive(file)", "SReclaimable")))
+    else:
+        node, total = 0, ram_bytes()
+        available = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+    limit, usage = _cgroup_memory(root)
+    if limit is not None and limit < total:
+        total = float(limit)
+        available = max(0.0, min(available, limit - (usage or 0)))
+    return NodeMemory(node, total, available)
+
+
+def _id_list(text: str) -> set[int]:
+    """'0-2,4' -> {0, 1, 2, 4}."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            out.update(range(int(a), int(b) + 1))
+        elif part:
+            out.add(int(part))
+    return out
+
+
+def _cgroup_memory(root: Path) -> tuple[int | None, int | None]:
+    """(limit, usage) of this process's memory cgroup, v2 or v1, as vLLM reads them; (None, None) if unlimited."""
+
+    def read(rel: str) -> int | None:
+        try:
+            text = (root / rel).read_text().strip()
+            return int(text) if text and text != "max" else None
+        except (OSError, ValueError):
+            return None
+
+    v2 = read("fs/cgroup/memory.max")
+    if v2 is not None:
+        return v2, read("fs/cgroup/memory.current")
+    v1 = read("fs/cgroup/memory/memory.limit_in_bytes")
+    if v1 is not None and v1 < (1 << 62):
+        return v1, read("fs/cgroup/memory/memory.usage_in_bytes")
+    return None, None
+
+
 def plan_for_config(cfg: Any, shape: ModelShape, device_bytes: float) -> dict[str, RoleMemory]:
     """`estimate_memory` for a TrainConfig; keys that may not exist yet are read with their defaults."""
     m, c = cfg.model, cfg.cluster
@@ -369,6 +477,7 @@ def _gib(b: float) -> str:
 def format_plan(cfg: Any) -> tuple[str, list[str]]:
     """The preflight report for a TrainConfig: (text, warnings)."""
     c = cfg.cluster
+    value = lambda v: getattr(v, "value", v)  # noqa: E731 - str Enums to their names
     lines, warnings = [], []
     try:
         shape, source = load_shape(cfg.model.path)
@@ -403,12 +512,14 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
         lines.append("GPU map:")
         lines += [f"  GPU {i}: {', '.join(roles)}" for i, roles in enumerate(layout)]
     else:
-        device = ram_bytes()
+        node = numa_node_memory()
+        device = node.total  # vLLM's CPU engine takes its fraction of one NUMA node
         cpus = c.num_actors * c.cpus_per_actor + c.num_learners * c.cpus_per_learner
         lines.append(
             "CPU mode (cluster.use_gpu=false): no GPUs; "
             + ("one process (cluster.mode=local)" if local else f"the roles reserve {cpus:g} Ray CPUs")
-            + f"; this machine: {os.cpu_count()} cores, {device / GiB:.1f} GiB RAM"
+            + f"; this machine: {os.cpu_count()} cores, {ram_bytes() / GiB:.1f} GiB RAM; NUMA node {node.node} "
+            f"(where a vLLM CPU engine allocates): {_gib(node.total)}, {_gib(node.available)} available now"
         )
         layout = []
     if shape is None:
@@ -443,9 +554,17 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
             )
     else:
         total = learner.total + actor.total if local else c.num_learners * learner.total + c.num_actors * actor.total
-        lines.append(f"all roles: {_gib(total)} of {_gib(device)} RAM")
-        if total > device:
-            warnings.append(f"the roles need {_gib(total)} of RAM and this machine has {_gib(device)}")
+        lines.append(f"all roles: {_gib(total)} of {_gib(ram_bytes())} RAM")
+        if total > ram_bytes():
+            warnings.append(f"the roles need {_gib(total)} of RAM and this machine has {_gib(ram_bytes())}")
+        if value(c.rollout_backend) == "vllm" and actor.budget is not None and actor.budget > node.available:
+            # vLLM's CPU worker checks this at start (the share must be free now); cluster.address: other nodes
+            below = math.floor(100 * node.available / node.total) / 100
+            warnings.append(
+                f"actor: vLLM's CPU engine would refuse to start: cluster.gpu_memory_utilization="
+                f"{c.gpu_memory_utilization:g} asks {_gib(actor.budget)} of NUMA node {node.node} and "
+                f"{_gib(node.available)} is available now; set it below {below:g} or free memory"
+            )
     return "\n".join(lines), warnings
 
 

@@ -140,8 +140,77 @@ def test_actor_kv_cache_is_what_vllm_share_leaves():
     assert not actor.warnings
     starved = estimate(shape, gpu_memory_utilization=0.18)["actor"]  # 14.4 GiB < 14.2 GiB weights + the rest
     assert starved.parts["KV cache"] == 0 and "cluster.gpu_memory_utilization" in starved.warnings[0]
-    cpu = estimate(shape, use_gpu=False, device_bytes=100 * 2**30, gpu_memory_utilization=0.2)["actor"]
-    assert cpu.parts["KV cache"] == 20 * 2**30  # vLLM CPU: the fraction of RAM is all KV cache
+
+
+def test_cpu_actor_kv_cache_is_the_node_share_minus_what_the_engine_uses():
+    """vLLM's CPU worker: the fraction is of one NUMA node and covers the engine's whole process (weights,
+    libraries, buffers); the KV cache is the rest, and none left means the engine does not start."""
+    shape = plan.ModelShape.from_hf_config(QWEN_05B)
+    weights = shape.weight_bytes(2)
+    node = 16 * 2**30
+    cpu = estimate(shape, use_gpu=False, device_bytes=node, gpu_memory_utilization=0.2, native_lora=False)["actor"]
+    assert cpu.budget == pytest.approx(0.2 * node)
+    engine = plan.VLLM_CPU_BASE_BYTES + plan.VLLM_CPU_WEIGHT_FACTOR * weights
+    assert cpu.parts["KV cache"] == pytest.approx(0.2 * node - engine)
+    assert cpu.total == pytest.approx(cpu.budget) and not cpu.warnings
+    starved = estimate(shape, use_gpu=False, device_bytes=node, gpu_memory_utilization=0.05, native_lora=False)["actor"]
+    assert starved.parts["KV cache"] == 0
+    (warning,) = starved.warnings
+    fits = plan.vllm_cpu_fraction(engine, 64 * 1024 * shape.kv_bytes_per_token(2), node)
+    assert "would fail to start (no KV cache): cluster.gpu_memory_utilization=0.05 gives it 0.80 GiB" in warning
+    assert warning.endswith(
+        f"set cluster.gpu_memory_utilization={fits:g} (the step's 64 sequences of 1024 tokens at once)"
+    )
+    at_fit = estimate(shape, use_gpu=False, device_bytes=node, gpu_memory_utilization=fits, native_lora=False)["actor"]
+    assert at_fit.parts["KV cache"] >= 64 * 1024 * shape.kv_bytes_per_token(2) and not at_fit.warnings
+
+
+def test_vllm_cpu_fraction_rounds_up_and_keeps_headroom():
+    gib = 2**30
+    assert plan.vllm_cpu_fraction(1.0 * gib, 0.0, 10 * gib) == 0.11  # 1.1 GiB of 10
+    assert plan.vllm_cpu_fraction(0.68 * gib, 0.001 * gib, 15.84 * gib) == 0.05
+    assert plan.vllm_cpu_fraction(20 * gib, 0.0, 10 * gib) == 1.0
+
+
+def write_node(root, node=0, cpus="0-1", total_kb=16_000_000, free_kb=6_000_000, file_kb=(1_000_000, 500_000)):
+    d = root / f"devices/system/node/node{node}"
+    d.mkdir(parents=True)
+    (d / "cpulist").write_text(cpus + "\n")
+    (d / "meminfo").write_text(
+        f"Node {node} MemTotal:       {total_kb} kB\nNode {node} MemFree:        {free_kb} kB\n"
+        f"Node {node} Active(file):   {file_kb[0]} kB\nNode {node} Inactive(file): {file_kb[1]} kB\n"
+        f"Node {node} SReclaimable:     100000 kB\nNode {node} AnonPages:     9000000 kB\n"
+    )
+
+
+def test_numa_node_memory_reads_the_cpus_node_as_vllm_does(tmp_path):
+    write_node(tmp_path, 0, "0-1", total_kb=16_000_000)
+    write_node(tmp_path, 1, "2-3", total_kb=8_000_000, free_kb=2_000_000)
+    first = plan.numa_node_memory(cpu=0, sys_root=str(tmp_path))
+    assert (first.node, first.total) == (0, 16_000_000 * 1024)
+    assert first.available == (6_000_000 + 1_000_000 + 500_000 + 100_000) * 1024  # free + file pages + reclaimable
+    second = plan.numa_node_memory(cpu=3, sys_root=str(tmp_path))
+    assert (second.node, second.total) == (1, 8_000_000 * 1024)
+    cgroup = tmp_path / "fs/cgroup"
+    cgroup.mkdir(parents=True)
+    (cgroup / "memory.max").write_text(str(4 * 2**30))
+    (cgroup / "memory.current").write_text(str(3 * 2**30))
+    capped = plan.numa_node_memory(cpu=0, sys_root=str(tmp_path))
+    assert (capped.total, capped.available) == (4 * 2**30, 2**30)  # the cgroup's limit and what is left under it
+    (cgroup / "memory.max").write_text("max")
+    assert plan.numa_node_memory(cpu=0, sys_root=str(tmp_path)).total == 16_000_000 * 1024
+
+
+def test_cli_plan_cpu_warns_before_a_kv_cache_that_would_not_fit(tmp_path):
+    model = model_dir(tmp_path, QWEN_05B)
+    proc = run_train(["plan=true", f"model.path={model}", "cluster.gpu_memory_utilization=0.01"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "NUMA node 0 (where a vLLM CPU engine allocates)" in proc.stdout
+    assert (
+        "WARNING: actor: vLLM's CPU engine would fail to start (no KV cache): cluster.gpu_memory_utilization=0.01"
+        in proc.stdout
+    )
+    assert "WARNING: as configured it will not start or not fit" in proc.stdout
 
 
 def test_gpu_map_whole_fractional_and_tensor_parallel():
@@ -200,7 +269,7 @@ def test_cli_plan_cpu_mode_imports_no_torch_ray_or_vllm(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "CPU mode (cluster.use_gpu=false)" in proc.stdout and "of RAM" in proc.stdout
+    assert "CPU mode (cluster.use_gpu=false)" in proc.stdout and "of the NUMA node's" in proc.stdout
     assert "heavy: []" in proc.stdout
 
 

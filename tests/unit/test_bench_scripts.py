@@ -1,0 +1,106 @@
+"""Every script in bench/ starts on this machine: its arguments parse, and the runs it would start pass `plan=true`
+(the config is valid and vLLM's CPU engine fits the NUMA node it allocates on), without starting Ray or vLLM.
+One real smallest run is in tests/integration/test_bench_smoke.py; bench/gpu/ needs a GPU and is not run here."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import pytest
+
+from tests.helpers import REPO, run_train
+
+BENCHES = sorted(p.stem for p in (REPO / "bench").glob("*.py") if p.stem not in ("__init__", "common"))
+# SmolLM2-135M-Instruct's config.json fields that size it (the embedded model; no conversion needed to plan it)
+SMOLLM2 = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_attention_heads": 9,
+    "num_hidden_layers": 30,
+    "num_key_value_heads": 3,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture(scope="module")
+def smollm2_shape(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("smollm2-shape")
+    (folder / "config.json").write_text(json.dumps(SMOLLM2))
+    return folder
+
+
+def test_every_bench_script_is_covered():
+    assert BENCHES == [
+        "e2e_trl",
+        "learner",
+        "learner_backends",
+        "rollout",
+        "rollout_lora_mode",
+        "scaling",
+        "shapes",
+        "staleness",
+        "sync",
+    ], "a new bench script: add its set-up to this file"
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_bench_parses_its_arguments(name, monkeypatch, capsys):
+    module = importlib.import_module(f"bench.{name}")
+    monkeypatch.setattr(sys, "argv", [f"bench.{name}", "--help"])
+    with pytest.raises(SystemExit) as done:
+        module.main()
+    assert done.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def plan_fits(args: list[str]) -> str:
+    proc = run_train([*args, "plan=true"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "WARNING" not in proc.stdout and proc.stdout.rstrip().endswith("fits (by this estimate)"), proc.stdout
+    return proc.stdout
+
+
+def test_e2e_trl_runs_the_demo_settings_which_fit(smollm2_shape, tmp_path):
+    from bench import e2e_trl
+
+    args = e2e_trl.ours_args(4, tmp_path / "out", threads=1)
+    assert not any(a.startswith("cluster.gpu_memory_utilization") for a in args)  # the demo's own share
+    plan_fits([*args, f"model.path={smollm2_shape}"])
+
+
+def test_staleness_vllm_share_fits(tiny_model, tmp_path):
+    from bench import staleness
+
+    defaults = staleness.parser().parse_args([])
+    plan_fits(staleness.train_args(1, tiny_model, tmp_path / "run", defaults))
+
+
+def test_scaling_actor_share_fits(tiny_model):
+    from bench import scaling
+
+    defaults = scaling.parser().parse_args([])
+    for actors in (1, 2):
+        keys = scaling.actor_overrides(str(tiny_model), defaults.prompts, actors, defaults)
+        plan_fits(
+            [
+                f"model.path={tiny_model}",
+                *keys,
+                f"cluster.num_actors={actors}",
+                f"prompts_per_step={defaults.prompts}",
+                f"algorithm.group_size={defaults.n}",
+            ]
+        )
+
+
+@pytest.mark.parametrize("mode", ["merged", "native"])
+def test_sync_actor_share_fits(smollm2_shape, mode):
+    from bench import sync
+
+    keys = sync.actor_overrides(str(smollm2_shape), mode, 64)
+    plan_fits([f"model.path={smollm2_shape}", *keys, "prompts_per_step=8", "algorithm.group_size=8"])
