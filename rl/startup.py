@@ -13,6 +13,9 @@ can be computed) that fixes it. The one place that turns a start-up error into w
 
 train.py prints a `StartupError` as `error: <one line>` (exit 1) and writes the full traceback, the role's
 included, to the run's log file (train.log).
+
+Past 400 lines on purpose: each failure kind is one short function beside the vLLM or Ray message it matches, and
+they read best side by side, in the order `explain` tries them.
 """
 
 from __future__ import annotations
