@@ -14,19 +14,9 @@ import pytest
 from rl import startup
 from rl.tools import plan
 from tests.helpers import REPO, run_spec
+from tests.unit.test_plan import QWEN_05B  # the shapes of Qwen/Qwen2.5-0.5B-Instruct's config.json
 
 GiB = 2**30
-QWEN_05B = {  # the shapes of Qwen/Qwen2.5-0.5B-Instruct's config.json
-    "model_type": "qwen2",
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_attention_heads": 14,
-    "num_hidden_layers": 24,
-    "num_key_value_heads": 2,
-    "vocab_size": 151936,
-    "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
-}
 P = "(Worker pid=3955) ERROR 12-01 05:38:53 [multiproc_executor.py:1063] "
 E = "(EngineCore pid=3937) ERROR 12-01 05:38:53 [core.py:1510] "
 KV_CAUSE = (
