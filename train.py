@@ -1,8 +1,8 @@
 """Train an LLM with RL on verifiable rewards: `python train.py [overrides]`, `python train.py -m ...` to sweep.
 
 Composes conf/train.yaml with Hydra, validates it into typed objects (rl/config.py), resolves it into frozen specs
-(rl/specs.py), builds the environment and reward, and hands them to rl/app.py. No maths here. Heavy libraries (torch, vLLM, Ray) are imported
-only after the config is valid, so `--help` and `--cfg job` stay instant.
+(rl/specs.py), builds the environment and reward, and hands them to rl/app.py. No maths here. Heavy libraries
+(torch, vLLM, Ray) are imported only after the config is valid, so `--help` and `--cfg job` stay instant.
 """
 
 from __future__ import annotations

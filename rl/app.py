@@ -11,7 +11,6 @@ from typing import Any
 
 from rl import startup
 from rl.config import ClusterMode
-from rl.errors import UserFacingError
 from rl.groups import LocalGroup
 from rl.runtime import Runtime
 from rl.specs import LearnerSpec, PlacementSpec, RunSpec
@@ -55,9 +54,9 @@ def run(spec: RunSpec, *, env: Any, reward_fn: Any, resolved: dict, logger_spec:
     )
     try:
         runtime, teardown = build_runtime(spec)
-    except RayStartError as e:
+    except RayStartError:  # a UserFacingError already: one line naming the key to change
         logger.close()
-        raise UserFacingError(str(e)) from e
+        raise
     except startup.RoleStartFailed as e:  # its cause in one line, with the key that fixes it
         logger.close()
         raise StartupError(startup.explain(e.role, e.cause, spec)) from e

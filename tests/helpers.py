@@ -87,11 +87,16 @@ def make_samples(groups: int = 3, group_size: int = 4, seed: int = 0, old_logpro
     return out
 
 
+def repo_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child that imports the repo: the repo first on PYTHONPATH, the caller's
+    entries kept behind it (packages installed with `pip --target`, as on the GPU machine), plus `extra`."""
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=pythonpath, **extra)
+
+
 def run_train(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     """Run train.py as a user would; returns the finished process (stdout and stderr captured)."""
-    # packages installed with `pip --target` (the GPU machine) stay importable behind the repo
-    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, PYTHONPATH=pythonpath, HYDRA_FULL_ERROR="0")
+    env = repo_env(HYDRA_FULL_ERROR="0")
     return subprocess.run(
         [sys.executable, str(REPO / "train.py"), *args],
         cwd=REPO,

@@ -10,14 +10,13 @@ when the adapter does). docs/gpus-and-clusters.md says how to bring what these n
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, run_train
+from tests.helpers import REPO, repo_env, run_train
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +27,7 @@ LOGPROB_TOL_4BIT = 1.0
 
 
 def job(name: str, **args) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = repo_env()
     if args.get("kind") == "unsloth":
         env["RLFT_IMPORT_UNSLOTH"] = "1"  # Unsloth first in that process (rl/__init__.py)
     proc = subprocess.run(

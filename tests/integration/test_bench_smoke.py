@@ -5,13 +5,12 @@ anything in tests/unit/test_bench_scripts.py."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, repo_env
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +20,7 @@ def test_scaling_bench_measures_one_actor(tiny_model):
     proc = subprocess.run(
         [sys.executable, "-m", "bench.scaling", *args, "--repeats", "1"],
         cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        env=repo_env(),
         capture_output=True,
         text=True,
         timeout=400,

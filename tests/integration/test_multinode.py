@@ -27,7 +27,7 @@ import pytest
 
 from rl import checkpoint
 from rl.rollout.vllm import VLLMRollout
-from tests.helpers import REPO, LengthReward, run_train, sigkill_self_once, tiny_args
+from tests.helpers import REPO, LengthReward, repo_env, run_train, sigkill_self_once, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -342,7 +342,7 @@ def test_killed_vllm_actor_is_restarted_and_every_prompt_is_trained_once(two_nod
     proc = subprocess.run(
         [sys.executable, "-c", code, two_nodes.address, str(tiny_model), str(run_dir)],
         cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=str(REPO), **AUTH),
+        env=repo_env(**AUTH),
         capture_output=True,
         text=True,
         timeout=600,

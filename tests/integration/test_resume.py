@@ -6,7 +6,6 @@ position and adapter version."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 from safetensors.torch import load_file
 
 from rl import checkpoint
-from tests.helpers import REPO, run_train, tiny_args
+from tests.helpers import REPO, repo_env, run_train, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +85,7 @@ def test_resume_is_bitwise_identical(tiny_model, tmp_path):
 def test_killed_run_resumes_from_last_checkpoint(tiny_model, tmp_path):
     out = tmp_path / "run"
     common = ["eval_size=0", "save_interval=1", "keep_last=2"]
-    env = dict(os.environ, PYTHONPATH=str(REPO), HYDRA_FULL_ERROR="0")
+    env = repo_env(HYDRA_FULL_ERROR="0")
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "train.py"), *args(tiny_model, out, *common, "steps=50")],
         cwd=REPO,

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from rewards.check import EXPLOITS, PROBLEMS, build_reward, run_check
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO, repo_env
 
 
 @pytest.mark.parametrize("name", ["boxed", "think_answer_tags", "seed_10_5_0", "boxed_format"])
@@ -30,7 +27,7 @@ def test_gate_catches_a_gameable_reward():
 
 
 def test_check_command_exit_codes():
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = repo_env()
     ok = subprocess.run(
         [sys.executable, "-m", "rewards.check", "reward=boxed"],
         cwd=REPO,
