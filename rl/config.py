@@ -242,6 +242,7 @@ class ClusterConfig:
     staleness: int = 0  # steps actors may run ahead of learners (0: synchronous; k: generate step t+k while training t)
     actor_max_restarts: int = 2  # times Ray restarts a dead rollout actor (its prompts go to a live one meanwhile)
     learner_chunk_size: int = 0  # prompts each learner generates per generate call, HF generate (0: actors only)
+    colocate: bool = False  # actor i and learner i time-share one GPU: the engine sleeps while the learner trains
 
     def __post_init__(self) -> None:
         _check(self.num_actors >= 1, f"cluster.num_actors must be >= 1 (got {self.num_actors})")
@@ -261,6 +262,8 @@ class ClusterConfig:
             f"cluster.learner_chunk_size must be >= 0 (0: only the actors generate; got {self.learner_chunk_size})",
         )
         _check(self.actor_max_restarts >= 0, f"cluster.actor_max_restarts must be >= 0 (got {self.actor_max_restarts})")
+        if self.colocate:
+            self._check_colocate()
         if self.mode == ClusterMode.local:
             _check(
                 self.num_actors == 1 and self.num_learners == 1,
@@ -272,6 +275,35 @@ class ClusterConfig:
                 f"cluster.mode=local runs the roles one after the other, so it cannot overlap them: set "
                 f"cluster.staleness=0 (got {self.staleness}) or use cluster.mode=ray",
             )
+
+    def _check_colocate(self) -> None:
+        """Time-sharing a GPU (vLLM sleep mode) works on CUDA only, pairs one actor with one learner on the same
+        GPU, and cannot overlap generation with training."""
+        _check(
+            self.use_gpu and self.mode == ClusterMode.ray,
+            "cluster.colocate=true time-shares a GPU through vLLM's sleep mode (CUDA only): set cluster.use_gpu=true "
+            "(and cluster.mode=ray)",
+        )
+        _check(
+            self.staleness == 0,
+            f"cluster.colocate=true: the engine sleeps while the learner trains, so nothing is generated ahead: set "
+            f"cluster.staleness=0 (got {self.staleness})",
+        )
+        _check(
+            self.num_actors == self.num_learners,
+            f"cluster.colocate=true pairs actor i with learner i on one GPU: set cluster.num_actors equal to "
+            f"cluster.num_learners (got {self.num_actors} and {self.num_learners})",
+        )
+        _check(
+            self.gpus_per_actor == self.gpus_per_learner and self.gpus_per_actor <= 1,
+            f"cluster.colocate=true: each actor/learner pair shares one GPU (or the same fraction of one): set "
+            f"cluster.gpus_per_actor = cluster.gpus_per_learner <= 1 (got {self.gpus_per_actor} and "
+            f"{self.gpus_per_learner})",
+        )
+        _check(
+            self.learner_chunk_size == 0,
+            "cluster.colocate=true: the learners cannot generate while the engine is awake: set cluster.learner_chunk_size=0",
+        )
 
 
 @dataclass

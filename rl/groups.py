@@ -129,12 +129,12 @@ def shard_groups(samples: list, n: int) -> list[list]:
 
 
 def merge_learner_metrics(results: list[dict[str, float]]) -> dict[str, float]:
-    """Learners return the same global loss metrics (all-reduced); their times overlap (max) and their
-    throughputs add up (sum)."""
+    """Learners return the same global loss metrics (all-reduced); their times and peak memory overlap (max)
+    and their throughputs add up (sum)."""
     out = {}
     for k in results[0]:
         values = [r[k] for r in results]
-        if k.startswith("time/"):
+        if k.startswith(("time/", "memory/")):
             out[k] = max(values)
         elif k.startswith("perf/"):
             out[k] = sum(values)

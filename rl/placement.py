@@ -109,8 +109,31 @@ class RayGroup:
 class RolePlan:
     role: str  # "actor" or "learner"
     index: int
-    resources: dict[str, float]
+    resources: dict[str, float]  # what the role's Ray actor asks of its bundle
+    bundle: int = 0  # its bundle in the placement group
     node: str = ""  # the Ray node its bundle was placed on: "<node id prefix> (<node ip>)", once the group is ready
+
+
+def role_plans(p: PlacementSpec) -> tuple[list[RolePlan], list[dict[str, float]]]:
+    """Each role's resources and bundle, and the bundles. A bundle per role; colocated (`cluster.colocate`), actor
+    i and learner i share bundle i, which holds their GPU (or GPU fraction) once, so Ray gives both the same GPU
+    and each asks for half of it."""
+    gpu = (lambda g: {"GPU": g}) if p.use_gpu else (lambda g: {})
+    if p.colocate:
+        plans, bundles = [], []
+        for i in range(p.num_actors):
+            bundles.append({"CPU": p.cpus_per_actor + p.cpus_per_learner, **gpu(p.gpus_per_actor)})
+            plans.append(RolePlan("actor", i, {"CPU": p.cpus_per_actor, **gpu(p.gpus_per_actor / 2)}, bundle=i))
+        for i in range(p.num_learners):
+            plans.append(RolePlan("learner", i, {"CPU": p.cpus_per_learner, **gpu(p.gpus_per_learner / 2)}, bundle=i))
+        return plans, bundles
+    plans = [RolePlan("actor", i, {"CPU": p.cpus_per_actor, **gpu(p.gpus_per_actor)}) for i in range(p.num_actors)]
+    plans += [
+        RolePlan("learner", i, {"CPU": p.cpus_per_learner, **gpu(p.gpus_per_learner)}) for i in range(p.num_learners)
+    ]
+    for b, plan in enumerate(plans):
+        plan.bundle = b
+    return plans, [dict(plan.resources) for plan in plans]
 
 
 def start_ray(address: str | None, num_cpus: int | None) -> bool:
@@ -167,15 +190,9 @@ def place_roles(p: PlacementSpec) -> tuple[Any, list[RolePlan]]:
     import ray
     from ray.util.placement_group import placement_group
 
-    plans = []
-    for i in range(p.num_actors):
-        res = {"CPU": p.cpus_per_actor, **({"GPU": p.gpus_per_actor} if p.use_gpu else {})}
-        plans.append(RolePlan("actor", i, res))
-    for i in range(p.num_learners):
-        res = {"CPU": p.cpus_per_learner, **({"GPU": p.gpus_per_learner} if p.use_gpu else {})}
-        plans.append(RolePlan("learner", i, res))
-    need_cpu = sum(r.resources["CPU"] for r in plans)
-    need_gpu = sum(r.resources.get("GPU", 0) for r in plans)
+    plans, bundles = role_plans(p)
+    need_cpu = sum(b["CPU"] for b in bundles)
+    need_gpu = sum(b.get("GPU", 0) for b in bundles)
     have = ray.cluster_resources()
     if need_cpu > have.get("CPU", 0) or need_gpu > have.get("GPU", 0):
         raise RayStartError(
@@ -184,12 +201,12 @@ def place_roles(p: PlacementSpec) -> tuple[Any, list[RolePlan]]:
             f"cpus_per_learner/gpus_per_actor/gpus_per_learner, or set cluster.ray_num_cpus"
         )
     strategy = p.strategy.value
-    pg = placement_group([r.resources for r in plans], strategy=strategy)
-    wait_placed(pg, [r.resources for r in plans], strategy, fail_fast=p.address is None)
-    for b, node in enumerate(bundle_nodes(pg)):
-        plans[b].node = node
-    for b, r in enumerate(plans):
-        log.info("placement: bundle %d -> %s %d %s on node %s", b, r.role, r.index, r.resources, r.node)
+    pg = placement_group(bundles, strategy=strategy)
+    wait_placed(pg, bundles, strategy, fail_fast=p.address is None)
+    nodes = bundle_nodes(pg)
+    for r in plans:
+        r.node = nodes[r.bundle]
+        log.info("placement: bundle %d -> %s %d %s on node %s", r.bundle, r.role, r.index, r.resources, r.node)
     return pg, plans
 
 
@@ -250,16 +267,20 @@ def build_ray_runtime(p: PlacementSpec, runtime_spec: RuntimeSpec, *, rollout: R
                     ray.kill(hh)
                 raise RoleStartFailed(f"{'rollout actor' if role == 'actor' else role} {i}", cause_of(e)) from e
 
-    for b, plan in enumerate(plans):
-        if p.use_gpu and plan.role == "learner" and plan.index == 0:
+    for plan in plans:
+        if (p.use_gpu or p.colocate) and plan.role == "learner" and plan.index == 0:
             # vLLM measures free GPU memory while it starts and fails if another process on the same GPU frees
             # memory meanwhile (a learner quantising its weights does): on GPUs the engines start first
             wait_ready("actor")
+            if p.colocate:  # and then sleep, so that the learners load into the memory the engines gave back
+                ray.get([h.sleep.remote() for h in handles["actor"]])
         cls, role_spec, env = rollout if plan.role == "actor" else learner
         opts = dict(
             num_cpus=plan.resources["CPU"],
             num_gpus=plan.resources.get("GPU", 0),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=b),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=plan.bundle
+            ),
             runtime_env={"env_vars": dict(env)},
             max_restarts=p.actor_max_restarts if plan.role == "actor" else 0,
             max_task_retries=0,
@@ -269,7 +290,7 @@ def build_ray_runtime(p: PlacementSpec, runtime_spec: RuntimeSpec, *, rollout: R
     wait_ready("learner")
     if p.num_learners > 1:
         try:
-            connect_learners(handles["learner"], pg, first_bundle=p.num_actors)
+            connect_learners(handles["learner"], pg, first_bundle=next(r.bundle for r in plans if r.role == "learner"))
         except Exception:
             for hh in handles["actor"] + handles["learner"]:
                 ray.kill(hh)

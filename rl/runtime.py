@@ -64,6 +64,7 @@ class Runtime:
         self.weight_sync = spec.weight_sync  # object_store (adapter/weights as bytes) | ipc (full weights, CUDA)
         self.learner_chunk_size = spec.learner_chunk_size  # prompts each learner generates per call (0: actors only)
         self.staleness, self.actor_max_restarts = spec.staleness, spec.actor_max_restarts
+        self.colocate = spec.colocate  # actors sleep while the learners train (one GPU per actor/learner pair)
         self._published = [0]  # adapter versions published by sync(), oldest first; the base model is version 0
         self._adapter_ref: Any = None  # the last published adapter (put once), re-sent to restarted actors
         self._deaths = [0] * len(actors)
@@ -244,14 +245,42 @@ class Runtime:
         """One optimizer step on every learner, data-parallel: each gets a shard of whole prompt groups, the
         learners sum their globally normalised gradients, and all step identically (`learner/checksum_spread`,
         the max - min of the learners' adapter checksums, is 0 when they agree)."""
+        slept = self._rest_actors()
         n = len(self.learners)
         if n == 1:
-            return self.learners.call("train_step", [(samples,)])[0]
+            return self.learners.call("train_step", [(samples,)])[0] | slept
         results = self.learners.call("train_step", [(part,) for part in shard_groups(samples, n)])
-        out = merge_learner_metrics(results)
+        out = merge_learner_metrics(results) | slept
         checksums = self.learners.broadcast("adapter_checksum")
         out["learner/checksum_spread"] = max(checksums) - min(checksums)
         return out
+
+    def _wake_actors(self) -> dict[str, float]:
+        """`cluster.colocate`: the actors take their GPU memory back before the sync loads into their weights."""
+        if not self.colocate:
+            return {}
+        t0 = time.perf_counter()
+        calls = [self._submit(i, "wake_up") for i in self.live_actors()]
+        for call in calls:
+            try:
+                self.actors.result(call.handle)
+            except MemberDied as e:
+                self._actor_died(call, "wake_up", e, 0)
+        return {"time/actor_wake_s": time.perf_counter() - t0}
+
+    def _rest_actors(self) -> dict[str, float]:
+        """`cluster.colocate`: every live actor sleeps (frees its GPU memory) before the learners on its GPU train;
+        the next call that runs its engine (the sync's load) wakes it. Nothing is in flight here: staleness is 0."""
+        if not self.colocate:
+            return {}
+        t0 = time.perf_counter()
+        calls = [self._submit(i, "sleep") for i in self.live_actors()]
+        for call in calls:
+            try:
+                self.actors.result(call.handle)
+            except MemberDied as e:
+                self._actor_died(call, "sleep", e, 0)
+        return {"time/actor_sleep_s": time.perf_counter() - t0}
 
     def reference_logprobs(self, rollouts: list[PromptRollout]) -> list[list[float]]:
         """Per-token logprobs of every completion under the reference policy (learner 0, adapter disabled)."""
@@ -268,8 +297,9 @@ class Runtime:
         """Publish learner 0's adapter to every live rollout actor as a new version. The loads queue behind the
         actors' calls in flight; with staleness > 0 they are not waited for (sync/actor_load_s is then the
         previous sync's)."""
+        woke = self._wake_actors()
         if self.weight_sync == "ipc":
-            return self._sync_ipc()
+            return self._sync_ipc() | woke
         t0 = time.perf_counter()
         adapter = self.adapter(for_sync=True)
         loaded = self._collect_loads()
@@ -286,7 +316,7 @@ class Runtime:
         }
         if loaded:
             out["sync/actor_load_s"] = max(x["seconds"] for x in loaded)
-        return out
+        return out | woke
 
     def _sync_ipc(self) -> dict[str, float]:
         """Full weights from learner 0 to every live actor through CUDA IPC handles (vLLM's weight-transfer API),

@@ -75,6 +75,7 @@ class LearnerSpec:
     seed: int = 0
     num_threads: int | None = None  # torch threads on CPU (None: every core)
     trust_remote_code: bool = False
+    release_memory: bool = False  # colocated with a sleeping engine: return cached GPU memory after each step
 
     @property
     def full_finetune(self) -> bool:
@@ -96,6 +97,7 @@ class RolloutSpec:
     weight_sync: WeightSync = WeightSync.object_store
     full_weights: bool = False  # the learner sends every weight (full fine-tuning), not an adapter
     trust_remote_code: bool = False
+    sleep_mode: bool = False  # colocated with a learner: the engine can sleep (weights to host, KV cache freed)
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ class PlacementSpec:
     strategy: PlacementStrategy = PlacementStrategy.PACK
     actor_max_restarts: int = 0
     actor_threads: int | None = None  # CPU threads of a CPU vLLM engine (None: every core)
+    colocate: bool = False  # actor i and learner i in one bundle (the same GPU), taking turns
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,7 @@ class RuntimeSpec:
     actor_max_restarts: int = 0
     learner_chunk_size: int = 0
     weight_sync: WeightSync = WeightSync.object_store
+    colocate: bool = False  # the actors sleep while the learners train and wake for the sync
 
 
 @dataclass(frozen=True)
@@ -287,6 +291,7 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         seed=cfg.seed,
         num_threads=c.learner_threads,
         trust_remote_code=m.trust_remote_code,
+        release_memory=c.colocate,
     )
     rollout = RolloutSpec(
         model_path=model_path,
@@ -302,6 +307,7 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         weight_sync=c.weight_sync,
         full_weights=m.full_finetune,
         trust_remote_code=m.trust_remote_code,
+        sleep_mode=c.colocate,
     )
     placement = PlacementSpec(
         mode=c.mode,
@@ -317,6 +323,7 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         strategy=c.placement_strategy,
         actor_max_restarts=c.actor_max_restarts,
         actor_threads=c.actor_threads,
+        colocate=c.colocate,
     )
     sampler = SamplerSpec(
         prompts_per_step=cfg.prompts_per_step,
@@ -364,7 +371,7 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         learner=learner,
         rollout=rollout,
         placement=placement,
-        runtime=RuntimeSpec(c.staleness, c.actor_max_restarts, c.learner_chunk_size, c.weight_sync),
+        runtime=RuntimeSpec(c.staleness, c.actor_max_restarts, c.learner_chunk_size, c.weight_sync, c.colocate),
         eval=evaluation,
         updates_per_step=a.updates_per_step,
         probe_threshold=cfg.sync_probe_threshold,

@@ -140,7 +140,19 @@ class Learner:
             "train/skipped_nonfinite": skipped,
             "perf/learner_tokens_per_s": tokens / dt,
             "time/learn_s": dt,
+            **self._gpu_memory(),
         }
+
+    def _gpu_memory(self) -> dict[str, float]:
+        """The step's peak GPU memory; colocated with a sleeping engine (`release_memory`), the allocator's cache
+        is returned to the GPU so that the engine can wake into it."""
+        if not torch.cuda.is_available():
+            return {}
+        peak = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+        if self.spec.release_memory:
+            torch.cuda.empty_cache()
+        return {"memory/learner_peak_gb": peak}
 
     @torch.no_grad()
     def sequence_logprobs(

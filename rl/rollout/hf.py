@@ -31,11 +31,13 @@ class HFRollout:
         self.generator = torch.Generator().manual_seed(seed)  # draws the per-prompt seeds, on the host
         self.seed = seed
         self.version = 0
+        self.asleep = False
 
     def load_adapter(self, adapter: Adapter) -> dict:
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
         from safetensors.torch import load
 
+        self.wake_up()
         t0 = time.perf_counter()
         if adapter.config.get("full_weights"):  # full fine-tuning: every parameter, under its HF name
             weights = load(adapter.weights)
@@ -51,6 +53,24 @@ class HFRollout:
         self.version = adapter.version
         return {"seconds": time.perf_counter() - t0, "bytes": adapter.nbytes}
 
+    def sleep(self) -> dict:
+        """`cluster.colocate` with the HF engine (debugging): the model moves to host memory while the learner
+        trains; on a CPU-only machine there is nothing to move."""
+        t0 = time.perf_counter()
+        if not self.asleep:
+            if self.device.type == "cuda":
+                self.model.to("cpu")
+                torch.cuda.empty_cache()
+            self.asleep = True
+        return {"seconds": time.perf_counter() - t0}
+
+    def wake_up(self) -> dict:
+        t0 = time.perf_counter()
+        if self.asleep:
+            self.model.to(self.device)
+            self.asleep = False
+        return {"seconds": time.perf_counter() - t0}
+
     def state_dict(self) -> dict:
         """The sampling generator's state (bytes): a resumed run draws the same samples as an uninterrupted one."""
         return {"generator": self.generator.get_state().numpy().tobytes()}
@@ -59,6 +79,7 @@ class HFRollout:
         self.generator.set_state(torch.frombuffer(bytearray(state["generator"]), dtype=torch.uint8))
 
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
+        self.wake_up()
         return hf_generate(self.model, self.tokenizer, prompts, sampling, self.generator, self.version)
 
     def close(self) -> None:

@@ -49,6 +49,8 @@ class VLLMRollout:
             kwargs.update(enable_lora=True, max_lora_rank=spec.max_lora_rank, max_loras=1)
         if spec.weight_sync == "ipc":  # vLLM's weight-transfer engine: full weights arrive as CUDA IPC handles
             kwargs.update(weight_transfer_config={"backend": "ipc"})
+        if spec.sleep_mode:  # cluster.colocate: the engine's memory comes from vLLM's allocator that can release it
+            kwargs.update(enable_sleep_mode=True)
         # vLLM logs an engine's real start-up error in the engine's own processes and raises only "see root cause
         # above" here: read back what they wrote to this process's output (a Ray actor's log files)
         mark = OutputMark()
@@ -57,6 +59,7 @@ class VLLMRollout:
         except Exception as e:
             raise engine_start_error(e, mark.read()) from e
         self.version = 0
+        self.asleep = False
         self._lora_request = None
         self.tokenizer = self.llm.get_tokenizer()
         # FlatLogprobs (a few flat lists per sample instead of a dict and object per token), where this vLLM has it
@@ -66,8 +69,28 @@ class VLLMRollout:
         if self.lora_mode == "merged" and not spec.full_weights:  # adapters will be merged: read the base weights now
             self.llm.collective_rpc("rlft_prepare_merge")
 
+    def sleep(self) -> dict:
+        """Give the GPU to a colocated learner (`cluster.colocate`): vLLM's sleep level 1 copies the weights (with
+        any merged adapter) to host memory and frees them and the KV cache on the GPU. Level 2 would drop the
+        weights and need a full reload, which a merged adapter cannot survive."""
+        t0 = time.perf_counter()
+        if not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+        return {"seconds": time.perf_counter() - t0}
+
+    def wake_up(self) -> dict:
+        """Weights back from host memory and a fresh KV cache; every call that runs the engine wakes it first."""
+        t0 = time.perf_counter()
+        if self.asleep:
+            self.llm.wake_up()
+            self.llm.reset_prefix_cache()  # the KV blocks were freed: nothing cached is valid
+            self.asleep = False
+        return {"seconds": time.perf_counter() - t0}
+
     def load_adapter(self, adapter: Adapter) -> dict:
         """Make `adapter` the policy for every later generate call; returns timing and size."""
+        self.wake_up()
         t0 = time.perf_counter()
         if adapter.config.get("full_weights"):  # full fine-tuning: every parameter, loaded in place
             self.llm.collective_rpc("rlft_load_weights", args=(adapter.weights,))
@@ -122,6 +145,7 @@ class VLLMRollout:
         `bench.rollout --diagnose`) they halved decode speed (docs/benchmarks.md)."""
         if not prompts:
             return []
+        self.wake_up()
         from vllm import SamplingParams
 
         params = SamplingParams(

@@ -486,8 +486,9 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
             raise
         shape, source = None, str(e)
     local = getattr(c.mode, "value", c.mode) == "local"
+    colocate = bool(getattr(c, "colocate", False))
     if c.use_gpu:
-        need = c.num_actors * c.gpus_per_actor + c.num_learners * c.gpus_per_learner
+        need = c.num_actors * c.gpus_per_actor + (0 if colocate else c.num_learners * c.gpus_per_learner)
         found = detect_gpus()
         gpu_gib = getattr(cfg, "plan_gpu_memory_gib", None)
         device = gpu_gib * GiB if gpu_gib else (found[1] if found else ASSUMED_GPU_GIB * GiB)
@@ -497,10 +498,12 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
             if c.address
             else (f"{found[0]} on this machine" if found else "none found on this machine (no nvidia-smi)")
         )
-        lines.append(
-            f"GPUs: need {need:g} ({c.num_actors} actor(s) x {c.gpus_per_actor:g} + {c.num_learners} learner(s) x "
-            f"{c.gpus_per_learner:g}); available: {have}; {device / GiB:.0f} GiB each ({why})"
+        roles_text = (
+            f"{c.num_actors} actor/learner pair(s) x {c.gpus_per_actor:g}, colocated"
+            if colocate
+            else f"{c.num_actors} actor(s) x {c.gpus_per_actor:g} + {c.num_learners} learner(s) x {c.gpus_per_learner:g}"
         )
+        lines.append(f"GPUs: need {need:g} ({roles_text}); available: {have}; {device / GiB:.0f} GiB each ({why})")
         if found and not c.address and math.ceil(need - 1e-9) > found[0]:
             warnings.append(f"the roles need {need:g} GPUs and this machine has {found[0]}")
         elif not found and not c.address and not gpu_gib:
@@ -508,8 +511,12 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
                 "no GPU on this machine (no nvidia-smi): set plan_gpu_memory_gib=<GiB> to plan for another machine's "
                 "GPUs, or cluster.use_gpu=false"
             )
-        layout = gpu_map(c.num_actors, c.gpus_per_actor, c.num_learners, c.gpus_per_learner)
-        lines.append("GPU map:")
+        layout = (
+            [[f"actor {i}", f"learner {i}"] for i in range(c.num_actors)]
+            if colocate
+            else gpu_map(c.num_actors, c.gpus_per_actor, c.num_learners, c.gpus_per_learner)
+        )
+        lines.append("GPU map:" + (" (colocated: the engine sleeps while the learner trains)" if colocate else ""))
         lines += [f"  GPU {i}: {', '.join(roles)}" for i, roles in enumerate(layout)]
     else:
         node = numa_node_memory()
@@ -540,8 +547,18 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
     if c.use_gpu:
         tp = max(1, math.ceil(c.gpus_per_actor))
         per_gpu = {"actor": (actor.budget or actor.total) / tp, "learner": learner.total}  # vLLM: its share per GPU
+        if colocate:  # taking turns: the awake engine beside the learner's resident state, or the learner's peak
+            resident = learner.total - learner.parts["activations"]
+            lines.append(
+                f"colocated, per GPU: generating {_gib(per_gpu['actor'] + resident)} (engine + the learner's resident "
+                f"state), training {_gib(learner.total)} (the sleeping engine holds no GPU memory)"
+            )
         for i, names in enumerate(layout):
-            used = sum(per_gpu[n.split()[0]] for n in names)
+            used = (
+                max(per_gpu["actor"] + resident, learner.total)
+                if colocate
+                else sum(per_gpu[n.split()[0]] for n in names)
+            )
             if used > device:
                 warnings.append(
                     f"GPU {i} ({', '.join(names)}): {_gib(used)} > {_gib(device)}: give the roles more GPUs "

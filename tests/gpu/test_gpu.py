@@ -148,3 +148,24 @@ def test_full_weight_sync_through_cuda_ipc(model, tmp_path):
         f"ipc sync: {[round(r['time/sync_s'], 3) for r in train]} s, probe {[r['sync/logprob_abs_diff'] for r in train]}"
     )
     assert (out / "model" / "model.safetensors").is_file()
+
+
+def test_colocated_actor_sleeps_while_the_learner_trains(model, tmp_path):
+    """`cluster.colocate=true`: actor and learner time-share the GPU through vLLM's sleep mode; the engine takes a
+    larger share than the 0.5/0.5 split allows, sleeps for every learner step and wakes for the sync, and the
+    adapter it serves after waking is the learner's (the probe within its floor)."""
+    out = tmp_path / "run"
+    args = [a for a in GPU_RUN if not a.startswith(("cluster.gpus_per", "cluster.gpu_memory"))]
+    args += ["cluster.colocate=true", "cluster.gpu_memory_utilization=0.6", "model.learner_backend=unsloth"]
+    proc = run_train([*args, "model.load_in_4bit=true", f"model.path={model}", f"output_dir={out}"], timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    train = [r for r in rows(out) if "train/loss" in r]
+    assert [r["sync/version"] for r in train] == [1.0, 2.0]
+    assert all(r["time/actor_sleep_s"] > 0 and r["time/actor_wake_s"] > 0 for r in train)
+    summary = json.loads((out / "summary.json").read_text())
+    assert all(r["sync/logprob_abs_diff"] < summary["sync/probe_floor"] + 0.2 for r in train)
+    print(
+        f"colocated: sleep {[round(r['time/actor_sleep_s'], 3) for r in train]} s, wake "
+        f"{[round(r['time/actor_wake_s'], 3) for r in train]} s, learner peak "
+        f"{[round(r['memory/learner_peak_gb'], 2) for r in train]} GiB, probe {[r['sync/logprob_abs_diff'] for r in train]}"
+    )

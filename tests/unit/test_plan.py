@@ -305,3 +305,15 @@ def test_a_model_the_estimate_cannot_size_is_reported_not_failed(tmp_path):
     cfg.model.path = str(model_dir(tmp_path, {**QWEN_05B, "num_experts": 60}))
     text, _ = plan.format_plan(cfg)
     assert "memory: unknown (" in text and "mixture of experts (num_experts)" in text
+
+
+def test_colocated_plan_counts_one_gpu_per_pair_and_the_larger_phase(tmp_path, monkeypatch):
+    cfg = TrainConfig()
+    cfg.model.path = str(model_dir(tmp_path, QWEN_05B))
+    cfg.cluster = replace(cfg.cluster, use_gpu=True, colocate=True, gpu_memory_utilization=0.6)
+    monkeypatch.setattr(plan, "detect_gpus", lambda: (1, 80 * 2**30, "NVIDIA H100 80GB HBM3"))
+    text, warnings = plan.format_plan(cfg)
+    assert "need 1 (1 actor/learner pair(s) x 1, colocated)" in text and warnings == []
+    assert "GPU 0: actor 0, learner 0" in text and "colocated, per GPU: generating" in text
+    cfg.cluster = replace(cfg.cluster, gpu_memory_utilization=1.0)  # no room left for the learner's weights
+    assert any(w.startswith("GPU 0 (actor 0, learner 0)") for w in plan.format_plan(cfg)[1])
