@@ -302,6 +302,7 @@ class Runtime:
             return self._sync_ipc() | woke
         t0 = time.perf_counter()
         adapter = self.adapter(for_sync=True)
+        exported_s = time.perf_counter() - t0  # the learner's export and its return to this process
         loaded = self._collect_loads()
         self._adapter_ref = self.actors.put(adapter)
         self.version = adapter.version
@@ -312,6 +313,7 @@ class Runtime:
         out = {
             "time/sync_s": time.perf_counter() - t0,
             "sync/adapter_mb": adapter.nbytes / 2**20,
+            "sync/export_s": exported_s,
             "sync/version": float(adapter.version),
         }
         if loaded:
