@@ -1,7 +1,7 @@
 """Procedural function-writing tasks with unit tests (offline, deterministic by seed), for reward=code_tests.
 
 Each task family is a template with random parameters (a shift, a divisor, a word, ...) and one reference
-solution as source text. An item asks for one function in a ```python block and shows one example call; its
+solution as source text. An item asks for one function in a ```python block and shows one example call (not a test); its
 metadata holds the entry point and the tests (`{"input": [args], "output": expected}`; rewards/code_tests.py),
 whose expected outputs come from running the reference source on random inputs in this process (our own code,
 not the model's). The 14 families and their parameter ranges give over a thousand distinct tasks (a family with its parameters;
@@ -159,25 +159,31 @@ def _call_repr(name: str, args: list) -> str:
 
 
 def make_item(family: Family, params: dict, rng: random.Random, n_tests: int) -> dict[str, Any]:
-    """One item: the prompt with one example, the reference source as `answer`, tests in the metadata."""
+    """One item: the prompt with one example, the reference source as `answer`, tests in the metadata.
+
+    The example and the tests have pairwise different outputs where the family allows it, and the example is not
+    among the tests: a constant answer (such as the example's output) passes at most one test."""
     source = family.source(params)
     ns: dict[str, Any] = {}
     exec(compile(source, f"<{family.name}>", "exec"), ns)  # our own reference solution, never model output
     fn = ns[family.name]
-    tests, seen = [], set()
-    for _ in range(n_tests * 4):
+    cases, seen_inputs, seen_outputs, spare = [], set(), set(), []
+    for _ in range((n_tests + 1) * 8):
         args = family.inputs(rng, params)
-        key = repr(args)
-        if key in seen:
+        if repr(args) in seen_inputs:
             continue
-        seen.add(key)
-        tests.append({"input": args, "output": fn(*[list(a) if isinstance(a, list) else a for a in args])})
-        if len(tests) == n_tests:
+        seen_inputs.add(repr(args))
+        case = {"input": args, "output": fn(*[list(a) if isinstance(a, list) else a for a in args])}
+        out = repr(case["output"])
+        (spare if out in seen_outputs else cases).append(case)
+        seen_outputs.add(out)
+        if len(cases) == n_tests + 1:
             break
-    ex = tests[0]
+    cases += spare[: n_tests + 1 - len(cases)]  # a family with few distinct outputs repeats some
+    example, tests = cases[0], cases[1:]
     question = (
         f"Write a Python function `{family.name}` that {family.describe(params)}.\n"
-        f"Example: `{_call_repr(family.name, ex['input'])}` returns `{ex['output']!r}`.\n{INSTRUCTION}"
+        f"Example: `{_call_repr(family.name, example['input'])}` returns `{example['output']!r}`.\n{INSTRUCTION}"
     )
     return {
         "messages": [{"role": "user", "content": question}],
@@ -187,6 +193,7 @@ def make_item(family: Family, params: dict, rng: random.Random, n_tests: int) ->
             "params": params,
             "entry_point": family.name,
             "tests": tests,
+            "example": example,
             "question": question,
         },
     }
@@ -200,7 +207,7 @@ class CodeTasksEnv:
     """Train and held-out items from the task families above.
 
     size: training items; seed: their generator seed; eval_size, eval_seed: the held-out set (prompts that also
-    occur in it are removed from training); tests: tests per item (the first is shown as the example);
+    occur in it are removed from training); tests: tests per item (the example shown in the prompt is not one of them);
     families: the family names to use (null: all); system_prompt: optional system message.
     """
 

@@ -84,6 +84,8 @@ class CodeTestsReward:
     workers programs run at once.
     """
 
+    check_suite = "code"  # rewards/check.py judges it with the code suite (rewards/check_code.py)
+
     def __init__(self, limits: dict[str, Any] | None = None):
         cfg = dict(limits or {})
         self.workers = int(cfg.pop("workers", 2))
