@@ -9,9 +9,11 @@ One program, one process, one fresh temporary working directory (deleted afterwa
 - a seccomp filter (installed by the trusted launcher before the program runs, kept across exec): no sockets,
   no new processes when `max_procs == 1` (threads are allowed), no signals to other processes, no ptrace,
   io_uring or process_vm_*; the seccomp filter is required: without it nothing runs (fail closed);
+- no capabilities (effective, permitted, ambient and bounding sets emptied: a root trainer's child is not
+  privileged);
 - Landlock where the kernel has it: writes only inside the working directory, reads only the Python install,
-  /usr, /lib*, /bin, /etc and /dev (not /proc, the repository or home directories), TCP connect/bind denied and
-  signals scoped to the sandbox;
+  /usr, /lib*, /bin, /etc and /dev/null, /dev/zero, /dev/*random (not /proc, other devices, the repository or
+  home directories), TCP connect/bind denied and signals scoped to the sandbox;
 - a user + network namespace (`unshare --user --net`) where that works: no network interface at all, and no
   capability in the host's namespaces even when the trainer runs as root.
 
@@ -41,7 +43,7 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 SANDBOX_EXIT = 71  # the launcher could not confine the program (EX_OSERR): nothing of it ran
-_READ_ROOTS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc", "/dev")
+_READ_ROOTS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc")  # + /dev/null, /dev/zero, /dev/*random
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,12 @@ cpu = max(1, int(-(-cfg["cpu_s"] // 1)))
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 if cfg["max_procs"] > 1:
     resource.setrlimit(resource.RLIMIT_NPROC, (cfg["max_procs"], cfg["max_procs"]))
+# no capabilities, now or after an exec (matters when the trainer runs as root without a user namespace)
+for cap in range(64):
+    libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP; refused without CAP_SETPCAP, when there is nothing to drop
+libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+if libc.capset(struct.pack("Ii", 0x20080522, 0), bytes(24)):  # _LINUX_CAPABILITY_VERSION_3, two zeroed sets
+    fail("capset failed: " + os.strerror(ctypes.get_errno()))
 if libc.prctl(38, 1, 0, 0, 0):  # PR_SET_NO_NEW_PRIVS: required by Landlock and unprivileged seccomp
     fail("prctl(PR_SET_NO_NEW_PRIVS) failed")
 abi = libc.syscall(444, None, 0, 1) if cfg["landlock"] else -1  # LANDLOCK_CREATE_RULESET_VERSION
@@ -124,6 +132,8 @@ if abi > 0:
     for p in cfg["read"]:
         allow(p, 1 | 4 | 8)  # execute, read file, read dir
     allow("/dev/null", 2 | 4)
+    for dev in ("/dev/zero", "/dev/urandom", "/dev/random"):
+        allow(dev, 4)
     allow(os.getcwd(), fs)
     if libc.syscall(446, rs, 0):
         fail("landlock_restrict_self failed: " + os.strerror(ctypes.get_errno()))

@@ -144,6 +144,11 @@ def test_killing_its_parent_fails_and_the_parent_survives():
     assert itself.exit_code == -signal.SIGTERM and itself.error == "killed by signal 15"
 
 
+def test_no_capabilities_even_for_a_root_trainer():
+    r = run("import os\nos.nice(-1)")  # raising its priority needs CAP_SYS_NICE
+    assert r.exit_code == 1 and "PermissionError" in r.stderr
+
+
 def test_run_many_keeps_the_order_and_isolates_a_hostile_neighbour():
     jobs = [(f"print({i})", "") for i in range(6)] + [("while True:\n    pass", "")]
     results = run_many(jobs, FAST, workers=3)
