@@ -113,7 +113,9 @@ class CodeTestsReward:
             if res.error and res.error.startswith("sandbox"):
                 self.errors += 1
             got = parse_results(res.stdout, len(cases))
-            passed = sum(i in got and same_value(got[i], c["output"]) for i, c in enumerate(cases))
+            # the expected values as JSON gives them back (tuples are lists, dict keys strings), like the reports
+            want = [json.loads(json.dumps(c["output"])) for c in cases]
+            passed = sum(i in got and same_value(got[i], w) for i, w in enumerate(want))
             scores[k] = passed / len(cases)
         return scores
 

@@ -60,6 +60,12 @@ def test_correct_partial_and_wrong_code(reward):
     assert metrics["reward/errors"] == 0 and metrics["reward/timeouts"] == 0 and metrics["reward/sandbox_s"] > 0
 
 
+def test_expected_values_compare_as_json_data(reward):
+    meta = {"entry_point": "pair", "tests": [{"input": [1], "output": (1, {2: "b"})}]}
+    code = "```python\ndef pair(x):\n    return (x, {2: 'b'})\n```"
+    assert reward([code], answer=[""], metadata=[meta]) == [1.0]
+
+
 def test_an_item_without_tests_scores_zero_and_is_counted(reward):
     assert reward(["```python\nx = 1\n```"], answer=[""], metadata=[{"question": "q"}]) == [0.0]
     assert reward.pop_metrics()["reward/errors"] == 1
