@@ -2,8 +2,8 @@
 run every program through `run_python` (threat model and limits: docs/sandbox.md).
 
 One program, one process, one fresh temporary working directory (deleted afterwards). Layers, each checked here:
-- rlimits (CPU time, address space, file size, no core files), a wall-clock deadline after which the whole process
-  group is killed, stdout + stderr read with a byte cap (the child is killed past it), stdin fed by us;
+- rlimits (CPU time, address space, 16 MiB per written file, no core files), a wall-clock deadline after
+  which the whole process group is killed, stdout + stderr read with a byte cap (the child is killed past it), stdin fed by us;
 - a scrubbed environment (PATH, LANG, HOME and TMPDIR = the working directory; nothing of the trainer's) and
   `python -I -S` (no PYTHON* variables, no site-packages: the standard library only);
 - a seccomp filter (installed by the trusted launcher before the program runs, kept across exec): no sockets,
@@ -51,7 +51,7 @@ class SandboxLimits:
     """Limits of one program run (config: `sandbox.*`, rl/config.py).
 
     cpu_s: CPU seconds (SIGXCPU, then SIGKILL one second later); wall_s: wall-clock seconds before the process
-    group is killed; memory_mb: address space (RLIMIT_AS; also bounds each file it writes); max_procs: 1 forbids
+    group is killed; memory_mb: address space (RLIMIT_AS; each file it writes is capped at 16 MiB); max_procs: 1 forbids
     new processes (threads are allowed, bounded by memory_mb), above 1 is RLIMIT_NPROC (Linux does not enforce it
     for uid 0); max_output_bytes: stdout + stderr together.
     """
@@ -97,7 +97,7 @@ libc.syscall.restype = ctypes.c_long
 def fail(msg):
     os.write(2, ("sandbox: " + msg + "\n").encode()); os._exit(71)
 mb = cfg["memory_mb"] << 20
-for lim, val in ((resource.RLIMIT_AS, mb), (resource.RLIMIT_FSIZE, mb), (resource.RLIMIT_CORE, 0)):
+for lim, val in ((resource.RLIMIT_AS, mb), (resource.RLIMIT_FSIZE, 16 << 20), (resource.RLIMIT_CORE, 0)):
     resource.setrlimit(lim, (val, val))
 cpu = max(1, int(-(-cfg["cpu_s"] // 1)))
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
@@ -335,10 +335,14 @@ def _error(returncode: int, stderr: str, limits: SandboxLimits) -> str | None:
         return stderr.splitlines()[0]
     if returncode == -signal.SIGXCPU:
         return f"cpu time limit ({limits.cpu_s:g} s)"
+    if returncode == -signal.SIGXFSZ:
+        return "file size limit (16 MiB)"
     if returncode < 0:
         return f"killed by signal {-returncode}"
     if returncode != 0 and "MemoryError" in stderr[-2000:]:
         return "memory limit"
+    if returncode != 0 and "File too large" in stderr[-2000:]:  # Python ignores SIGXFSZ: the write fails (EFBIG)
+        return "file size limit (16 MiB)"
     return None
 
 

@@ -294,7 +294,7 @@ class SandboxConfig:
 
     cpu_s: float = 5.0  # CPU seconds per program (SIGXCPU, then SIGKILL a second later)
     wall_s: float = 10.0  # wall-clock seconds per program before its process group is killed
-    memory_mb: int = 512  # address space per program, MiB (also bounds each file it writes)
+    memory_mb: int = 512  # address space per program, MiB
     max_procs: int = 1  # 1: no child processes (threads allowed); above 1: RLIMIT_NPROC (not enforced for root)
     max_output_bytes: int = 65536  # stdout + stderr per program; the program is killed past it
     workers: int = 2  # programs run at once when a batch is scored (threads, each waiting on its own process)

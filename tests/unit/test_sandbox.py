@@ -63,6 +63,11 @@ def test_memory_limit_stops_a_memory_hog():
     assert r.exit_code == 1 and r.error == "memory limit" and "MemoryError" in r.stderr
 
 
+def test_file_size_limit_stops_a_disk_filler():
+    r = run("with open('big', 'wb') as f:\n    while True:\n        f.write(bytes(1 << 20))")
+    assert r.exit_code == 1 and r.error == "file size limit (16 MiB)" and "File too large" in r.stderr
+
+
 def test_output_limit_stops_huge_output_and_keeps_the_cap():
     r = run("while True:\n    print('x' * 10000)")
     assert r.error == "output limit (4096 bytes)" and r.exit_code is None
