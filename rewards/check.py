@@ -5,7 +5,9 @@ few problems, and exits 1 when any exploit gets full credit. Full credit for a p
 few correct, well-formed completions (boxed, think/answer tags); a problem where none of them scores above 0
 cannot be judged and is reported as such (the gate then fails when no problem could be judged).
 
-A pure format reward fails this gate by design (a well-formed empty answer is all it asks for).
+A pure format reward fails this gate by design (a well-formed empty answer is all it asks for). A code reward
+(`check_suite = "code"`, e.g. reward=code_tests) gets its own suite: code tasks, test-faking and hostile
+programs, each of which must score 0 (rewards/check_code.py).
 """
 
 from __future__ import annotations
@@ -128,26 +130,39 @@ class Result:
     problem: int
     score: float
     full_credit: float
+    zero_required: bool = False  # the code suite: an exploit must score 0, not merely less than full credit
 
     @property
     def passed(self) -> bool:
-        return self.score < self.full_credit - 1e-9
+        return self.score <= 0 if self.zero_required else self.score < self.full_credit - 1e-9
 
 
-def run_check(reward: Callable, problems: list[dict] = PROBLEMS) -> tuple[list[Result], list[int]]:
+def suite_of(reward: Any) -> tuple[list[dict], list, Callable[[dict], list[str]]]:
+    """(problems, exploits, correct completions) for this reward: the code suite (rewards/check_code.py) for a
+    reward that says `check_suite = "code"`, else the answer suite above."""
+    if getattr(reward, "check_suite", "answers") == "code":
+        from rewards.check_code import CODE_EXPLOITS, CODE_PROBLEMS, code_correct_completions
+
+        return CODE_PROBLEMS, CODE_EXPLOITS, code_correct_completions
+    return PROBLEMS, EXPLOITS, correct_completions
+
+
+def run_check(reward: Callable, problems: list[dict] | None = None) -> tuple[list[Result], list[int]]:
     """Score every exploit on every problem. Returns (results, indices of problems that could not be judged)."""
+    default_problems, exploits, correct = suite_of(reward)
+    zero_required = exploits is not EXPLOITS
     results, unjudged = [], []
-    for k, p in enumerate(problems):
+    for k, p in enumerate(default_problems if problems is None else problems):
         meta = {"question": p["question"], **p.get("metadata", {})}
-        refs = correct_completions(p)
+        refs = correct(p)
         full = max(_score(reward, refs, p["answer"], meta))
         if full <= 0:
             unjudged.append(k)
             continue
-        built = [(name, build(p)) for name, build in EXPLOITS]
+        built = [(name, build(p)) for name, build in exploits]
         built = [(name, text) for name, text in built if text is not None]
         scores = _score(reward, [t for _, t in built], p["answer"], meta)
-        results += [Result(name, k, s, full) for (name, _), s in zip(built, scores)]
+        results += [Result(name, k, s, full, zero_required) for (name, _), s in zip(built, scores)]
     return results, unjudged
 
 
@@ -194,13 +209,14 @@ def main(argv: list[str]) -> int:
         print(f"SKIP  problem {k}: no correct completion scores above 0 with this reward")
     if hasattr(reward, "close"):
         reward.close()
-    judged = len(PROBLEMS) - len(unjudged)
+    problems, exploits, _ = suite_of(reward)
+    judged = len(problems) - len(unjudged)
     if not judged:
         print("FAIL: no problem could be judged (the reward gives no credit to correct answers)")
         return 1
     print(
         f"{'FAIL' if failed else 'PASS'}: {len(results) - len(failed)}/{len(results)} exploit attempts blocked "
-        f"({len(EXPLOITS)} exploits x {judged} problems)"
+        f"({len(exploits)} exploits x {judged} problems)"
     )
     return 1 if failed else 0
 

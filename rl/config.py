@@ -321,6 +321,27 @@ class LoggerConfig:
 
 
 @dataclass
+class SandboxConfig:
+    """Limits of every run of model-written code (the code_tests reward, the Python tool): envs/sandbox.py."""
+
+    cpu_s: float = 5.0  # CPU seconds per program (SIGXCPU, then SIGKILL a second later)
+    wall_s: float = 10.0  # wall-clock seconds per program before its process group is killed
+    memory_mb: int = 512  # address space per program, MiB
+    max_procs: int = 1  # 1: no child processes (threads allowed); above 1: RLIMIT_NPROC (not enforced for root)
+    max_output_bytes: int = 65536  # stdout + stderr per program; the program is killed past it
+    workers: int = 2  # programs run at once when a batch is scored (threads, each waiting on its own process)
+
+    def __post_init__(self) -> None:
+        from envs.sandbox import SandboxLimits
+
+        _check(self.workers >= 1, f"sandbox.workers must be >= 1 (got {self.workers})")
+        try:
+            SandboxLimits(**{k: v for k, v in self.__dict__.items() if k != "workers"})
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -329,6 +350,7 @@ class TrainConfig:
     reward: Any = field(default_factory=dict)
     env: Any = field(default_factory=dict)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # limits of model-written code (docs/sandbox.md)
     seed: int = 0  # seeds python, numpy, torch, the data order and the rollout engine
     steps: int = 24  # training steps (one rollout batch + update + adapter sync each)
     prompts_per_step: int = 8  # prompts per step; each gets algorithm.group_size completions

@@ -1,0 +1,174 @@
+"""The sandbox for model-written code (envs/sandbox.py): every limit and every hostile program, each run for real.
+
+Limits are small (wall 2 s) to keep the file fast; a program past a limit is stopped, reported, and never reaches
+the test process, its files or its environment."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from envs.sandbox import SandboxLimits, isolation, run_many, run_python, seccomp_program
+
+FAST = SandboxLimits(cpu_s=1, wall_s=2, memory_mb=256, max_output_bytes=4096)
+ROOT = os.geteuid() == 0
+
+
+def run(code: str, stdin: str = "", **limits) -> object:
+    return run_python(code, stdin=stdin, limits=SandboxLimits(**{**FAST.__dict__, **limits}))
+
+
+def test_machine_gives_seccomp_and_reports_what_else():
+    info = isolation()
+    assert info["seccomp"] is True
+    assert set(info) == {"namespaces", "landlock_abi", "seccomp"}
+
+
+def test_runs_a_program_with_stdin_and_reports_its_exit():
+    r = run("import sys\nname = input()\nprint('hello', name)\nprint('warn', file=sys.stderr)", stdin="ada\n")
+    assert (r.stdout, r.stderr, r.exit_code, r.timed_out, r.error) == ("hello ada\n", "warn\n", 0, False, None)
+    assert r.ok and r.seconds > 0
+    failed = run("raise SystemExit(3)")
+    assert failed.exit_code == 3 and failed.error is None and not failed.ok
+    crashed = run("1 / 0")
+    assert crashed.exit_code == 1 and "ZeroDivisionError" in crashed.stderr
+
+
+def test_large_stdin_is_fed_without_deadlock():
+    r = run("import sys\nprint(len(sys.stdin.read()))", stdin="x" * 1_000_000, max_output_bytes=100)
+    assert r.stdout == "1000000\n"
+
+
+def test_wall_time_limit_kills_a_sleeping_program():
+    r = run("import time\ntime.sleep(60)")
+    assert r.timed_out and r.exit_code is None and r.error == "wall time limit (2 s)"
+
+
+def test_cpu_time_limit_stops_a_busy_loop():
+    # a generous wall limit: on a busy machine one CPU second takes longer than one wall second
+    r = run("while True:\n    pass", wall_s=60)
+    assert not r.timed_out and r.exit_code == -signal.SIGXCPU and r.error == "cpu time limit (1 s)"
+
+
+def test_infinite_loop_that_ignores_sigxcpu_is_stopped():
+    r = run("import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass", wall_s=3)
+    assert r.error in ("wall time limit (3 s)", "killed by signal 9")  # the hard CPU limit or the wall, first wins
+
+
+def test_memory_limit_stops_a_memory_hog():
+    r = run("hog = []\nwhile True:\n    hog.append(bytearray(1 << 24))")
+    assert r.exit_code == 1 and r.error == "memory limit" and "MemoryError" in r.stderr
+
+
+def test_file_size_limit_stops_a_disk_filler():
+    r = run("with open('big', 'wb') as f:\n    while True:\n        f.write(bytes(1 << 20))")
+    assert r.exit_code == 1 and r.error == "file size limit (16 MiB)" and "File too large" in r.stderr
+
+
+def test_output_limit_stops_huge_output_and_keeps_the_cap():
+    r = run("while True:\n    print('x' * 10000)")
+    assert r.error == "output limit (4096 bytes)" and r.exit_code is None
+    assert len(r.stdout) + len(r.stderr) <= 4096
+
+
+def test_no_child_processes_but_threads_work():
+    bomb = run("import os\nwhile True:\n    os.fork()")
+    assert bomb.exit_code == 1 and "PermissionError" in bomb.stderr
+    sub = run("import subprocess\nsubprocess.run(['true'])")
+    assert sub.exit_code == 1 and "PermissionError" in sub.stderr
+    threads = run(
+        "import threading\nout = []\nts = [threading.Thread(target=out.append, args=(i,)) for i in range(8)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\nprint(sorted(out))"
+    )
+    assert threads.stdout == f"{list(range(8))}\n"
+
+
+@pytest.mark.skipif(ROOT, reason="Linux does not enforce RLIMIT_NPROC for uid 0 (docs/sandbox.md)")
+def test_max_procs_above_one_is_a_process_count_limit():
+    r = run(
+        "import os\nn = 0\ntry:\n    while n < 100:\n        if os.fork() == 0:\n            import time\n"
+        "            time.sleep(5)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\nprint(n)",
+        max_procs=4,
+        wall_s=5,
+    )
+    assert r.stdout and int(r.stdout.split()[0]) < 4
+
+
+def test_fresh_working_directory_is_home_and_removed_afterwards():
+    r = run("import os\nopen('note.txt', 'w').write('hi')\nprint(os.getcwd(), os.environ['HOME'], os.listdir('.'))")
+    cwd, home, listing = r.stdout.split(" ", 2)
+    assert cwd == home and "note.txt" in listing and "rlft-sandbox-" in cwd
+    assert not Path(cwd).exists()
+
+
+@pytest.mark.skipif(not isolation()["landlock_abi"], reason="this kernel has no Landlock")
+def test_writing_outside_its_directory_is_denied(tmp_path):
+    target = tmp_path / "pwned"
+    for path in (target, "/tmp/rlft-pwned-test", "../rlft-pwned-test", Path.home() / "rlft-pwned-test"):
+        r = run(f"open({str(path)!r}, 'w').write('x')")
+        assert r.exit_code == 1 and "PermissionError" in r.stderr, (path, r)
+    assert not target.exists() and not Path("/tmp/rlft-pwned-test").exists()
+
+
+@pytest.mark.skipif(not isolation()["landlock_abi"], reason="this kernel has no Landlock")
+def test_reading_the_repository_and_proc_is_denied():
+    r = run(f"print(open({str(Path(__file__).resolve())!r}).read()[:20])")
+    assert r.exit_code == 1 and "PermissionError" in r.stderr
+
+
+def test_environment_is_scrubbed(monkeypatch):
+    monkeypatch.setenv("RLFT_TEST_SECRET", "hunter2")
+    r = run("import os\nprint(sorted(os.environ))")
+    assert "RLFT_TEST_SECRET" not in r.stdout and "hunter2" not in r.stdout
+    assert r.stdout.strip() == "['HOME', 'LANG', 'PATH', 'TMPDIR']"
+
+
+def test_reading_the_parents_environment_fails(monkeypatch):
+    monkeypatch.setenv("RLFT_TEST_SECRET", "hunter2")
+    r = run("import os\nprint(open(f'/proc/{os.getppid()}/environ').read())")
+    assert r.exit_code == 1 and "hunter2" not in r.stdout
+
+
+def test_opening_a_socket_fails():
+    r = run("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=1)")
+    assert r.exit_code == 1 and "PermissionError" in r.stderr
+    unix = run("import socket\nsocket.socket(socket.AF_UNIX).connect('/var/run/docker.sock')")
+    assert unix.exit_code == 1 and "PermissionError" in unix.stderr
+
+
+def test_killing_its_parent_fails_and_the_parent_survives():
+    r = run("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")
+    assert r.exit_code == 1 and "PermissionError" in r.stderr
+    # signal 0 only asks whether a signal could be sent: to every process (-1) it must be refused
+    everyone = run("import os\nos.kill(-1, 0)")
+    assert everyone.exit_code == 1 and "PermissionError" in everyone.stderr
+    itself = run("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)")
+    assert itself.exit_code == -signal.SIGTERM and itself.error == "killed by signal 15"
+
+
+def test_no_capabilities_even_for_a_root_trainer():
+    r = run("import os\nos.nice(-1)")  # raising its priority needs CAP_SYS_NICE
+    assert r.exit_code == 1 and "PermissionError" in r.stderr
+
+
+def test_run_many_keeps_the_order_and_isolates_a_hostile_neighbour():
+    jobs = [(f"print({i})", "") for i in range(6)] + [("while True:\n    pass", "")]
+    results = run_many(jobs, FAST, workers=3)
+    assert [r.stdout for r in results[:6]] == [f"{i}\n" for i in range(6)]
+    assert results[6].error is not None and all(r.ok for r in results[:6])
+
+
+def test_limits_are_checked_with_the_key_in_the_message():
+    with pytest.raises(ValueError, match=r"sandbox.wall_s must be > 0"):
+        SandboxLimits(wall_s=0)
+    with pytest.raises(ValueError, match=r"sandbox.memory_mb must be > 31"):
+        SandboxLimits(memory_mb=16)
+
+
+def test_seccomp_program_is_whole_instructions():
+    prog = seccomp_program(no_processes=True)
+    assert prog is not None and len(prog) % 8 == 0 and len(prog) // 8 < 100
+    assert len(seccomp_program(no_processes=False)) < len(prog)
