@@ -13,9 +13,10 @@ limits `max_turns` and `max_episode_tokens`. The rollout actor (rl/rollout/episo
           messages = env.step(episode, answer_text)  # tool results, feedback ... or None: done
           messages are appended (their tokens from the chat template, out of the loss)
 
-An episode also ends at `max_turns` model turns, or as truncated (finish_reason "length") when a model turn hits
-model.max_new_tokens or the next messages would not fit in `max_episode_tokens` (every token after the prompt,
-the model's and the environment's). The reward comes at the end: the run's reward function scores the last model
+Each model turn is capped at model.max_new_tokens (a cut turn goes to the env like any other). An episode also
+ends at `max_turns` model turns, or as truncated (finish_reason "length") when it reaches `max_episode_tokens`
+(every token after the prompt, the model's and the environment's) or the env's next messages would not fit; an
+episode whose last model turn was cut is "length" too, so the truncation filters see it. The reward comes at the end: the run's reward function scores the last model
 turn (outcome) and the env's per-episode terms (`episode.terms`, name -> value) are added to it. This is the shape
 of verifiers' MultiTurnEnv (`env_response` / `is_completed`) and SkyRL-Gym's `init` / `step`.
 

@@ -152,7 +152,7 @@ def run_episodes(
 
 def _advance(run: _Run, env: Any, env_tokens: EnvTokens, spec: EpisodeSpec) -> None:
     """After a model turn: end the episode, or append the env's next messages (as tokens, mask 0)."""
-    if run.finish == "length":  # the model turn was cut: the episode is truncated
+    if run.finish == "length" and len(run.ids) >= spec.max_tokens:  # cut by the episode's budget: truncated
         run.done = True
         return
     messages = env.step(run.episode, run.last_text)
