@@ -192,7 +192,12 @@ def episode_completion(model=(3, 4), env=5, more=2, finish="stop") -> Completion
 
 def test_prepare_samples_uses_the_mask_and_model_lengths(tiny_model):
     spec = replace(run_spec(tiny_model).samples, filter_truncated=True, overlong_buffer=4, max_new_tokens=8)
-    comps = [episode_completion(), episode_completion(finish="length"), episode_completion(env=50), episode_completion()]
+    comps = [
+        episode_completion(),
+        episode_completion(finish="length"),
+        episode_completion(env=50),
+        episode_completion(),
+    ]
     rollouts = [PromptRollout([1, 2], comps[:2], 0), PromptRollout([1, 3], comps[2:], 0)]
     samples, _, m = prepare_samples(rollouts, [1.0, 0.0, 1.0, 0.0], replace(spec, group_size=2))
     assert samples[0].loss_mask == comps[0].mask

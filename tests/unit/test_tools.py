@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.protocol import Episode, is_multi_turn
+from envs.protocol import is_multi_turn
 from envs.retry import RetryEnv
 from envs.tool_calls import parse_tool_calls
 from envs.tool_task import ToolEnv
@@ -121,7 +121,10 @@ def test_hermes_tool_calls_good_and_malformed():
         '<tool_call>\n{"name": "python", "arguments": "{\\"code\\": \\"print(1)\\"}"}\n</tool_call>'
     )
     calls, errors = parse_tool_calls(text, "hermes")
-    assert [(c.name, c.arguments) for c in calls] == [("calculator", {"expression": "2+3"}), ("python", {"code": "print(1)"})]
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("calculator", {"expression": "2+3"}),
+        ("python", {"code": "print(1)"}),
+    ]
     assert errors == []
     assert parse_tool_calls("The answer is 5.", "hermes") == ([], [])
     bad = [
