@@ -16,7 +16,7 @@ class PromptData:
     def __init__(self, items: list[dict], tokenizer: Any, spec: DataSpec):
         self.items, self.prompt_ids, self.dropped = [], [], 0
         for it in items:
-            ids = encode_prompt(tokenizer, it["messages"], spec.use_chat_template)
+            ids = encode_prompt(tokenizer, it["messages"], spec.use_chat_template, it.get("tools"))
             if len(ids) > spec.max_prompt_tokens:  # dropped and counted, never truncated (that would cut the question)
                 self.dropped += 1
                 continue
@@ -58,8 +58,12 @@ class PromptData:
         self._rng.setstate(state["rng"])
 
 
-def encode_prompt(tokenizer: Any, messages: list[dict], use_chat_template: bool) -> list[int]:
+def encode_prompt(
+    tokenizer: Any, messages: list[dict], use_chat_template: bool, tools: list[dict] | None = None
+) -> list[int]:
+    """The prompt's token ids; `tools` (an env item's JSON schemas) are offered through the chat template."""
     if use_chat_template:
-        enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        kwargs = {"tools": tools} if tools else {}
+        enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
         return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
     return tokenizer("\n".join(m["content"] for m in messages))["input_ids"]

@@ -21,9 +21,9 @@ from rl.checkpoint import step_dir_name
 from rl.data import PromptData
 from rl.runtime import Runtime
 from rl.sampler import RewardFn, score
-from rl.samples import shape_rewards
+from rl.samples import episode_metrics, shape_rewards
 from rl.specs import EvalSpec, SampleSpec
-from rl.types import PromptRollout, Sampling, completions_of
+from rl.types import Completion, PromptRollout, Sampling, completions_of
 
 
 def evaluate(runtime: Runtime, data: PromptData, reward_fn: RewardFn, spec: EvalSpec, step: int) -> dict[str, float]:
@@ -33,12 +33,13 @@ def evaluate(runtime: Runtime, data: PromptData, reward_fn: RewardFn, spec: Eval
     if len(data) == 0:
         return {}
     t0 = time.perf_counter()
-    greedy = runtime.generate(data.prompt_ids, Sampling(n=1, temperature=0.0, max_tokens=spec.max_tokens))
+    # a multi-turn env's evaluation runs its episodes (the items start them; a single-turn run does not send them)
+    greedy = runtime.generate(data.prompt_ids, Sampling(n=1, temperature=0.0, max_tokens=spec.max_tokens), data.items)
     runs = [("greedy", greedy, score(reward_fn, greedy, data.items))]
     n = spec.n_samples
     if n:
         sampled = runtime.generate(
-            data.prompt_ids, Sampling(n=n, temperature=spec.temperature, max_tokens=spec.max_tokens)
+            data.prompt_ids, Sampling(n=n, temperature=spec.temperature, max_tokens=spec.max_tokens), data.items
         )
         runs.append(("sampled", sampled, score(reward_fn, sampled, data.items)))
     out = eval_metrics(
@@ -48,7 +49,8 @@ def evaluate(runtime: Runtime, data: PromptData, reward_fn: RewardFn, spec: Eval
         threshold=spec.threshold,
         ks=spec.pass_k,
     )
-    out["eval/length_mean"] = float(np.mean([len(r.completions[0].token_ids) for r in greedy]))
+    out["eval/length_mean"] = float(np.mean([r.completions[0].model_tokens for r in greedy]))
+    out |= {f"eval/{k[4:]}": v for k, v in episode_metrics(completions_of(greedy)).items()}
     out["eval/n"] = float(len(data))
     if spec.save_dir is not None:
         with atomic_jsonl(spec.save_dir / f"{step_dir_name(step)}.jsonl") as f:
@@ -72,12 +74,49 @@ def save_rollouts(
     """Every completion of a training step (rollout_save_interval) as jsonl, written atomically: task `rewards`,
     the rewards after all shaping (`shaped` is after the KL-in-reward penalty; the overlong penalty is added here,
     as prepare_samples does), the advantages [B*G]. The prompt is decoded from the token ids the model saw."""
-    lengths = torch.tensor([len(c.token_ids) for c in completions_of(rollouts)], dtype=torch.float32)
+    lengths = torch.tensor([c.model_tokens for c in completions_of(rollouts)], dtype=torch.float32)
     final = shape_rewards(shaped, lengths, spec)[0].tolist()
     prompts = [tokenizer.decode(r.prompt_ids) for r in rollouts]
     with atomic_jsonl(path) as f:
-        for row in rollout_rows(step, prompts, rollouts, rewards, final, adv.tolist()):
+        for row, c in zip(
+            rollout_rows(step, prompts, rollouts, rewards, final, adv.tolist()), completions_of(rollouts)
+        ):
+            if c.mask is not None:  # a whole episode: which spans the model wrote and which the env added
+                row["spans"] = [
+                    {
+                        "by": "model" if m else "env",
+                        "tokens": end - start,
+                        "text": tokenizer.decode(c.token_ids[start:end]),
+                    }
+                    for m, start, end in mask_spans(c.mask)
+                ]
             write_row(f, row)
+
+
+def mask_spans(mask: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(mask value, start, end) of each run of equal values: an episode's model and environment spans."""
+    out: list[tuple[int, int, int]] = []
+    for i, m in enumerate(mask):
+        if out and out[-1][0] == m:
+            out[-1] = (m, out[-1][1], i + 1)
+        else:
+            out.append((m, i, i + 1))
+    return out
+
+
+def episode_fields(c: Completion) -> dict[str, Any]:
+    """What a dump row adds for an episode: turns, tool counts, reward terms and the conversation after the prompt."""
+    if c.episode is None:
+        return {}
+    e = c.episode
+    return {
+        "turns": e.turns,
+        "tool_calls": e.tool_calls,
+        "tool_errors": e.tool_errors,
+        "env_tokens": e.env_tokens,
+        "terms": e.terms,
+        "messages": e.messages,
+    }
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -155,8 +194,9 @@ def eval_rows(
                 "mode": mode,
                 "sample": j,
                 "finish_reason": c.finish_reason,
-                "length": len(c.token_ids),
+                "length": c.model_tokens,
                 "adapter_version": r.adapter_version,
+                **episode_fields(c),
             }
             k += 1
 
@@ -185,7 +225,8 @@ def rollout_rows(
                 "adapter_version": r.adapter_version,
                 "actor": r.actor,
                 "finish_reason": c.finish_reason,
-                "length": len(c.token_ids),
+                "length": c.model_tokens,
+                **episode_fields(c),
             }
             if shaped[k] != rewards[k]:
                 row["shaped_reward"] = shaped[k]

@@ -100,6 +100,8 @@ class MetricsLogger:
             ("eval/accuracy", "eval_acc", "{:.3f}"),
             ("eval/pass@1", "eval_pass@1", "{:.3f}"),
             ("response/length_mean", "len", "{:.1f}"),
+            ("env/turns_mean", "turns", "{:.2f}"),  # multi-turn envs only
+            ("env/tool_calls_per_episode", "tools", "{:.2f}"),
             ("train/loss", "loss", "{:+.4f}"),
             ("policy/approx_kl", "kl", "{:.4f}"),
             ("sync/logprob_abs_diff", "probe", "{:.4f}"),

@@ -37,6 +37,7 @@ class PendingGeneration:
     sampling: Sampling
     calls: list[_Call]
     learner_calls: list[Any] = field(default_factory=list)  # the learners' share (the first prompts), in order
+    item_parts: list[list[dict] | None] = field(default_factory=list)  # each call's items (multi-turn envs)
 
 
 class Runtime:
@@ -63,6 +64,7 @@ class Runtime:
         self.actors, self.learners = actors, learners
         self.weight_sync = spec.weight_sync  # object_store (adapter/weights as bytes) | ipc (full weights, CUDA)
         self.learner_chunk_size = spec.learner_chunk_size  # prompts each learner generates per call (0: actors only)
+        self.episodes = spec.episodes  # a multi-turn env: the actors get each prompt's item and run episodes
         self.staleness, self.actor_max_restarts = spec.staleness, spec.actor_max_restarts
         self.colocate = spec.colocate  # actors sleep while the learners train (one GPU per actor/learner pair)
         self._published = [0]  # adapter versions published by sync(), oldest first; the base model is version 0
@@ -91,22 +93,30 @@ class Runtime:
 
     # ------------------------------------------------------------------------------------------------ generation
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, items: list[dict] | None = None
+    ) -> list[PromptRollout]:
         """Sample on every live actor (prompts sharded) and wait; see submit_generate / collect."""
-        return self.collect(self.submit_generate(prompts, sampling))
+        return self.collect(self.submit_generate(prompts, sampling, items))
 
-    def submit_generate(self, prompts: list[list[int]], sampling: Sampling) -> PendingGeneration:
+    def submit_generate(
+        self, prompts: list[list[int]], sampling: Sampling, items: list[dict] | None = None
+    ) -> PendingGeneration:
         """Send the prompts out without waiting: the first learner_chunk_size x learners to the learners (learner
         generation, DistRL-LLM), the rest sharded over the live actors. Calls queue behind each member's earlier
-        calls, so an adapter load sent before applies to them and one sent after does not."""
+        calls, so an adapter load sent before applies to them and one sent after does not. `items` (the prompts'
+        env items) go to the actors only with a multi-turn env, whose episodes start from them."""
         n_learn = min(self.learner_chunk_size * len(self.learners), len(prompts))
         learner_parts = shard(prompts[:n_learn], len(self.learners)) if n_learn else []
         learner_calls = [self.learners.submit(j, "generate", p, sampling) for j, p in enumerate(learner_parts) if p]
         self._rejoin(wait=True)
         live = self.live_actors()
         parts = shard(prompts[n_learn:], len(live))
-        calls = [self._submit(i, "generate", part, sampling) for i, part in zip(live, parts)]
-        return PendingGeneration(parts, sampling, calls, learner_calls)
+        item_parts: list[list[dict] | None] = (
+            shard(items[n_learn:], len(live)) if self.episodes and items is not None else [None] * len(parts)
+        )
+        calls = [self._submit(i, "generate", *_args(p, sampling, it)) for i, p, it in zip(live, parts, item_parts)]
+        return PendingGeneration(parts, sampling, calls, learner_calls, item_parts)
 
     def collect(self, pending: PendingGeneration) -> list[PromptRollout]:
         """Wait for a submitted generation: all prompts' rollouts in prompt order, whatever died on the way."""
@@ -121,12 +131,17 @@ class Runtime:
                     )
                 r.actor = -1 - j  # learners are -1, -2, ... in PromptRollout.actor
             out.extend(rollouts)
-        for part, call in zip(pending.parts, pending.calls):
-            out.extend(self._finish_part(part, pending.sampling, call))
+        for part, items, call in zip(pending.parts, pending.item_parts, pending.calls):
+            out.extend(self._finish_part(part, pending.sampling, call, items=items))
         return out
 
     def _finish_part(
-        self, part: list[list[int]], sampling: Sampling, call: _Call, again: bool = False
+        self,
+        part: list[list[int]],
+        sampling: Sampling,
+        call: _Call,
+        again: bool = False,
+        items: list[dict] | None = None,
     ) -> list[PromptRollout]:
         while True:
             try:
@@ -134,7 +149,7 @@ class Runtime:
                 break
             except MemberDied as e:
                 to = self._actor_died(call, "generate", e, len(part))
-                call = self._submit(to, "generate", part, sampling)
+                call = self._submit(to, "generate", *_args(part, sampling, items))
         for r in rollouts:
             r.actor = call.actor
         stale = [k for k, r in enumerate(rollouts) if not self._version_ok(call.actor, r.adapter_version)]
@@ -149,7 +164,9 @@ class Runtime:
                 flush=True,
             )
             redo = [part[k] for k in stale]
-            fresh = self._finish_part(redo, sampling, self._submit(call.actor, "generate", redo, sampling), again=True)
+            redo_items = [items[k] for k in stale] if items is not None else None
+            resent = self._submit(call.actor, "generate", *_args(redo, sampling, redo_items))
+            fresh = self._finish_part(redo, sampling, resent, again=True, items=redo_items)
             for k, r in zip(stale, fresh):
                 rollouts[k] = r
         return rollouts
@@ -389,3 +406,8 @@ class Runtime:
                 group.close()
             except Exception:  # closing one role must not stop the other from being closed
                 pass
+
+
+def _args(prompts: list[list[int]], sampling: Sampling, items: list[dict] | None) -> tuple:
+    """An actor's generate arguments: the items only when there are (a single-turn run's calls stay as they were)."""
+    return (prompts, sampling) if items is None else (prompts, sampling, items)

@@ -34,14 +34,16 @@ RewardFn = Callable[..., list[float]]
 
 
 def score(reward_fn: RewardFn, rollouts: list[PromptRollout], items: list[dict]) -> list[float]:
-    """One reward per completion, in rollout order (prompt by prompt, G completions each)."""
-    texts, answers, metas = [], [], []
+    """One reward per completion, in rollout order (prompt by prompt, G completions each). An episode's reward is
+    its last model turn's (outcome) plus the env's per-episode terms (envs/protocol.py)."""
+    texts, answers, metas, terms = [], [], [], []
     for r, it in zip(rollouts, items):
         for c in r.completions:
             texts.append(c.text)
             answers.append(it["answer"])
             metas.append(it.get("metadata", {}))
-    return [float(x) for x in reward_fn(texts, answer=answers, metadata=metas)]
+            terms.append(sum(c.episode.terms.values()) if c.episode else 0.0)
+    return [float(x) + t for x, t in zip(reward_fn(texts, answer=answers, metadata=metas), terms)]
 
 
 @dataclass
@@ -64,7 +66,9 @@ class Sampler:
     def _send(self) -> None:
         before = self.data.state_dict()
         idx = self.data.next_batch(self.spec.prompts_per_step)
-        sent = self.runtime.submit_generate([self.data.prompt_ids[i] for i in idx], self.spec.sampling)
+        sent = self.runtime.submit_generate(
+            [self.data.prompt_ids[i] for i in idx], self.spec.sampling, [self.data.items[i] for i in idx]
+        )
         self._pending.append((before, idx, sent))
 
     def _fill(self, step: int) -> None:
@@ -92,7 +96,7 @@ class Sampler:
             rewards = score(self.reward_fn, rollouts, [self.data.items[i] for i in idx])
             t_reward += time.perf_counter() - t0
             generated += len(rollouts)
-            gen_tokens += sum(len(c.token_ids) for c in completions_of(rollouts))
+            gen_tokens += sum(c.model_tokens for c in completions_of(rollouts))
             keep = (
                 filters.keep_groups_in_range(torch.tensor(rewards), G, *spec.filter_range)
                 if spec.filter_range

@@ -14,7 +14,7 @@ import torch
 
 from rl import algorithms, filters
 from rl.specs import SampleSpec
-from rl.types import PromptRollout, TrainSample, completions_of
+from rl.types import Completion, PromptRollout, TrainSample, completions_of
 
 RefLogprobs = Callable[[list[PromptRollout]], list[list[float]]]
 
@@ -25,7 +25,7 @@ def prepare_samples(
     """The learner's samples, the advantages [B*G] (before top-k), and metrics. `rewards` are after any KL-in-reward
     penalty (`kl_reward_penalty`); the overlong penalty is added here."""
     completions = completions_of(rollouts)
-    lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)  # [B*G]
+    lengths = torch.tensor([c.model_tokens for c in completions], dtype=torch.float32)  # [B*G], loss tokens
     shaped, metrics = shape_rewards(rewards, lengths, spec)
     in_loss = (
         filters.truncated_mask([c.finish_reason for c in completions])
@@ -42,7 +42,7 @@ def prepare_samples(
         lengths=lengths * torch.tensor(in_loss, dtype=torch.float32),
     )
     samples = [
-        TrainSample(r.prompt_ids, c.token_ids, c.logprobs, float(adv[k]), [] if in_loss[k] else [0] * len(c.token_ids))
+        TrainSample(r.prompt_ids, c.token_ids, c.logprobs, float(adv[k]), loss_mask(c, in_loss[k]))
         for k, (r, c) in enumerate((r, c) for r in rollouts for c in r.completions)
     ]
     metrics["response/masked_truncated_frac"] = 1.0 - sum(in_loss) / max(len(in_loss), 1)
@@ -50,6 +50,14 @@ def prepare_samples(
         samples = [samples[i] for i in filters.top_k_per_group(shaped, spec.group_size, spec.top_k).tolist()]
     metrics["train/samples"] = float(len(samples))
     return samples, adv, metrics
+
+
+def loss_mask(c: Completion, in_loss: bool) -> list[int]:
+    """A completion's loss mask: empty (every token) for a single turn, the model tokens of an episode (its env
+    tokens are context only), all zeros when it is filtered out of the loss."""
+    if not in_loss:
+        return [0] * len(c.token_ids)
+    return list(c.mask) if c.mask is not None else []
 
 
 def shape_rewards(
@@ -73,10 +81,12 @@ def kl_reward_penalty(
     if not spec.kl_in_reward_coef:
         return rewards, {}
     ref = ref_logprobs(rollouts)
-    behaviour = [c.logprobs for c in completions_of(rollouts)]
-    per_seq = [
-        float(algorithms.kl_penalty(torch.tensor(b), torch.tensor(q), spec.kl_estimator).sum())
-        for b, q in zip(behaviour, ref)
+    completions = completions_of(rollouts)
+    per_seq = [  # over the model's tokens: an episode's env tokens have no behaviour logprob
+        float(
+            (algorithms.kl_penalty(torch.tensor(c.logprobs), torch.tensor(q), spec.kl_estimator) * model_mask(c)).sum()
+        )
+        for c, q in zip(completions, ref)
     ]
     coef = spec.kl_in_reward_coef
     shaped = [r - coef * k for r, k in zip(rewards, per_seq)]
@@ -86,9 +96,14 @@ def kl_reward_penalty(
     }
 
 
+def model_mask(c: Completion) -> torch.Tensor:
+    """1.0 on the model's tokens of a completion, 0.0 on environment tokens [T]."""
+    return torch.ones(len(c.token_ids)) if c.mask is None else torch.tensor(c.mask, dtype=torch.float32)
+
+
 def rollout_metrics(rollouts: list[PromptRollout], rewards: list[float], adv: torch.Tensor, group_size: int) -> dict:
     completions = completions_of(rollouts)
-    lengths = [len(c.token_ids) for c in completions]
+    lengths = [c.model_tokens for c in completions]
     truncated = [c.finish_reason == "length" for c in completions]
     rw = torch.tensor(rewards).view(-1, group_size)
     return {
@@ -101,4 +116,26 @@ def rollout_metrics(rollouts: list[PromptRollout], rewards: list[float], adv: to
         "adv/mean": float(adv.mean()),
         "adv/std": float(adv.std()) if adv.numel() > 1 else 0.0,
         "adv/zero_group_frac": float((rw.std(dim=1) == 0).float().mean()),
+    } | episode_metrics(completions)
+
+
+def episode_metrics(completions: list[Completion]) -> dict[str, float]:
+    """Multi-turn episodes (none: no metrics): turns, tool calls and errors and time per episode, the share of
+    environment tokens among completion tokens, and the share of episodes truncated (finish_reason "length")."""
+    episodes = [c.episode for c in completions if c.episode is not None]
+    if not episodes:
+        return {}
+    all_tokens = sum(len(c.token_ids) for c in completions)
+    return {
+        "env/turns_mean": float(np.mean([e.turns for e in episodes])),
+        "env/turns_max": float(max(e.turns for e in episodes)),
+        "env/tool_calls_per_episode": float(np.mean([e.tool_calls for e in episodes])),
+        "env/tool_errors_per_episode": float(np.mean([e.tool_errors for e in episodes])),
+        "env/tool_s": float(sum(e.tool_seconds for e in episodes)),
+        "env/env_token_frac": sum(e.env_tokens for e in episodes) / max(all_tokens, 1),
+        "env/truncated_frac": float(np.mean([c.finish_reason == "length" for c in completions])),
+        "env/episode_length_mean": float(np.mean([len(c.token_ids) for c in completions])),
+    } | {
+        f"env/term/{name}": float(np.mean([e.terms.get(name, 0.0) for e in episodes]))
+        for name in sorted({n for e in episodes for n in e.terms})
     }

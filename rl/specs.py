@@ -83,6 +83,16 @@ class LearnerSpec:
 
 
 @dataclass(frozen=True)
+class EpisodeSpec:
+    """A multi-turn environment as each rollout actor builds and runs it (envs/protocol.py, rl/rollout/episodes.py)."""
+
+    env: str  # the env's config as JSON (`_target_` and keyword arguments, interpolations resolved)
+    max_turns: int  # env.max_turns
+    max_tokens: int  # env.max_episode_tokens: tokens after the prompt per episode, the model's and the env's
+    use_chat_template: bool  # env messages are rendered with the chat template (else joined by newlines)
+
+
+@dataclass(frozen=True)
 class RolloutSpec:
     model_path: str
     backend: RolloutBackend
@@ -98,6 +108,7 @@ class RolloutSpec:
     full_weights: bool = False  # the learner sends every weight (full fine-tuning), not an adapter
     trust_remote_code: bool = False
     sleep_mode: bool = False  # colocated with a learner: the engine can sleep (weights to host, KV cache freed)
+    episodes: EpisodeSpec | None = None  # a multi-turn env: generate runs its episodes (None: single-turn)
 
 
 @dataclass(frozen=True)
@@ -129,6 +140,7 @@ class RuntimeSpec:
     learner_chunk_size: int = 0
     weight_sync: WeightSync = WeightSync.object_store
     colocate: bool = False  # the actors sleep while the learners train and wake for the sync
+    episodes: bool = False  # a multi-turn env: generate calls send each prompt's item to the actors
 
 
 @dataclass(frozen=True)
@@ -245,6 +257,36 @@ def check_registry_names(cfg: TrainConfig) -> None:
         raise ConfigError(e.args[0]) from None
 
 
+def episode_spec(cfg: TrainConfig) -> EpisodeSpec | None:
+    """The multi-turn env the actors run, when `env._target_` is one (envs/protocol.py is_multi_turn); its limits
+    are read from the env config or its constructor's defaults, without building it."""
+    import json
+
+    env = cfg.env
+    if not isinstance(env, dict) or not isinstance(env.get("_target_"), str):
+        return None
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(env["_target_"])
+    except Exception:  # noqa: BLE001 - train.py reports an unknown target when it builds the env
+        return None
+    from envs.protocol import episode_limits
+
+    try:
+        limits = episode_limits(cls, env)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if limits is None:
+        return None
+    if cfg.cluster.learner_chunk_size:
+        raise ConfigError(
+            f"cluster.learner_chunk_size={cfg.cluster.learner_chunk_size}: learners generate single turns only, and "
+            f"env {env['_target_']} runs multi-turn episodes: set cluster.learner_chunk_size=0"
+        )
+    return EpisodeSpec(json.dumps(env), *limits, cfg.model.use_chat_template)
+
+
 def copy_fields(source: object, cls: type):
     """An instance of dataclass `cls` with the same-named field values of `source` (a config that mixes it in)."""
     return cls(**{f.name: getattr(source, f.name) for f in dataclasses.fields(cls)})
@@ -261,13 +303,16 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         model_path = resolve_model_path(cfg.model.path)
     m, a, c = cfg.model, cfg.algorithm, cfg.cluster
     run_dir = Path(run_dir)
-    max_len = m.max_prompt_tokens + m.max_new_tokens
+    episodes = episode_spec(cfg)
+    # tokens after the prompt: one completion, or a whole episode (model and environment tokens)
+    completion_len = episodes.max_tokens if episodes else m.max_new_tokens
+    max_len = m.max_prompt_tokens + completion_len
     vllm = c.rollout_backend == RolloutBackend.vllm
     loss = LossSpec(
         policy_loss=a.policy_loss,
         loss_agg=a.loss_agg,
         knobs=copy_fields(a, PolicyLossKnobs),
-        norm_length=a.loss_agg_norm_length or m.max_new_tokens,
+        norm_length=a.loss_agg_norm_length or completion_len,
         entropy_coef=a.entropy_coef,
         kl_coef=0.0 if a.kl_in_reward else a.kl_coef,
         kl_estimator=a.kl_estimator.value,
@@ -308,6 +353,7 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         full_weights=m.full_finetune,
         trust_remote_code=m.trust_remote_code,
         sleep_mode=c.colocate,
+        episodes=episodes,
     )
     placement = PlacementSpec(
         mode=c.mode,
@@ -339,10 +385,8 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         std_unbiased=a.std_unbiased,
         pg_baseline=a.pg_baseline.value,
         adv_eps=a.adv_eps,
-        max_new_tokens=m.max_new_tokens,
-        overlong_buffer=(a.overlong_buffer or default_overlong_buffer(m.max_new_tokens))
-        if a.overlong_penalty
-        else None,
+        max_new_tokens=completion_len,
+        overlong_buffer=(a.overlong_buffer or default_overlong_buffer(completion_len)) if a.overlong_penalty else None,
         overlong_penalty_factor=a.overlong_penalty_factor,
         filter_truncated=a.filter_truncated_response,
         top_k=a.top_k if a.top_k is not None and a.top_k < a.group_size else None,
@@ -371,7 +415,14 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         learner=learner,
         rollout=rollout,
         placement=placement,
-        runtime=RuntimeSpec(c.staleness, c.actor_max_restarts, c.learner_chunk_size, c.weight_sync, c.colocate),
+        runtime=RuntimeSpec(
+            c.staleness,
+            c.actor_max_restarts,
+            c.learner_chunk_size,
+            c.weight_sync,
+            colocate=c.colocate,
+            episodes=episodes is not None,
+        ),
         eval=evaluation,
         updates_per_step=a.updates_per_step,
         probe_threshold=cfg.sync_probe_threshold,

@@ -17,11 +17,31 @@ class Sampling:
 
 
 @dataclass
+class EpisodeInfo:
+    """What a multi-turn episode (rl/rollout/episodes.py) adds to its Completion: counts, reward terms, transcript."""
+
+    turns: int  # model turns
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_seconds: float = 0.0
+    env_tokens: int = 0  # environment tokens in the completion (mask 0)
+    terms: dict[str, float] = field(default_factory=dict)  # per-episode reward terms, added to the outcome reward
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation after the prompt
+
+
+@dataclass
 class Completion:
-    token_ids: list[int]  # sampled token ids, exactly as generated (never re-tokenised)
-    logprobs: list[float]  # behaviour logprob of each sampled token under the sampling policy
-    finish_reason: str  # "stop" (EOS / stop string) or "length" (hit max_tokens)
-    text: str
+    token_ids: list[int]  # sampled token ids, exactly as generated (never re-tokenised); episodes: env tokens too
+    logprobs: list[float]  # behaviour logprob of each sampled token under the sampling policy (0.0 on env tokens)
+    finish_reason: str  # "stop" (EOS / stop string / episode done) or "length" (hit max_tokens or the episode budget)
+    text: str  # what the reward scores: the completion; an episode's last model turn
+    mask: list[int] | None = None  # per token: 1 model token, 0 environment token (None: all model tokens)
+    episode: EpisodeInfo | None = None  # multi-turn episodes only
+
+    @property
+    def model_tokens(self) -> int:
+        """Tokens the model generated (the loss's tokens; what length penalties and filters count)."""
+        return len(self.token_ids) if self.mask is None else sum(self.mask)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from rl.rollout.episodes import build_env, run_episodes
 from rl.specs import RolloutSpec
 from rl.types import Adapter, Completion, PromptRollout, Sampling
 
@@ -32,6 +33,7 @@ class HFRollout:
         self.seed = seed
         self.version = 0
         self.asleep = False
+        self.episodes, self._env = spec.episodes, None  # a multi-turn env, built at its first episodes
 
     def load_adapter(self, adapter: Adapter) -> dict:
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
@@ -78,9 +80,23 @@ class HFRollout:
     def load_state(self, state: dict) -> None:
         self.generator.set_state(torch.frombuffer(bytearray(state["generator"]), dtype=torch.uint8))
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, items: list[dict] | None = None
+    ) -> list[PromptRollout]:
+        """As VLLMRollout.generate: episodes of a multi-turn env when it has one and `items` are given."""
+        if items is not None and self.episodes is not None:
+            if self._env is None:
+                self._env = build_env(self.episodes)
+            return run_episodes(
+                self._generate, self.tokenizer, self._env, prompts, items, sampling, self.episodes, self.version
+            )
+        return self._generate(prompts, sampling)
+
+    def _generate(
+        self, prompts: list[list[int]], sampling: Sampling, max_tokens: list[int] | None = None
+    ) -> list[PromptRollout]:
         self.wake_up()
-        return hf_generate(self.model, self.tokenizer, prompts, sampling, self.generator, self.version)
+        return hf_generate(self.model, self.tokenizer, prompts, sampling, self.generator, self.version, max_tokens)
 
     def close(self) -> None:
         pass
@@ -88,25 +104,31 @@ class HFRollout:
 
 @torch.no_grad()
 def hf_generate(
-    model: Any, tokenizer: Any, prompts: list[list[int]], sampling: Sampling, generator: torch.Generator, version: int
+    model: Any,
+    tokenizer: Any,
+    prompts: list[list[int]],
+    sampling: Sampling,
+    generator: torch.Generator,
+    version: int,
+    max_tokens: list[int] | None = None,
 ) -> list[PromptRollout]:
     """Sample `sampling.n` completions per prompt with transformers `generate`; the behaviour logprobs are of the
     processed distribution (after temperature and top-p), the one sampled from, as vLLM's processed_logprobs.
     Shared by HFRollout and the learners' own generation (Learner.generate). Draws one seed per prompt from
-    `generator`, so a saved generator state makes the samples repeatable."""
+    `generator`, so a saved generator state makes the samples repeatable. `max_tokens`: a cap per prompt."""
     eos_ids = model.generation_config.eos_token_id
     eos = set(eos_ids if isinstance(eos_ids, list) else [eos_ids])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = next(model.parameters()).device
     out = []
-    for prompt in prompts:
+    for k, prompt in enumerate(prompts):
         ids = torch.tensor([prompt] * sampling.n, device=device)
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
         greedy = sampling.temperature == 0
         gen = model.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
-            max_new_tokens=sampling.max_tokens,
+            max_new_tokens=sampling.max_tokens if max_tokens is None else max_tokens[k],
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p,

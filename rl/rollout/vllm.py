@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rl.rollout.episodes import build_env, run_episodes
 from rl.specs import RolloutSpec
 from rl.startup import OutputMark, engine_start_error
 from rl.types import Adapter, Completion, PromptRollout, Sampling
@@ -60,6 +61,7 @@ class VLLMRollout:
             raise engine_start_error(e, mark.read()) from e
         self.version = 0
         self.asleep = False
+        self.episodes, self._env = spec.episodes, None  # a multi-turn env, built at its first episodes
         self._lora_request = None
         self.tokenizer = self.llm.get_tokenizer()
         # FlatLogprobs (a few flat lists per sample instead of a dict and object per token), where this vLLM has it
@@ -136,8 +138,24 @@ class VLLMRollout:
         self.version = version
         return {"seconds": time.perf_counter() - t0, "bytes": 0}
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
-        """Sample `sampling.n` completions per prompt, all prompts in one engine call.
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, items: list[dict] | None = None
+    ) -> list[PromptRollout]:
+        """Sample `sampling.n` completions per prompt; with a multi-turn env (`spec.episodes`) and the prompts'
+        `items`, `sampling.n` whole episodes per prompt (rl/rollout/episodes.py), each turn one engine call."""
+        if items is not None and self.episodes is not None:
+            if self._env is None:
+                self._env = build_env(self.episodes)
+            return run_episodes(
+                self._generate, self.tokenizer, self._env, prompts, items, sampling, self.episodes, self.version
+            )
+        return self._generate(prompts, sampling)
+
+    def _generate(
+        self, prompts: list[list[int]], sampling: Sampling, max_tokens: list[int] | None = None
+    ) -> list[PromptRollout]:
+        """Sample `sampling.n` completions per prompt, all prompts in one engine call (the only one: episodes' turns
+        come here too); `max_tokens`: a cap per prompt instead of `sampling.max_tokens`.
 
         The engine returns token ids and the sampled tokens' logprobs only (flat, no per-token objects) and does not
         detokenise; the texts are decoded in one batch at the end. vLLM's per-step detokenisation and per-token
@@ -148,15 +166,18 @@ class VLLMRollout:
         self.wake_up()
         from vllm import SamplingParams
 
-        params = SamplingParams(
-            n=sampling.n,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_tokens,
-            logprobs=0,  # the sampled token's logprob only
-            detokenize=False,
-            **self._flat_logprobs,
-        )
+        def params_for(cap: int) -> SamplingParams:
+            return SamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=cap,
+                logprobs=0,  # the sampled token's logprob only
+                detokenize=False,
+                **self._flat_logprobs,
+            )
+
+        params = params_for(sampling.max_tokens) if max_tokens is None else [params_for(m) for m in max_tokens]
         outs = self.llm.generate(
             [{"prompt_token_ids": p} for p in prompts], params, lora_request=self._lora_request, use_tqdm=False
         )

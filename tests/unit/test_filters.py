@@ -90,7 +90,7 @@ class FakeRuntime:
     def __init__(self, batches):
         self.batches, self.calls = list(batches), 0
 
-    def submit_generate(self, prompts, sampling):
+    def submit_generate(self, prompts, sampling, items=None):
         return prompts, sampling
 
     def collect(self, sent):

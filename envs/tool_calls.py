@@ -1,0 +1,75 @@
+"""Tool calls in model text, in two formats.
+
+- `hermes`: `<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>`, the format that
+  Qwen2.5/Qwen3 (Hermes-style) chat templates teach when given `tools=`; several calls may follow each other.
+- `tag`: `<tool>calculator: 2+3</tool>`, for models without a tool template (SmolLM2): the text after the first
+  colon, stripped, is the tool's first parameter. The env's system prompt describes the tools and the format.
+
+A malformed call (bad JSON, no name, arguments that are not an object, a tag without `name:`, an unclosed tag) is
+returned as an error message: the env sends it back as the tool's result and counts it, and the episode goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+FORMATS = ("hermes", "tag")
+_HERMES = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
+_TAG = re.compile(r"<tool>(.*?)(</tool>|$)", re.DOTALL)
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)  # empty for the tag format: see `text`
+    text: str | None = None  # the tag format's argument text
+
+
+def parse_tool_calls(text: str, fmt: str) -> tuple[list[ToolCall], list[str]]:
+    """(calls, errors) in the order they appear in `text`; both empty when the text calls no tool."""
+    if fmt == "hermes":
+        return _parse(text, _HERMES, _hermes_call, "</tool_call>")
+    if fmt == "tag":
+        return _parse(text, _TAG, _tag_call, "</tool>")
+    raise ValueError(f"env.tool_format={fmt!r} is not known; valid: {', '.join(FORMATS)}")
+
+
+def _parse(text: str, pattern: re.Pattern, one, closing: str) -> tuple[list[ToolCall], list[str]]:
+    calls, errors = [], []
+    for m in pattern.finditer(text):
+        if not m.group(2):
+            errors.append(f"the tool call is not closed with {closing}")
+            continue
+        try:
+            calls.append(one(m.group(1).strip()))
+        except ValueError as e:
+            errors.append(str(e))
+    return calls, errors
+
+
+def _hermes_call(body: str) -> ToolCall:
+    try:
+        obj = json.loads(body)
+    except ValueError as e:
+        raise ValueError(f"the tool call is not valid JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"].strip():
+        raise ValueError('the tool call must be a JSON object {"name": ..., "arguments": {...}}')
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models send the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except ValueError:
+            raise ValueError("the tool call's arguments are not a JSON object") from None
+    if not isinstance(args, dict):
+        raise ValueError("the tool call's arguments must be a JSON object")
+    return ToolCall(obj["name"].strip(), args)
+
+
+def _tag_call(body: str) -> ToolCall:
+    name, colon, rest = body.partition(":")
+    if not colon or not name.strip() or not re.fullmatch(r"[A-Za-z_][\w.]*", name.strip()):
+        raise ValueError("a tool call is <tool>name: input</tool>")
+    return ToolCall(name.strip(), text=rest.strip())

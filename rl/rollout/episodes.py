@@ -1,0 +1,166 @@
+"""Multi-turn episodes on a rollout engine: turn by turn, every active episode's next turn in one engine call.
+
+The protocol is envs/protocol.py's. Turn 1 is exactly the single-turn call (`sampling.n` samples of each prompt);
+each later turn is one call with every episode that is still going (n=1 each, its own token budget). The engine's
+token ids are kept exactly as generated (model text is decoded for the env, never re-tokenised); the env's messages
+become tokens through the chat template (`EnvTokens`) and enter the completion with mask 0 and a placeholder
+logprob 0.0, so the learner sees prompt_ids + one completion of interleaved model and env tokens, and trains on the
+model's only.
+
+Used by both engines (rl/rollout/vllm.py, rl/rollout/hf.py): each passes its one generation function, which is
+where a per-request option (a seed list, say) would go.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from envs.protocol import Episode
+from rl.specs import EpisodeSpec
+from rl.types import Completion, EpisodeInfo, PromptRollout, Sampling
+
+# generate(prompts, sampling, max_tokens per prompt or None) -> one PromptRollout per prompt (sampling.n each)
+TurnFn = Callable[[list[list[int]], Sampling, "list[int] | None"], list[PromptRollout]]
+MARK = "<<rlft-model-turn>>"  # stands for a model turn when the env's messages are rendered (see EnvTokens)
+
+
+def build_env(spec: EpisodeSpec) -> Any:
+    """The env of a rollout actor, built from the env config the spec carries (as train.py builds the driver's)."""
+    from hydra.utils import instantiate
+
+    return instantiate(json.loads(spec.env), _convert_="all")
+
+
+class EnvTokens:
+    """Token ids of the env's messages as they follow a model turn in the chat template.
+
+    Re-rendering the whole conversation and taking the new suffix would break on templates that render earlier
+    turns differently once a later one exists (Qwen3 drops an earlier answer's reasoning, some templates move tool
+    results): the prefix would no longer match the tokens the model saw. So only the delta is rendered: a fixed
+    stand-in conversation (a user message, an assistant turn whose content is MARK) followed by the env's messages
+    and the generation prompt; the text after MARK is the template's end of the assistant turn, the env's messages
+    and the start of the next assistant turn. The model's own end-of-turn token (its EOS, which it generated) is
+    taken off the front when the text starts with it, so the closing is not doubled. Without a chat template the
+    messages are joined by newlines, as rl/data.py joins a prompt's."""
+
+    def __init__(self, tokenizer: Any, use_chat_template: bool):
+        self.tokenizer, self.use_chat_template = tokenizer, use_chat_template
+
+    def encode(self, messages: list[dict], last_token: int | None, tools: list[dict] | None = None) -> list[int]:
+        if not self.use_chat_template:
+            text = "\n" + "\n".join(str(m["content"]) for m in messages) + "\n"
+        else:
+            stand_in = [{"role": "user", "content": "."}, {"role": "assistant", "content": MARK}]
+            kwargs = {"tools": tools} if tools else {}
+            rendered = self.tokenizer.apply_chat_template(
+                stand_in + list(messages), tokenize=False, add_generation_prompt=True, **kwargs
+            )
+            text = rendered[rendered.index(MARK) + len(MARK) :]
+            if last_token is not None:
+                own = self.tokenizer.decode([last_token])
+                if own and text.startswith(own):
+                    text = text[len(own) :]
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@dataclass
+class _Run:
+    """One episode in progress on the actor: its completion so far and the env's episode."""
+
+    prompt_ids: list[int]
+    episode: Episode
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    finish: str = "stop"
+    done: bool = False
+    last_text: str = ""
+    env_tokens: int = 0
+
+    def add_model_turn(self, c: Completion) -> None:
+        self.ids += c.token_ids
+        self.logprobs += c.logprobs
+        self.mask += [1] * len(c.token_ids)
+        self.last_text, self.finish = c.text, c.finish_reason
+        self.episode.turns += 1
+        self.episode.messages.append({"role": "assistant", "content": c.text})
+
+    def add_env_turn(self, ids: list[int], messages: list[dict]) -> None:
+        self.ids += ids
+        self.logprobs += [0.0] * len(ids)
+        self.mask += [0] * len(ids)
+        self.env_tokens += len(ids)
+        self.episode.messages.extend(messages)
+
+    def completion(self, n_prompt_messages: int) -> Completion:
+        e = self.episode
+        info = EpisodeInfo(
+            turns=e.turns,
+            tool_calls=e.tool_calls,
+            tool_errors=e.tool_errors,
+            tool_seconds=e.tool_seconds,
+            env_tokens=self.env_tokens,
+            terms=dict(e.terms),
+            messages=e.messages[n_prompt_messages:],
+        )
+        return Completion(self.ids, self.logprobs, self.finish, self.last_text, self.mask, info)
+
+
+def run_episodes(
+    generate: TurnFn,
+    tokenizer: Any,
+    env: Any,
+    prompts: list[list[int]],
+    items: list[dict],
+    sampling: Sampling,
+    spec: EpisodeSpec,
+    version: int,
+) -> list[PromptRollout]:
+    """`sampling.n` episodes per prompt, the item of each prompt starting them; rollouts in prompt order.
+    `sampling.max_tokens` caps each model turn, `spec.max_tokens` the whole episode after the prompt."""
+    env_tokens = EnvTokens(tokenizer, spec.use_chat_template)
+    first = generate(prompts, replace(sampling, max_tokens=min(sampling.max_tokens, spec.max_tokens)), None)
+    groups: list[list[_Run]] = []
+    for p, item, rollout in zip(prompts, items, first):
+        group = []
+        for c in rollout.completions:
+            run = _Run(list(p), env.start(item))
+            run.add_model_turn(c)
+            group.append(run)
+        groups.append(group)
+    runs = [r for g in groups for r in g]
+    one = replace(sampling, n=1)
+    while True:
+        for run in runs:
+            if not run.done:
+                _advance(run, env, env_tokens, spec)
+        active = [r for r in runs if not r.done]
+        if not active:
+            break
+        budgets = [min(sampling.max_tokens, spec.max_tokens - len(r.ids)) for r in active]
+        outs = generate([r.prompt_ids + r.ids for r in active], one, budgets)
+        for run, out in zip(active, outs):
+            run.add_model_turn(out.completions[0])
+    return [
+        PromptRollout(list(p), [r.completion(len(item["messages"])) for r in g], version)
+        for p, item, g in zip(prompts, items, groups)
+    ]
+
+
+def _advance(run: _Run, env: Any, env_tokens: EnvTokens, spec: EpisodeSpec) -> None:
+    """After a model turn: end the episode, or append the env's next messages (as tokens, mask 0)."""
+    if run.finish == "length" and len(run.ids) >= spec.max_tokens:  # cut by the episode's budget: truncated
+        run.done = True
+        return
+    messages = env.step(run.episode, run.last_text)
+    if not messages or run.episode.turns >= spec.max_turns:
+        run.done = True
+        return
+    ids = env_tokens.encode(messages, run.ids[-1] if run.ids else None, run.episode.item.get("tools"))
+    if len(run.ids) + len(ids) >= spec.max_tokens:  # no room left for the model to answer: truncated
+        run.done, run.finish = True, "length"
+        return
+    run.add_env_turn(ids, messages)
