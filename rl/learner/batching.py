@@ -100,12 +100,11 @@ class Batcher:
         shape = (len(samples), max(len(s.completion_ids) for s in samples))
         if self.packed:
             row = packing.pack(samples, self.share_prompt_prefix, self.device, self.packed)
-            logits = model(
-                input_ids=row.input_ids,
-                position_ids=row.position_ids,
-                packed_segments=row.segments,
-                logits_to_keep=row.predictors,
-            ).logits  # [1, T, V]: only the positions that predict a completion token
+            inputs = dict(input_ids=row.input_ids, position_ids=row.position_ids, packed_segments=row.segments)
+            if self.logits_to_keep:  # the LM head runs only where a completion token is predicted
+                logits = model(**inputs, logits_to_keep=row.predictors).logits  # [1, T, V]
+            else:
+                logits = model(**inputs).logits[:, row.predictors]
             targets, n_positions = row.targets, row.input_ids.shape[1]
 
             def to_batch(x):
@@ -214,7 +213,13 @@ class Batcher:
         was_training = model.training
         model.eval()
         try:
-            got, want = self.logprobs(model, samples)[0], padded.logprobs(model, samples)[0]
+            want = padded.logprobs(model, samples)[0]
+            got = self.logprobs(model, samples)[0]
+        except (TypeError, ValueError, RuntimeError) as e:  # a forward that does not take the packed inputs
+            raise RuntimeError(
+                f"micro_batch_tokens>0: this model's forward does not take packed rows ({type(e).__name__}: {e}); "
+                "set micro_batch_tokens=0 (padded micro-batches), or model.learner_backend=peft"
+            ) from e
         finally:
             model.train(was_training)
         real = self.completion_batch(samples)[1] > 0  # [B, C] within each completion (past the end: padding)

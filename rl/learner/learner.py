@@ -37,7 +37,7 @@ class Learner:
         self.model = self.policy.model
         packed = None
         if spec.micro_batch_tokens > 0:
-            packed = packing.resolve_backend(spec.packed_attention, self.device)
+            packed = packing.resolve_backend(spec.packed_attention, self.device, getattr(torch, spec.dtype))
             for model in (self.model, self.policy.ref_model):
                 if model is not None:
                     packing.use_packed_attention(model)

@@ -211,14 +211,16 @@ def varlen_kernel() -> str | None:
         return None
 
 
-def resolve_backend(name: str, device: torch.device) -> str:
-    """`packed_attention` auto|sdpa|varlen -> sdpa or varlen for this process (varlen needs a kernel)."""
-    if name == "sdpa" or (name == "auto" and (device.type != "cuda" or varlen_kernel() is None)):
+def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    """`packed_attention` auto|sdpa|varlen -> sdpa or varlen for this process: varlen needs a kernel, and flash
+    kernels take 16-bit inputs only."""
+    half = dtype in (torch.bfloat16, torch.float16)
+    if name == "sdpa" or (name == "auto" and (device.type != "cuda" or varlen_kernel() is None or not half)):
         return "sdpa"
-    if varlen_kernel() is None:
+    if varlen_kernel() is None or not half:
         raise RuntimeError(
-            "packed_attention=varlen needs CUDA and flash-attn (or torch's varlen_attn) in the learner's process: "
-            "install flash-attn, or set packed_attention=sdpa"
+            "packed_attention=varlen needs CUDA, flash-attn (or torch's varlen_attn) in the learner's process and a "
+            f"16-bit learner (model.learner_dtype; this one computes in {dtype}): fix that, or set packed_attention=sdpa"
         )
     return "varlen"
 
@@ -235,10 +237,20 @@ def _mask_for(**kwargs):
 
 def use_packed_attention(model) -> None:
     """Switch `model` (a transformers model, PEFT-wrapped or not) to ATTENTION."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError as e:
+        import transformers
 
+        raise RuntimeError(
+            f"micro_batch_tokens>0 needs transformers' attention and mask registries (transformers >= 4.53; this is "
+            f"{transformers.__version__}): upgrade transformers, or set micro_batch_tokens=0"
+        ) from e
     AttentionInterface.register(ATTENTION, packed_attention)
     AttentionMaskInterface.register(ATTENTION, _mask_for)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base.set_attn_implementation(ATTENTION)
+    if hasattr(base, "set_attn_implementation"):
+        base.set_attn_implementation(ATTENTION)
+    else:  # older transformers: the attention modules read the config at each forward
+        base.config._attn_implementation = ATTENTION
