@@ -224,7 +224,8 @@ class Batcher:
             model.train(was_training)
         real = self.completion_batch(samples)[1] > 0  # [B, C] within each completion (past the end: padding)
         diff = float((got - want)[real].abs().max())
-        tol = 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
+        # 16-bit logits round at up to 1/8 near |logit| = 16: the two layouts may differ by that much on a token
+        tol = 1e-3 if next(model.parameters()).dtype == torch.float32 else 0.25
         if not diff <= tol:
             raise RuntimeError(
                 f"micro_batch_tokens>0: this model's attention does not keep packed sequences apart (packed and "
