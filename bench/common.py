@@ -172,6 +172,35 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def spread(xs: list[float]) -> dict:
+    """Median, min and max of repeated measurements (one number alone has misled: repeats here vary 1.5-3x)."""
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def show_spread(s: dict, unit: str = "", digits: int = 0) -> str:
+    """'1234 tok/s (1100-1300, n=3)' from `spread`."""
+    f = f"{{:.{digits}f}}"
+    lo, hi = f.format(s["min"]), f.format(s["max"])
+    return f"{f.format(s['median'])}{unit} ({lo}-{hi}, n={s['n']})"
+
+
+def run_side_process(module: str, side: str, argv: list[str], flag: str = "--sides") -> dict:
+    """Run `python -m module <argv without flag> --side side` in a fresh process; its last JSON line."""
+    import json
+    import sys
+
+    forward, skip = [], False
+    for a in argv:  # the command line without `flag` and its value
+        if not skip and not a.startswith(flag):
+            forward.append(a)
+        skip = a == flag
+    out = subprocess.run([sys.executable, "-m", module, *forward, "--side", side], capture_output=True, text=True)
+    lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise SystemExit(f"{module} --side {side} failed:\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
 def lora_deltas(config: dict, weights: dict) -> dict:
     """{hf_module_name: scale * B @ A} in fp32: the unfused merge, the reference that rl/rollout/vllm_ext.py's fused
     `merge_lora` is compared with (tests/unit/test_vllm_ext.py, bench/sync.py)."""

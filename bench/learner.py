@@ -1,17 +1,24 @@
-"""Learner step: ours (rl.learner.Learner.train_step on TrainSamples) against a raw PEFT step on the same
-sequences, LoRA rank/targets, dtype and micro-batches, in one process run (both sides under the same load).
+"""Learner step: ours (rl.learner.Learner.train_step on TrainSamples), padded or packed, against a raw PEFT step on
+the same sequences, LoRA rank/targets and dtype; each side in a fresh process, one after the other, `--repeats`
+timed steps each after one warm-up; medians with their spread.
 
-CPU (about 3 min with --groups 4, 6 with the default 8, on the shared 2-core machine):  python -m bench.learner
+CPU (about 6 min on the shared 2-core machine):  python -m bench.learner --threads 1 --groups 4
+Packed vs padded at a wide length spread:  python -m bench.learner --threads 1 --groups 2 --completion-len 20:500 \
+    --sides ours_full,ours_shared,ours_packed,ours_packed_shared
 CUDA, random Qwen2.5-0.5B shape:  python -m bench.learner --device cuda --shape qwen2.5-0.5b --groups 16 \
-    --prompt-len 128 --completion-len 64:256
+    --prompt-len 128 --completion-len 20:1000 --micro-batch-tokens 16384 (add --packed-attention varlen|sdpa)
 
 Raw step: right-padded forward of prompt+completion, token-mean cross-entropy on the completion tokens (only
 their logits upcast to fp32, as ours), backward, grad-norm clip, AdamW step (a lean hand-written PEFT loop: no
 behaviour logprobs, no clipping ratio, no entropy or other metrics).
-Ours runs twice: `share_prompt_prefix=False` (the same full forward as raw: the ratio is our overhead) and the
-default `share_prompt_prefix=True` (each group's prompt run once: what a user gets). kl_coef=0 on our side (the
-demo's GRPO adds a no-grad reference forward; that is more work, not overhead). Token ids are random (speed does
-not depend on them); lengths default to the demo's (8 prompts x 8 completions, 57-token prompts, 10-40 tokens).
+Our sides: `ours_full` (padded micro-batches of --micro-batch-size, full forward as raw: the ratio is our
+overhead), `ours_shared` (padded, each group's prompt run once through the KV cache: today's default),
+`ours_packed` and `ours_packed_shared` (`micro_batch_tokens`: rows of up to --micro-batch-tokens tokens without
+padding, rl/learner/packing.py; the second with each prompt once per row), `ours_full_no_entropy` (what the entropy
+metric costs). kl_coef=0 on our side (the demo's GRPO adds a no-grad reference forward; that is more work, not
+overhead). Tokens/s = prompt + completion tokens of the samples / step time, the same numerator for every side.
+Token ids are random (speed does not depend on them); lengths default to the demo's (8 prompts x 8 completions,
+57-token prompts, 10-40 tokens).
 
 Backend: transformers + PEFT (CPU or CUDA). The GPU backends (Unsloth 4-bit, PEFT + bitsandbytes 4-bit, PEFT bf16)
 against each library's own step are bench/learner_backends.py (measured on the H200, README).
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 
 from bench.common import (
@@ -30,9 +38,11 @@ from bench.common import (
     learner_spec,
     machine,
     machine_label,
-    median,
     model_path,
+    run_side_process,
     set_threads,
+    show_spread,
+    spread,
 )
 
 
@@ -55,14 +65,17 @@ def make_samples(args):
 # ------------------------------------------------------------------------------------------------ ours
 
 
-def build_ours(args, path: str, *, share_prompt_prefix: bool):
+def build_ours(args, path: str, *, share_prompt_prefix: bool, packed: bool = False):
     """Our learner; returns an object whose `train_step(samples)` is timed."""
     from rl.learner import Learner
 
     spec = learner_spec(
         path,
         f"micro_batch_size={args.micro_batch_size}",
+        f"micro_batch_tokens={args.micro_batch_tokens if packed else 0}",
+        f"packed_attention={args.packed_attention}",
         f"share_prompt_prefix={share_prompt_prefix}",
+        f"cluster.use_gpu={args.device == 'cuda'}",
         rank=args.rank,
         dtype=args.dtype,
         threads=args.threads,
@@ -143,20 +156,16 @@ def build_raw(args, path: str) -> RawPeftStep:
 
 # ------------------------------------------------------------------------------------------------ timing
 
+SIDES = ["raw", "ours_full", "ours_shared", "ours_packed", "ours_packed_shared", "ours_full_no_entropy"]
 
-def time_round_robin(learners: dict, samples, repeats: int) -> dict[str, float]:
-    """Median step time of each learner, timed in turns (raw, ours, ours, raw, ...) so that a change in the
-    machine's load hits every side alike; one warm-up step each first (allocations, optimizer state)."""
-    for learner in learners.values():
-        learner.train_step(samples)
-    times: dict[str, list[float]] = {k: [] for k in learners}
-    for _ in range(repeats):
-        for side, learner in learners.items():
-            t0 = time.perf_counter()
-            learner.train_step(samples)
-            _sync()
-            times[side].append(time.perf_counter() - t0)
-    return {k: median(v) for k, v in times.items()}
+
+def build_side(side: str, args, path: str):
+    if side == "raw":
+        return build_raw(args, path)
+    packed = side.startswith("ours_packed")
+    learner = build_ours(args, path, share_prompt_prefix=side.endswith("shared"), packed=packed)
+    # where the overhead goes: the policy/entropy metric's extra pass
+    return without_entropy_metric(learner) if side == "ours_full_no_entropy" else learner
 
 
 def _sync() -> None:
@@ -166,79 +175,106 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def run_side(args) -> dict:
+    """This process builds one side, runs one warm-up step (allocations, optimizer state), then times `repeats`."""
+    from transformers import AutoConfig
+
+    path = model_path(args)
+    args.vocab = min(AutoConfig.from_pretrained(path).vocab_size, 32000)
+    samples = make_samples(args)
+    before = machine()
+    t0 = time.perf_counter()
+    learner = build_side(args.side, args, path)
+    build_s = time.perf_counter() - t0
+    learner.train_step(samples)
+    _sync()
+    step_s = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        learner.train_step(samples)
+        _sync()
+        step_s.append(round(time.perf_counter() - t0, 3))
+    info = machine()
+    info["load_avg_before"] = before["load_avg"]
+    if args.device == "cuda":
+        import torch
+
+        info["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    completions = [len(s.completion_ids) for s in samples]
+    return {
+        "bench": "learner",
+        "side": args.side,
+        "model": args.shape or args.model,
+        "backend": "peft",
+        "samples": len(samples),
+        "tokens": sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples),
+        "completion_len": [min(completions), max(completions)],
+        "rank": args.rank,
+        "dtype": args.dtype,
+        "device": args.device,
+        "micro_batch_size": args.micro_batch_size,
+        "micro_batch_tokens": args.micro_batch_tokens if args.side.startswith("ours_packed") else 0,
+        "threads": args.threads,
+        "build_s": round(build_s, 1),
+        "step_s": step_s,
+        "machine": info,
+    }
+
+
+def compare(args) -> None:
+    """Each side in a fresh process, one after the other; medians, spreads, ratios of medians, a markdown row."""
+    rows = {}
+    for side in args.sides.split(","):
+        if side not in SIDES:
+            raise SystemExit(f"--sides: unknown side {side!r} (choose from {', '.join(SIDES)})")
+        rows[side] = run_side_process("bench.learner", side, sys.argv[1:])
+        rows[side]["tokens_per_s"] = spread([rows[side]["tokens"] / t for t in rows[side]["step_s"]])
+        print(json.dumps(rows[side]), flush=True)
+    tok = {side: row["tokens_per_s"]["median"] for side, row in rows.items()}
+    pairs = {  # (faster?, slower?): the ratio of their median tokens/s
+        "ours_full_over_raw": ("ours_full", "raw"),
+        "ours_shared_over_raw": ("ours_shared", "raw"),
+        "packed_over_padded": ("ours_packed", "ours_full"),
+        "packed_shared_over_padded_shared": ("ours_packed_shared", "ours_shared"),
+        "packed_shared_over_packed": ("ours_packed_shared", "ours_packed"),
+        "no_entropy_over_full": ("ours_full_no_entropy", "ours_full"),
+    }
+    ratios = {k: round(tok[a] / tok[b], 2) for k, (a, b) in pairs.items() if a in tok and b in tok}
+    first = next(iter(rows.values()))
+    print(json.dumps({"bench": "learner", "median_tokens_per_s": tok, "ratios": ratios}), flush=True)
+    lo, hi = first["completion_len"]
+    cells = "; ".join(f"{side} {show_spread(row['tokens_per_s'], ' tok/s')}" for side, row in rows.items())
+    shown = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+    print(
+        f"| learner step: {first['model']} peft {args.dtype}, {first['samples']} samples ({args.groups} prompts x "
+        f"{args.group_size}, {args.prompt_len}-token prompts, completions {lo}-{hi}), LoRA r={args.rank}, "
+        f"micro-batch {args.micro_batch_size} seqs / {args.micro_batch_tokens} tokens packed | {cells} | "
+        f"**{shown or 'one side: no ratio'}** | {machine_label(first['machine'])} |"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_args(ap)
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=57)
-    ap.add_argument("--completion-len", default="10:40")
+    ap.add_argument("--completion-len", default="10:40", help="lo:hi completion tokens, uniform")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--micro-batch-size", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--probe-entropy", action="store_true", help="also time ours without the entropy metric")
+    ap.add_argument("--micro-batch-size", type=int, default=16, help="padded sides: sequences per micro-batch")
+    ap.add_argument("--micro-batch-tokens", type=int, default=4096, help="packed sides: tokens per row")
+    ap.add_argument("--packed-attention", default="auto", choices=["auto", "sdpa", "varlen"])
+    ap.add_argument("--repeats", type=int, default=3, help="timed steps per side (after one warm-up)")
+    ap.add_argument("--sides", default="raw,ours_full,ours_shared,ours_packed,ours_packed_shared")
+    ap.add_argument("--probe-entropy", action="store_true", help="also time ours_full without the entropy metric")
+    ap.add_argument("--side", choices=SIDES, default=None, help="run one side in this process")
     args = ap.parse_args()
-
-    from transformers import AutoConfig
-
-    path = model_path(args)
-    args.vocab = min(AutoConfig.from_pretrained(path).vocab_size, 32000)
-    samples = make_samples(args)
-    tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    before = machine()
-    learners, build_s = {}, {}
-    sides = ["raw", "ours_full", "ours_shared"] + (["ours_full_no_entropy"] if args.probe_entropy else [])
-    for side in sides:  # all in memory at once (a LoRA learner of SmolLM2 is ~0.6 GB)
-        t0 = time.perf_counter()
-        if side == "raw":
-            learners[side] = build_raw(args, path)
-        else:
-            learners[side] = build_ours(args, path, share_prompt_prefix=side == "ours_shared")
-        if side == "ours_full_no_entropy":  # where the overhead goes: the policy/entropy metric's extra pass
-            learners[side] = without_entropy_metric(learners[side])
-        build_s[side] = time.perf_counter() - t0
-    step_s = time_round_robin(learners, samples, args.repeats)
-    rows = {
-        side: {"step_s": round(step_s[side], 3), "tokens_per_s": round(tokens / step_s[side], 1), "build_s": round(b)}
-        for side, b in build_s.items()
-    }
-    info = machine()
-    info["load_avg_before"] = before["load_avg"]
-    work = {
-        "model": args.shape or args.model,
-        "backend": "peft",
-        "samples": len(samples),
-        "tokens": tokens,
-        "rank": args.rank,
-        "dtype": args.dtype,
-        "device": args.device,
-        "micro_batch_size": args.micro_batch_size,
-        "threads": args.threads,
-    }
-    overhead = rows["ours_full"]["step_s"] / rows["raw"]["step_s"]
-    speedup = rows["raw"]["step_s"] / rows["ours_shared"]["step_s"]
-    if "ours_full_no_entropy" in rows:
-        share = 1 - rows["ours_full_no_entropy"]["step_s"] / rows["ours_full"]["step_s"]
-        print(json.dumps({"bench": "learner", "entropy_metric_share_of_ours_full": round(share, 3)}))
-    for side, row in rows.items():
-        print(json.dumps({"bench": "learner", "side": side, **work, **row, "machine": info}), flush=True)
-    print(
-        json.dumps(
-            {
-                "bench": "learner",
-                "overhead_ours_full_over_raw": round(overhead, 3),
-                "raw_over_ours_shared": round(speedup, 2),
-            }
-        )
-    )
-    print(
-        f"| learner step: {work['model']} peft {args.dtype}, {len(samples)} samples "
-        f"({args.groups} prompts x {args.group_size}), LoRA r={args.rank} | raw PEFT {rows['raw']['step_s']:.2f} s "
-        f"({rows['raw']['tokens_per_s']:.0f} tok/s) | ours, full forward {rows['ours_full']['step_s']:.2f} s "
-        f"(overhead **{overhead:.2f}x**) | ours, shared prompt (default) {rows['ours_shared']['step_s']:.2f} s "
-        f"(raw / ours **{speedup:.2f}x**) | {machine_label(info)} |"
-    )
+    if args.side is None:
+        if args.probe_entropy and "ours_full_no_entropy" not in args.sides:
+            args.sides += ",ours_full_no_entropy"
+        return compare(args)
+    print(json.dumps(run_side(args)), flush=True)
 
 
 if __name__ == "__main__":

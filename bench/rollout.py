@@ -13,7 +13,10 @@ HF: `model.generate` on all prompts x n in one left-padded batch (the strongest 
 finish early still ride along until the longest finishes), on the base weights. Same temperature 1 sampling,
 top_p 1, no top-k, max_tokens. Tokens/s counts generated tokens up to and including EOS on every side.
 `--diagnose` adds timings on our engine driven with other SamplingParams (vLLM's own detokenisation and per-token
-logprob dicts; no logprobs), to split our overhead over raw vLLM. Prints JSON lines and a markdown row.
+logprob dicts; no logprobs), to split our overhead over raw vLLM. Every number is a median of `--repeats` timed
+calls (x `--rounds` fresh processes per side) shown with its min-max spread; a ratio of medians comes with the
+range the two spreads allow (one run's ratio has moved 0.77x -> 0.87x between runs on the H200).
+Prints JSON lines and a markdown row.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -33,7 +35,10 @@ from bench.common import (
     median,
     model_path,
     random_adapter,
+    run_side_process,
     set_threads,
+    show_spread,
+    spread,
     timed_generation,
     timed_generations,
 )
@@ -236,43 +241,44 @@ def run_side(args) -> dict:
 
 
 def compare(args) -> None:
-    """Each side in a fresh process (two vLLM engines do not share one process cleanly), then ratios and a row."""
-    forward, skip = [], False
-    for a in sys.argv[1:]:  # this command line without --sides
-        if not skip and not a.startswith("--sides"):
-            forward.append(a)
-        skip = a == "--sides"
-    rows = {}
-    for side in args.sides.split(","):
+    """Each side in a fresh process (two vLLM engines do not share one process cleanly), `--rounds` times in turns
+    (hf, raw, ours, hf, ...) so that a change in the machine's load hits every side alike; every side's timed
+    calls pooled into a median and a spread; ratios of the medians with the range the spreads allow."""
+    sides = args.sides.split(",")
+    for side in sides:
         if side not in SIDES:
             raise SystemExit(f"--sides: unknown side {side!r} (choose from {', '.join(SIDES)})")
-        out = subprocess.run(
-            [sys.executable, "-m", "bench.rollout", *forward, "--side", side], capture_output=True, text=True
-        )
-        lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
-        if out.returncode != 0 or not lines:
-            raise SystemExit(f"bench.rollout --side {side} failed:\n{out.stderr[-3000:]}")
-        print(lines[-1], flush=True)
-        rows[side] = json.loads(lines[-1])
+    rows: dict[str, dict] = {}
+    for _ in range(args.rounds):
+        for side in sides:
+            row = run_side_process("bench.rollout", side, sys.argv[1:])
+            print(json.dumps(row), flush=True)
+            if side in rows:
+                rows[side]["rates"] += row["rates"]
+            else:
+                rows[side] = row
+    for row in rows.values():
+        row["spread"] = spread(row["rates"])
+        row["tokens_per_s"] = round(row["spread"]["median"], 1)
     rate = {side: row["tokens_per_s"] for side, row in rows.items()}
-    ratios = {}
-    if "ours" in rate:
-        ratios.update({f"ours_over_{s}": round(rate["ours"] / rate[s], 2) for s in ("hf", "raw") if s in rate})
-    if "raw" in rate and "hf" in rate:
-        ratios["raw_over_hf"] = round(rate["raw"] / rate["hf"], 2)
-    print(json.dumps({"bench": "rollout", "ratios": ratios}), flush=True)
+    sp = {side: row["spread"] for side, row in rows.items()}
+    pairs = [("ours", "hf"), ("ours", "raw"), ("raw", "hf")]
+    ratios, bounds = {}, {}
+    for a, b in pairs:
+        if a in rate and b in rate:
+            ratios[f"{a}_over_{b}"] = round(rate[a] / rate[b], 2)
+            bounds[f"{a}_over_{b}"] = [round(sp[a]["min"] / sp[b]["max"], 2), round(sp[a]["max"] / sp[b]["min"], 2)]
+    print(json.dumps({"bench": "rollout", "ratios": ratios, "ratio_bounds": bounds}), flush=True)
     first = next(iter(rows.values()))
-    cells = [
-        f"HF generate {rate['hf']:.0f} tok/s" if "hf" in rate else "",
-        f"raw vLLM {rate['raw']:.0f} tok/s" if "raw" in rate else "",
-        f"ours (vLLM, {rows['ours']['side'].rsplit('_', 1)[1]} LoRA) {rate['ours']:.0f} tok/s"
-        if "ours" in rate
-        else "",
-    ]
-    shown = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+    names = {"hf": "HF generate", "raw": "raw vLLM"}
+    if "ours" in rows:
+        names["ours"] = f"ours (vLLM, {rows['ours']['side'].rsplit('_', 1)[1]} LoRA)"
+    cells = [f"{names[side]} {show_spread(sp[side], ' tok/s')}" for side in rows]
+    shown = ", ".join(f"{k} {v:.2f}x ({bounds[k][0]:.2f}-{bounds[k][1]:.2f})" for k, v in ratios.items())
     print(
-        f"| rollout: {first['model']}, {args.prompts} prompts x {args.n}, {args.max_tokens} new tokens, {args.dtype} "
-        f"| {'; '.join(c for c in cells if c)} | {f'**{shown}**' if shown else 'one side: no ratio'} | "
+        f"| rollout: {first['model']}, {args.prompts} prompts x {args.n}, {args.max_tokens} new tokens, {args.dtype}; "
+        f"median (min-max) of {args.repeats} calls x {args.rounds} process(es) per side "
+        f"| {'; '.join(cells)} | {f'**{shown}**' if shown else 'one side: no ratio'} | "
         f"{machine_label(first['machine'])} |"
     )
 
@@ -284,7 +290,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8, help="completions per prompt (demo: group_size 8)")
     ap.add_argument("--max-tokens", type=int, default=32, help="max new tokens (demo: 32)")
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="timed generate calls per side and process")
+    ap.add_argument("--rounds", type=int, default=1, help="fresh processes per side, in turns (repeats pooled)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.2)
     ap.add_argument("--lora-mode", choices=["auto", "native", "merged"], default="auto", help="our actor's LoRA mode")
     ap.add_argument("--sides", default="hf,raw,ours", help="which sides to run, each in a fresh process")

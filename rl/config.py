@@ -49,6 +49,12 @@ class LoraMode(str, Enum):
     native = "native"  # vLLM's LoRA kernels (LoRARequest), the adapter kept apart from the weights
 
 
+class PackedAttention(str, Enum):
+    auto = "auto"  # varlen on CUDA when a flash kernel is installed, else sdpa
+    sdpa = "sdpa"  # torch SDPA once per packed sequence (any device)
+    varlen = "varlen"  # one varlen flash call per packed row (CUDA: flash-attn or torch's varlen_attn)
+
+
 class WeightSync(str, Enum):
     object_store = "object_store"  # adapter or weights as bytes through Ray's object store (any device)
     ipc = "ipc"  # full weights as CUDA IPC handles (full fine-tuning, actors on the learner's GPU)
@@ -354,8 +360,10 @@ class TrainConfig:
     seed: int = 0  # seeds python, numpy, torch, the data order and the rollout engine
     steps: int = 24  # training steps (one rollout batch + update + adapter sync each)
     prompts_per_step: int = 8  # prompts per step; each gets algorithm.group_size completions
-    micro_batch_size: int = 16  # sequences per learner forward/backward (gradient accumulation over the rest)
-    share_prompt_prefix: bool = True  # learner runs each prompt once per group and reuses its KV cache (exact, faster)
+    micro_batch_size: int = 16  # sequences per padded learner forward/backward (when micro_batch_tokens=0)
+    micro_batch_tokens: int = 0  # >0: micro-batches of up to this many tokens, packed into one row without padding
+    packed_attention: PackedAttention = PackedAttention.auto  # packed rows' attention: auto | sdpa | varlen (CUDA)
+    share_prompt_prefix: bool = True  # learner runs each prompt once per group (KV cache, or once per packed row)
     eval_size: int = 64  # held-out prompts evaluated before and after training (0 disables evaluation)
     eval_interval: int = 0  # also evaluate every N steps (0: only before and after training)
     eval_n_samples: int = 0  # completions sampled per eval prompt for pass@k (0: greedy accuracy only)
@@ -378,6 +386,14 @@ class TrainConfig:
         _check(self.steps >= 0, f"steps must be >= 0 (got {self.steps})")
         _check(self.prompts_per_step >= 1, f"prompts_per_step must be >= 1 (got {self.prompts_per_step})")
         _check(self.micro_batch_size >= 1, f"micro_batch_size must be >= 1 (got {self.micro_batch_size})")
+        _check(
+            self.micro_batch_tokens >= 0,
+            f"micro_batch_tokens must be >= 0 (0: micro_batch_size padded sequences; got {self.micro_batch_tokens})",
+        )
+        _check(
+            self.packed_attention != PackedAttention.varlen or self.cluster.use_gpu,
+            "packed_attention=varlen runs a CUDA flash kernel: set cluster.use_gpu=true, or packed_attention=sdpa",
+        )
         _check(self.eval_size >= 0, f"eval_size must be >= 0 (got {self.eval_size})")
         _check(
             self.eval_interval >= 0, f"eval_interval must be >= 0 (0: only before and after; got {self.eval_interval})"

@@ -68,7 +68,9 @@ class LearnerSpec:
     max_seq_length: int
     loss: LossSpec
     optim: OptimSpec
-    micro_batch_size: int
+    micro_batch_size: int  # sequences per padded micro-batch (micro_batch_tokens == 0)
+    micro_batch_tokens: int  # > 0: packed micro-batches of at most this many row tokens (rl/learner/packing.py)
+    packed_attention: str  # auto | sdpa | varlen
     share_prompt_prefix: bool
     keep_reference: bool  # a KL (in the loss or the reward) needs the reference policy
     sync_dtype: str | None  # LoRA factors sent to the actors in this dtype (the engine's); None: as trained
@@ -329,6 +331,8 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         loss=loss,
         optim=OptimSpec(a.lr, a.weight_decay, a.max_grad_norm),
         micro_batch_size=cfg.micro_batch_size,
+        micro_batch_tokens=cfg.micro_batch_tokens,
+        packed_attention=cfg.packed_attention.value,
         share_prompt_prefix=cfg.share_prompt_prefix,
         keep_reference=a.kl_coef > 0,
         # a vLLM actor holds LoRA factors in its weights' dtype either way (merged or native): send them so

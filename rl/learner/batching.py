@@ -1,4 +1,6 @@
-"""From TrainSamples to the logits and logprobs the loss needs: padding, micro-batches, the shared-prompt forward.
+"""From TrainSamples to the logits and logprobs the loss needs: padding or packing, micro-batches, the shared-prompt
+forward. Packed rows (padding-free) are built in packing.py; this module turns either layout into the loss's
+completion-aligned [B, C] tensors.
 
 Pure functions of a model and token ids (no optimizer, no config). The learner never re-tokenises text: samples
 carry the prompt and completion token ids exactly as the rollout engine produced them.
@@ -10,6 +12,7 @@ from typing import Any
 
 import torch
 
+from rl.learner import packing
 from rl.types import TrainSample
 
 
@@ -65,11 +68,63 @@ def micro_batches(samples: list[TrainSample], size: int, share_prompt_prefix: bo
 
 
 class Batcher:
-    """Tensors of a micro-batch on the learner's device, and the logits predicting its completion tokens."""
+    """Tensors of a micro-batch on the learner's device, and the logprobs of its completion tokens.
 
-    def __init__(self, device: torch.device, *, share_prompt_prefix: bool, logits_to_keep: bool, pad_id: int = 0):
+    packed: None (right-padded micro-batches of `micro_batch_size` samples) or the packed attention backend
+    ("sdpa" / "varlen", packing.py) for micro-batches of at most `budget` tokens in one row."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        *,
+        share_prompt_prefix: bool,
+        logits_to_keep: bool,
+        pad_id: int = 0,
+        size: int = 16,
+        packed: str | None = None,
+        budget: int = 0,
+    ):
         self.device, self.share_prompt_prefix = device, share_prompt_prefix
         self.logits_to_keep, self.pad_id = logits_to_keep, pad_id
+        self.size, self.packed, self.budget = size, packed, budget
+
+    def micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
+        if self.packed:
+            return packing.pack_micro_batches(samples, self.budget, self.share_prompt_prefix)
+        return micro_batches(samples, self.size, self.share_prompt_prefix)
+
+    def logprobs(self, model: Any, samples: list[TrainSample], temperature: float = 1.0, *, entropy: str = "none"):
+        """Completion-aligned token logprobs [B, C] (right-padded with zeros), token entropy [B, C] or None, and the
+        number of token positions the forward computed. entropy: "none"; "metric" (no gradient, from the same
+        logsumexp); "loss" (with its gradient, for an entropy bonus)."""
+        shape = (len(samples), max(len(s.completion_ids) for s in samples))
+        if self.packed:
+            row = packing.pack(samples, self.share_prompt_prefix, self.device, self.packed)
+            inputs = dict(input_ids=row.input_ids, position_ids=row.position_ids, packed_segments=row.segments)
+            if self.logits_to_keep:  # the LM head runs only where a completion token is predicted
+                logits = model(**inputs, logits_to_keep=row.predictors).logits  # [1, T, V]
+            else:
+                logits = model(**inputs).logits[:, row.predictors]
+            targets, n_positions = row.targets, row.input_ids.shape[1]
+
+            def to_batch(x):
+                return None if x is None else packing.unpack(x, row, shape)
+        else:
+            logits, n_positions = self.logits(model, samples)  # [B, C, V]
+            targets = self.completion_batch(samples)[0]
+
+            def to_batch(x):
+                return x
+
+        if entropy == "loss":
+            from rl.algorithms import token_entropy
+
+            logp, ent = token_logprobs(logits, targets, temperature), token_entropy(logits.float() / temperature)
+        elif entropy == "metric":
+            logp, ent = token_logprobs(logits, targets, temperature, with_entropy=True)
+        else:
+            logp, ent = token_logprobs(logits, targets, temperature), None
+        return to_batch(logp), to_batch(ent), n_positions
 
     def completion_batch(self, samples: list[TrainSample]):
         """Completion-aligned [B, C] targets, loss mask and behaviour logprobs (right-padded), advantages [B]."""
@@ -143,3 +198,37 @@ class Batcher:
         logits = model(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device), **kwargs).logits
         index = (starts[:, None] - first + torch.arange(C, device=self.device)[None]).clamp(max=L - 1 - first)
         return torch.gather(logits, 1, index[..., None].expand(B, C, logits.shape[-1])), B * L
+
+    @torch.no_grad()
+    def check_packing(self, model: Any) -> None:
+        """Refuse to train when the model's attention ignores the packed layout (a backend that replaces the
+        attention forward, as Unsloth does): three short sequences, packed and padded, must give the same logprobs.
+        A model that mixes the sequences of a row differs by far more than the dtype's rounding."""
+        samples = [
+            TrainSample([5, 6, 7, 8], [9, 10, 11], [0.0] * 3, 0.0),
+            TrainSample([5, 6, 7, 8], [12, 13], [0.0] * 2, 0.0),
+        ]
+        samples.append(TrainSample([14, 15], [16, 17, 18, 19], [0.0] * 4, 0.0))
+        padded = Batcher(self.device, share_prompt_prefix=False, logits_to_keep=self.logits_to_keep)
+        was_training = model.training
+        model.eval()
+        try:
+            want = padded.logprobs(model, samples)[0]
+            got = self.logprobs(model, samples)[0]
+        except (TypeError, ValueError, RuntimeError) as e:  # a forward that does not take the packed inputs
+            raise RuntimeError(
+                f"micro_batch_tokens>0: this model's forward does not take packed rows ({type(e).__name__}: {e}); "
+                "set micro_batch_tokens=0 (padded micro-batches), or model.learner_backend=peft"
+            ) from e
+        finally:
+            model.train(was_training)
+        real = self.completion_batch(samples)[1] > 0  # [B, C] within each completion (past the end: padding)
+        diff = float((got - want)[real].abs().max())
+        # 16-bit logits round at up to 1/8 near |logit| = 16: the two layouts may differ by that much on a token
+        tol = 1e-3 if next(model.parameters()).dtype == torch.float32 else 0.25
+        if not diff <= tol:
+            raise RuntimeError(
+                f"micro_batch_tokens>0: this model's attention does not keep packed sequences apart (packed and "
+                f"padded logprobs differ by {diff:.3g} > {tol:g}); set micro_batch_tokens=0 (padded micro-batches), "
+                "or model.learner_backend=peft"
+            )

@@ -18,8 +18,8 @@ import time
 import torch
 
 from rl import algorithms
-from rl.learner import export
-from rl.learner.batching import Batcher, loss_tokens, micro_batches, to_host, token_logprobs
+from rl.learner import export, packing
+from rl.learner.batching import Batcher, loss_tokens, to_host
 from rl.learner.models import load_policy
 from rl.learner.parallel import DataParallel
 from rl.specs import LearnerSpec
@@ -35,9 +35,25 @@ class Learner:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.policy = load_policy(spec, self.device)
         self.model = self.policy.model
-        # the KV-cache prefix trick needs use_cache in training; Unsloth's gradient checkpointing forbids it
-        share = spec.share_prompt_prefix and not self.policy.checkpointing
-        self.batcher = Batcher(self.device, share_prompt_prefix=share, logits_to_keep=self.policy.logits_to_keep)
+        packed = None
+        if spec.micro_batch_tokens > 0:
+            packed = packing.resolve_backend(spec.packed_attention, self.device, getattr(torch, spec.dtype))
+            for model in (self.model, self.policy.ref_model):
+                if model is not None:
+                    packing.use_packed_attention(model)
+        # the KV-cache prefix trick needs use_cache in training, which Unsloth's gradient checkpointing forbids; a
+        # packed row shares the prompt without a cache
+        share = spec.share_prompt_prefix and (packed is not None or not self.policy.checkpointing)
+        self.batcher = Batcher(
+            self.device,
+            share_prompt_prefix=share,
+            logits_to_keep=self.policy.logits_to_keep,
+            size=spec.micro_batch_size,
+            packed=packed,
+            budget=spec.micro_batch_tokens,
+        )
+        if packed:
+            self.batcher.check_packing(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=spec.optim.lr, weight_decay=spec.optim.weight_decay)
         loss = spec.loss
@@ -51,14 +67,7 @@ class Learner:
         self._ipc = export.IpcExport()
 
     def _micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
-        return micro_batches(samples, self.spec.micro_batch_size, self.batcher.share_prompt_prefix)
-
-    def _logprobs(self, logits: torch.Tensor, targets: torch.Tensor):
-        """Token logprobs [B, C] and, as a metric, the token entropy (None when not computed)."""
-        t = self.spec.loss.temperature
-        if self.spec.loss.entropy_coef > 0:  # the entropy is in the loss: it needs its gradient
-            return token_logprobs(logits, targets, t), algorithms.token_entropy(logits.float() / t)
-        return token_logprobs(logits, targets, t, with_entropy=True)  # a metric: from the same logsumexp
+        return self.batcher.micro_batches(samples)
 
     # ------------------------------------------------------------------------------------------------ training
 
@@ -84,16 +93,16 @@ class Learner:
         total_loss: torch.Tensor | float = 0.0
         tokens = 0
         for mb in self._micro_batches(samples):
-            targets, mask, old, adv = self.batcher.completion_batch(mb)
-            logits, n_positions = self.batcher.logits(self.model, mb)
-            logp, entropy = self._logprobs(logits, targets)  # [B, C] each
-            del logits
+            _, mask, old, adv = self.batcher.completion_batch(mb)
+            # the entropy bonus needs the entropy's gradient; otherwise it is a metric from the same logsumexp
+            ent = "loss" if spec.entropy_coef > 0 else "metric"
+            logp, entropy, n_positions = self.batcher.logprobs(self.model, mb, spec.temperature, entropy=ent)  # [B, C]
             loss, metrics = self.loss_fn(logp, old, adv, mask, agg=self.agg_fn, knobs=spec.knobs)
             if spec.entropy_coef > 0:  # entropy bonus: maximise the aggregated token entropy
                 loss = loss - spec.entropy_coef * self.agg_fn(entropy, mask)
             if spec.kl_coef > 0:
                 with torch.no_grad(), self.policy.reference() as ref_model:
-                    ref = token_logprobs(self.batcher.logits(ref_model, mb)[0], targets, spec.temperature)
+                    ref = self.batcher.logprobs(ref_model, mb, spec.temperature)[0]
                 kl = algorithms.kl_penalty(logp, ref, spec.kl_estimator)
                 loss = loss + spec.kl_coef * self.agg_fn(kl, mask)
                 metrics["policy/kl_ref"] = algorithms.masked_mean(kl, mask)
@@ -165,8 +174,7 @@ class Learner:
         out: list[list[float]] = []
         with self.policy.reference() if reference else contextlib.nullcontext(self.model) as model:
             for mb in self._micro_batches(samples):
-                targets, _, _, _ = self.batcher.completion_batch(mb)
-                logp = token_logprobs(self.batcher.logits(model, mb)[0], targets, self.spec.loss.temperature)
+                logp = self.batcher.logprobs(model, mb, self.spec.loss.temperature)[0]
                 out.extend(logp[i, : len(s.completion_ids)].tolist() for i, s in enumerate(mb))
         self.model.train()
         return out

@@ -18,7 +18,9 @@ What is counted, in bytes (an estimate: allocator slack, CUDA context and fragme
   (norm inputs, q/k/v/o inputs and outputs, the four SwiGLU intermediates; 4h + 2q + 2kv + 4i values per token
   and layer; only the layer inputs plus one block when gradient checkpointing), plus the logits the learner
   keeps (all positions in the model dtype, then the completion positions' copy, fp32 copy and log-softmax).
-  An upper bound for the learner's default share_prompt_prefix=true, which runs each prompt once per group.
+  An upper bound for the learner's default share_prompt_prefix=true, which runs each prompt once per group. With
+  micro_batch_tokens > 0: one packed row of that many tokens (or one longer sequence), all of them counted as
+  completion positions (an upper bound again).
 - actor (vLLM): on GPU the engine takes cluster.gpu_memory_utilization of each of its GPUs; weights, the LoRA
   slot and a profiling peak (8192 batched tokens) come out of it and the rest is KV cache (2 x layers x kv
   heads x head_dim values per token). On CPU, as vLLM's CPU worker computes it (vllm/v1/worker/cpu_worker.py):
@@ -225,6 +227,7 @@ def estimate_memory(
     vllm: bool = True,
     native_lora: bool = True,
     gradient_checkpointing: bool | None = None,
+    micro_batch_tokens: int = 0,
 ) -> dict[str, RoleMemory]:
     """Memory of one rollout actor and one learner (bytes). `device_bytes`: one GPU's memory, or the machine's RAM
     when `use_gpu` is false. `gradient_checkpointing` None means on with 4-bit (Unsloth's default), else off."""
@@ -246,17 +249,17 @@ def estimate_memory(
         learner.parts[f"LoRA weights ({label})"] = trainable * train_b
     learner.parts["gradients"] = trainable * train_b
     learner.parts["AdamW moments"] = 2 * trainable * train_b
-    learner.parts["activations"] = activation_bytes(
-        shape,
-        sequences=micro_batch_size,
-        seq_len=seq_len,
-        completion_len=max_new_tokens,
-        act_bytes=learner_b,
-        checkpointing=checkpointing,
-    )
+    if micro_batch_tokens > 0:  # one packed row: the budget, or one longer sequence alone
+        row = max(micro_batch_tokens, seq_len)
+        batch = dict(sequences=1, seq_len=row, completion_len=row)
+        what = f"one packed row of micro_batch_tokens={micro_batch_tokens} (or one {seq_len}-token sequence)"
+    else:
+        batch = dict(sequences=micro_batch_size, seq_len=seq_len, completion_len=max_new_tokens)
+        what = f"micro_batch_size={micro_batch_size} x {seq_len} tokens"
+    learner.parts["activations"] = activation_bytes(shape, **batch, act_bytes=learner_b, checkpointing=checkpointing)
     learner.notes.append(
-        f"{trainable / 1e6:.1f} M trainable ({label}); activations: micro_batch_size={micro_batch_size} x "
-        f"{seq_len} tokens, gradient checkpointing {'on' if checkpointing else 'off'}"
+        f"{trainable / 1e6:.1f} M trainable ({label}); activations: {what}, gradient checkpointing "
+        f"{'on' if checkpointing else 'off'}"
     )
 
     actor = RoleMemory("actor")
@@ -461,6 +464,7 @@ def plan_for_config(cfg: Any, shape: ModelShape, device_bytes: float) -> dict[st
         max_prompt_tokens=m.max_prompt_tokens,
         max_new_tokens=m.max_new_tokens,
         micro_batch_size=cfg.micro_batch_size,
+        micro_batch_tokens=cfg.micro_batch_tokens,
         sequences_per_actor=math.ceil(samples / c.num_actors),
         gpus_per_actor=c.gpus_per_actor,
         gpu_memory_utilization=c.gpu_memory_utilization,
@@ -562,7 +566,8 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
             if used > device:
                 warnings.append(
                     f"GPU {i} ({', '.join(names)}): {_gib(used)} > {_gib(device)}: give the roles more GPUs "
-                    "(cluster.gpus_per_*), lower micro_batch_size / model.max_new_tokens, or use model.load_in_4bit"
+                    "(cluster.gpus_per_*), lower micro_batch_size (or micro_batch_tokens) / model.max_new_tokens, or use "
+                    "model.load_in_4bit"
                 )
         if actor.budget is not None and actor.total - actor.parts["KV cache"] > actor.budget:
             warnings.append(

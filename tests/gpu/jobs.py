@@ -130,7 +130,51 @@ def actor_vs_learner(model: str, lora_mode: str) -> dict:
     }
 
 
-JOBS = {"learner": learner, "actor_vs_learner": actor_vs_learner}
+def packed_vs_padded(model: str, kind: str, attention: str) -> dict:
+    """The fixed batch plus long completions (20-600 tokens), padded and packed (`micro_batch_tokens`, the given
+    `packed_attention`): logprobs, and the loss and gradient norm of one step from the same start. A packed learner
+    that refuses to start (its attention ignores the packed layout: Batcher.check_packing) reports why."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rl.learner import Learner
+    from rl.learner.packing import varlen_kernel
+    from rl.types import TrainSample
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    samples = fixed_batch(tokenizer)
+    text = tokenizer(" ".join(PROMPTS + COMPLETIONS) * 12, add_special_tokens=False)["input_ids"]
+    for i, n in enumerate((20, 150, 600, 333)):  # the spread a real step has
+        samples.append(TrainSample(samples[4 * i].prompt_ids, text[:n], [0.0] * n, 1.0 if i % 2 else -1.0))
+    keys = [*COMMON, *LEARNER[kind], "model.max_new_tokens=600", "algorithm.max_grad_norm=0"]
+    padded = Learner(build_from_overrides(model, *keys, "micro_batch_size=4").learner)
+    prompts, comps = [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
+    want = padded.sequence_logprobs(prompts, comps)
+    for s, lp in zip(samples, want):
+        s.old_logprobs = lp
+    m_padded = padded.train_step(samples)
+    del padded
+    torch.cuda.empty_cache()
+    try:
+        packed = Learner(
+            build_from_overrides(model, *keys, "micro_batch_tokens=2048", f"packed_attention={attention}").learner
+        )
+    except RuntimeError as e:
+        return {"refused": str(e), "kernel": varlen_kernel()}
+    got = packed.sequence_logprobs(prompts, comps)
+    m_packed = packed.train_step(samples)
+    diffs = [abs(x - y) for a, b in zip(got, want) for x, y in zip(a, b)]
+    return {
+        "backend": packed.batcher.packed,
+        "kernel": varlen_kernel(),
+        "max_abs_diff": max(diffs),
+        "mean_abs_diff": sum(diffs) / len(diffs),
+        "loss": [m_padded["train/loss"], m_packed["train/loss"]],
+        "grad_norm": [m_padded["train/grad_norm"], m_packed["train/grad_norm"]],
+    }
+
+
+JOBS = {"learner": learner, "actor_vs_learner": actor_vs_learner, "packed_vs_padded": packed_vs_padded}
 
 if __name__ == "__main__":  # vLLM may spawn processes
     name, args = sys.argv[1], json.loads(sys.argv[2])

@@ -97,6 +97,27 @@ def test_vllm_actor_runs_the_learners_adapter_after_a_sync(model, lora_mode):
     assert out["logprob_abs_diff"] < 0.1
 
 
+@pytest.mark.parametrize(
+    "kind,attention", [("peft_bf16", "sdpa"), ("peft_bf16", "varlen"), ("peft_bf16", "auto"), ("unsloth", "auto")]
+)
+def test_packed_learner_matches_padded_on_cuda(model, kind, attention):
+    """Packed rows (micro_batch_tokens) give the padded logprobs, loss and gradient norm in bf16 on CUDA, with the
+    per-segment SDPA loop and with a varlen flash kernel; a backend whose attention ignores the packing (Unsloth
+    replaces the attention forward) must refuse at start rather than train on mixed sequences."""
+    out = job("packed_vs_padded", model=model, kind=kind, attention=attention)
+    print(f"{kind} packed_attention={attention}: {out}")
+    if "refused" in out:
+        assert kind == "unsloth" or (attention == "varlen" and out["kernel"] is None), out["refused"]
+        if attention == "varlen":
+            pytest.skip("no varlen flash kernel here (flash-attn, or torch's varlen_attn)")
+        return
+    assert out["backend"] == ("sdpa" if attention == "sdpa" or out["kernel"] is None else "varlen")
+    # bf16: the two layouts round differently; a row that mixed sequences is off by nats
+    assert out["mean_abs_diff"] < 0.02 and out["max_abs_diff"] < 0.25
+    assert out["loss"][1] == pytest.approx(out["loss"][0], rel=0.02, abs=1e-3)
+    assert out["grad_norm"][1] == pytest.approx(out["grad_norm"][0], rel=0.05)
+
+
 def rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 

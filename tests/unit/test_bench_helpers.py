@@ -66,3 +66,11 @@ def test_projection_tries_every_split_and_puts_the_fastest_first():
     assert sorted((s.actors, s.learners) for s in splits) == [(1, 4), (2, 3), (3, 2), (4, 1)]
     # generation is 3x the learning work: 3 actors + 2 learners (10 + 5 s) beat 4 + 1 (7.5 + 10 s)
     assert (splits[0].actors, splits[0].learners, splits[0].step_s) == (3, 2, 15.0)
+
+
+def test_spread_reports_median_and_range():
+    from bench.common import show_spread, spread
+
+    s = spread([30.0, 10.0, 20.0, 25.0])
+    assert (s["median"], s["min"], s["max"], s["n"]) == (22.5, 10.0, 30.0, 4)
+    assert show_spread(spread([3.24, 4.1, 3.9]), " s", 1) == "3.9 s (3.2-4.1, n=3)"

@@ -132,8 +132,11 @@ def test_nonfinite_loss_skips_the_optimizer_step(tiny_model):
     assert learner.adapter_checksum() != before
 
 
-def test_learner_generation_logprobs_are_the_learners_own_at_the_temperature(tiny_model):
-    learner = make_learner(tiny_model, "algorithm.temperature=0.7")
+@pytest.mark.parametrize("packed", [[], ["micro_batch_tokens=64"]], ids=["padded", "packed"])
+def test_learner_generation_logprobs_are_the_learners_own_at_the_temperature(tiny_model, packed):
+    """Also with packing on: generation (left-padded, KV cache) goes through the packed learner's attention
+    function without segments, and the packed sequence_logprobs rescore it."""
+    learner = make_learner(tiny_model, "algorithm.temperature=0.7", *packed)
     learner.version = 3
     prompts = [[1, 2, 3, 4], [5, 6, 7]]
     rollouts = learner.generate(prompts, Sampling(n=2, temperature=0.7, max_tokens=6))

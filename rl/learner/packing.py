@@ -1,0 +1,256 @@
+"""Padding-free micro-batches: the samples of a micro-batch packed into one row, each attending only to itself.
+
+With `micro_batch_tokens > 0` the learner fills micro-batches up to a token budget instead of a sequence count and
+runs each as one row of `sum(len)` tokens: no padding, so with completions of very different lengths (20 to 1000
+tokens) no forward, backward or LM-head work is spent on pad positions. Position ids restart for every sequence,
+and the attention sees the row as separate segments:
+
+- plain: `[p1 c1 | p2 c2 | ...]`, each segment causal over itself.
+- shared prompt (`share_prompt_prefix`): `[p c1 c2 ... cG | ...]`: a group's prompt once, then its completions;
+  a completion attends to its prompt and to its own earlier tokens, and its positions continue from the prompt's.
+  The same values as G full forwards (the prompt's states are the same in each), computed once.
+
+The attention is a function registered with transformers' `AttentionInterface` ("rl_packed") that the learner's
+model is switched to: given the segments (a keyword argument of the forward) it runs either a varlen flash kernel
+(CUDA: `flash_attn.flash_attn_varlen_func`, else torch's `varlen_attn`) on the row, or torch SDPA once per segment
+(any device, CPU included); without them it is SDPA with transformers' own mask, so generation on the learner is
+unchanged. A backend that replaces the attention forward (Unsloth) ignores the segments: `check_packed_attention`
+(batching.py `Batcher.check_packing`) compares a packed and a padded forward once at start and refuses to train when they differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rl.types import TrainSample
+
+ATTENTION = "rl_packed"
+
+
+def pack_micro_batches(samples: list[TrainSample], budget: int, share_prompt_prefix: bool) -> list[list[TrainSample]]:
+    """Consecutive samples, at most `budget` row tokens each (a longer sample gets a micro-batch alone). With a shared
+    prompt a sample whose prompt equals the previous one's costs only its completion: the row holds the prompt once.
+    Next fit in the given order: exact whatever the split (the loss weights micro-batches by their share), and the
+    order keeps groups together."""
+    out: list[list[TrainSample]] = []
+    used = 0
+    for s in samples:
+        shared = share_prompt_prefix and out and out[-1][-1].prompt_ids == s.prompt_ids
+        cost = len(s.completion_ids) + (0 if shared else len(s.prompt_ids))
+        if out and used + cost <= budget:
+            out[-1].append(s)
+            used += cost
+        else:
+            out.append([s])
+            used = len(s.prompt_ids) + len(s.completion_ids)
+    return out
+
+
+@dataclass
+class Segments:
+    """One packed row: query range i = [q_start[i], q_start[i+1]) attends, causally aligned at its end, to the keys
+    `key_index[k_start[i]:k_start[i+1]]` (its prompt's positions, if shared, then its own)."""
+
+    q_start: list[int]  # [S + 1]
+    k_start: list[int]  # [S + 1]
+    key_index: torch.Tensor  # [sum of key lengths] long, on the model's device
+    backend: str  # "sdpa" (a loop over segments) or "varlen" (one flash kernel call)
+    _cu: tuple | None = None
+
+    def cu_seqlens(self, device) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        if self._cu is None:
+            q = torch.tensor(self.q_start, dtype=torch.int32, device=device)
+            k = torch.tensor(self.k_start, dtype=torch.int32, device=device)
+            self._cu = (q, k, int((q[1:] - q[:-1]).max()), int((k[1:] - k[:-1]).max()))
+        return self._cu
+
+
+@dataclass
+class PackedRow:
+    """Model inputs of one packed micro-batch and where its completion tokens are."""
+
+    input_ids: torch.Tensor  # [1, N]
+    position_ids: torch.Tensor  # [1, N]
+    segments: Segments
+    predictors: torch.Tensor  # [T] row positions whose logits predict the completion tokens, in sample order
+    targets: torch.Tensor  # [1, T] the completion tokens, concatenated in sample order
+    rows: torch.Tensor  # [T] sample index of each target (to unpack into [B, C])
+    cols: torch.Tensor  # [T] its index within the completion
+
+
+def pack(samples: list[TrainSample], share_prompt_prefix: bool, device, backend: str) -> PackedRow:
+    """The row of `samples` (see the module docstring for the two layouts)."""
+    ids: list[int] = []
+    pos: list[int] = []
+    q_start, k_start, key_index = [0], [0], []
+    predictors: list[int] = []
+    prompt_at = -1  # row offset of the current shared prompt
+    prev_prompt = None
+
+    def segment(keys: range | list[int]) -> None:
+        q_start.append(len(ids))
+        key_index.extend(keys)
+        k_start.append(len(key_index))
+
+    for s in samples:
+        P, C = len(s.prompt_ids), len(s.completion_ids)
+        if share_prompt_prefix:
+            if s.prompt_ids != prev_prompt:
+                prompt_at, prev_prompt = len(ids), s.prompt_ids
+                ids.extend(s.prompt_ids)
+                pos.extend(range(P))
+                segment(range(prompt_at, prompt_at + P))
+            start = len(ids)
+            ids.extend(s.completion_ids)
+            pos.extend(range(P, P + C))
+            segment([*range(prompt_at, prompt_at + P), *range(start, start + C)])
+            # the prompt's last position predicts token 0, completion position j predicts token j + 1
+            predictors.extend([prompt_at + P - 1, *range(start, start + C - 1)])
+        else:
+            start = len(ids)
+            ids.extend(s.prompt_ids + s.completion_ids)
+            pos.extend(range(P + C))
+            segment(range(start, start + P + C))
+            predictors.extend(range(start + P - 1, start + P + C - 1))
+    rows = [i for i, s in enumerate(samples) for _ in s.completion_ids]
+    cols = [j for s in samples for j in range(len(s.completion_ids))]
+    targets = [t for s in samples for t in s.completion_ids]
+
+    def t(x):
+        return torch.tensor(x, dtype=torch.long, device=device)
+
+    return PackedRow(
+        input_ids=t([ids]),
+        position_ids=t([pos]),
+        segments=Segments(q_start, k_start, t(key_index), backend),
+        predictors=t(predictors),
+        targets=t([targets]),
+        rows=t(rows),
+        cols=t(cols),
+    )
+
+
+def unpack(flat: torch.Tensor, row: PackedRow, shape: tuple[int, int]) -> torch.Tensor:
+    """[1, T] per-token values in sample order -> [B, C] completion layout, zeros past each completion's end
+    (differentiable; the loss masks those positions as it masks padding)."""
+    out = flat.new_zeros(shape)
+    return out.index_put((row.rows, row.cols), flat[0])
+
+
+# ----------------------------------------------------------------------------------------------- attention
+
+
+def packed_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers attention function: query [1, H, N, D], key/value [1, Hkv, N, D] -> ([1, N, H, D], None).
+    Without `packed_segments` (a normal forward, e.g. generation) it is transformers' SDPA attention."""
+    segments: Segments | None = kwargs.pop("packed_segments", None)
+    if segments is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if dropout:
+        raise ValueError("packed attention has no attention dropout (the models it trains use none)")
+    if segments.backend == "varlen":
+        return _varlen(query, key, value, segments, scaling), None
+    out = []
+    for i in range(len(segments.q_start) - 1):
+        q = query[:, :, segments.q_start[i] : segments.q_start[i + 1]]
+        idx = segments.key_index[segments.k_start[i] : segments.k_start[i + 1]]
+        k, v = key.index_select(2, idx), value.index_select(2, idx)
+        Lq, Lk = q.shape[2], k.shape[2]
+        # the queries are the last Lq keys: causal aligned at the end (SDPA's is_causal aligns at the start)
+        mask = None if Lq == Lk else torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).tril(Lk - Lq)
+        out.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, scale=scaling, enable_gqa=k.shape[1] != q.shape[1]
+            )
+        )
+    return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _varlen(query, key, value, segments: Segments, scaling):
+    """One varlen flash call over the row; keys gathered per segment (a shared prompt's keys repeated, not
+    recomputed), causal aligned at each segment's end (flash-attn >= 2.1 and torch's varlen_attn do so)."""
+    q = query[0].transpose(0, 1)  # [N, H, D]
+    k = key[0].transpose(0, 1).index_select(0, segments.key_index)  # [K, Hkv, D]
+    v = value[0].transpose(0, 1).index_select(0, segments.key_index)
+    cu_q, cu_k, max_q, max_k = segments.cu_seqlens(q.device)
+    kernel = varlen_kernel()
+    if kernel == "flash_attn":
+        from flash_attn import flash_attn_varlen_func
+
+        out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scaling, causal=True)
+    else:
+        from torch.nn.attention.varlen import varlen_attn
+
+        gqa = k.shape[1] != q.shape[1]
+        out = varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=scaling, window_size=(-1, 0), enable_gqa=gqa)
+    return out.unsqueeze(0)  # [1, N, H, D]
+
+
+def varlen_kernel() -> str | None:
+    """The varlen flash kernel this process can use: "flash_attn" (the package), "torch" (torch's varlen_attn with a
+    causal window), or None (no CUDA, or neither)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        import flash_attn  # noqa: F401
+
+        return "flash_attn"
+    except ImportError:
+        pass
+    try:
+        import inspect
+
+        from torch.nn.attention.varlen import varlen_attn
+
+        return "torch" if "window_size" in inspect.signature(varlen_attn).parameters else None
+    except ImportError:
+        return None
+
+
+def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    """`packed_attention` auto|sdpa|varlen -> sdpa or varlen for this process: varlen needs a kernel, and flash
+    kernels take 16-bit inputs only."""
+    half = dtype in (torch.bfloat16, torch.float16)
+    if name == "sdpa" or (name == "auto" and (device.type != "cuda" or varlen_kernel() is None or not half)):
+        return "sdpa"
+    if varlen_kernel() is None or not half:
+        raise RuntimeError(
+            "packed_attention=varlen needs CUDA, flash-attn (or torch's varlen_attn) in the learner's process and a "
+            f"16-bit learner (model.learner_dtype; this one computes in {dtype}): fix that, or set packed_attention=sdpa"
+        )
+    return "varlen"
+
+
+def _mask_for(**kwargs):
+    """transformers' mask for ATTENTION: SDPA's when the caller passed a padding mask, none otherwise (a packed row
+    has no padding; its segments are the mask)."""
+    if kwargs.get("attention_mask") is None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(**kwargs)
+
+
+def use_packed_attention(model) -> None:
+    """Switch `model` (a transformers model, PEFT-wrapped or not) to ATTENTION."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError as e:
+        import transformers
+
+        raise RuntimeError(
+            f"micro_batch_tokens>0 needs transformers' attention and mask registries (transformers >= 4.53; this is "
+            f"{transformers.__version__}): upgrade transformers, or set micro_batch_tokens=0"
+        ) from e
+    AttentionInterface.register(ATTENTION, packed_attention)
+    AttentionMaskInterface.register(ATTENTION, _mask_for)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if hasattr(base, "set_attn_implementation"):
+        base.set_attn_implementation(ATTENTION)
+    else:  # older transformers: the attention modules read the config at each forward
+        base.config._attn_implementation = ATTENTION
