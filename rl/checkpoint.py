@@ -1,6 +1,6 @@
 """Checkpoints: everything a run needs to continue exactly where it stopped, written so that a crash never
-leaves a checkpoint that looks complete but is not; and the run's result (adapter or full model) in the formats
-other tools load.
+leaves a checkpoint that looks complete but is not; the run's result (adapter or full model) in the formats
+other tools load; and finding a trained policy in any of these layouts again (`find_policy`, python -m rl.eval).
 
     <run_dir>/checkpoints/step_0003/
         adapter/            adapter_config.json + adapter_model.safetensors (PEFT format: PeftModel.from_pretrained,
