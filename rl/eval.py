@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rl.config import ConfigError, EvalCommandConfig, register_configs
+from rl.specs import EvalCommandSpec
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -62,7 +63,7 @@ def select_items(items: list[dict], only: Sequence[str], size: int) -> list[dict
     return items[:size]
 
 
-def evaluate_policies(spec: Any, env: Any, reward_fn: Any) -> dict[str, dict[str, float]]:
+def evaluate_policies(spec: EvalCommandSpec, env: Any, reward_fn: Any) -> dict[str, dict[str, float]]:
     """{label: metrics} for the base model (`base`) and the trained policy (`trained`), each on the same prompts,
     one engine at a time (an HF model folder needs its own engine; an adapter is loaded into the base's)."""
     import dataclasses
@@ -133,11 +134,14 @@ def format_table(results: dict[str, dict[str, float]], n_samples: int) -> str:
             cells.append(f"{vals[1] - vals[0]:+.3f}" if None not in vals else "-")
         lines.append(cells)
     widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
-    fmt = lambda r: "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+
+    def fmt(row: list) -> str:  # names left-aligned, numbers right-aligned
+        return "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
     return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, lines)])
 
 
-def write_results(spec: Any, results: dict[str, dict[str, float]], table: str, argv: list[str]) -> Path:
+def write_results(spec: EvalCommandSpec, results: dict[str, dict[str, float]], table: str, argv: list[str]) -> Path:
     from rl.atomic import replace_when_done, write_bytes
 
     doc = {
@@ -163,7 +167,7 @@ def main(argv: list[str]) -> int:
 
     dcfg, cfg = compose(argv)
     from rl import specs
-    from rl.checkpoint import find_policy
+    from rl.checkpoint import find_policy  # imports torch: after the config is known to be valid
 
     out_dir = Path(cfg.eval_out or f"outputs/eval/{dt.datetime.now():%Y-%m-%d/%H-%M-%S}")
     try:
