@@ -67,10 +67,12 @@ def evaluate_policies(spec: EvalCommandSpec, env: Any, reward_fn: Any) -> dict[s
     """{label: metrics} for the base model (`base`) and the trained policy (`trained`), each on the same prompts,
     one engine at a time (an HF model folder needs its own engine; an adapter is loaded into the base's)."""
     import dataclasses
+    import os
 
     from transformers import AutoTokenizer
 
     from rl import evaluation
+    from rl.app import actor_env
     from rl.checkpoint import read_adapter
     from rl.data import PromptData
     from rl.groups import LocalGroup
@@ -89,6 +91,7 @@ def evaluate_policies(spec: EvalCommandSpec, env: Any, reward_fn: Any) -> dict[s
             runs[0] = ("base+trained", spec.rollout)  # one engine: the base first, then the adapter loaded into it
         else:
             runs.append(("trained", model_spec))
+    os.environ.update(actor_env(spec.placement))  # the engine's environment, as a run's actor gets it (CPU cores)
     for name, rollout_spec in runs:
         engine = rollout_class(rollout_spec)(rollout_spec)
         runtime = Runtime(LocalGroup([engine]), LocalGroup([]))

@@ -409,6 +409,7 @@ class EvalCommandSpec:
     evaluation, which eval sets, and where the results go."""
 
     rollout: RolloutSpec  # the base model's engine (a trained HF model folder gets a copy with its path)
+    placement: PlacementSpec  # the engine's CPU threads / GPU use, as a run's rollout actor
     eval: EvalSpec  # pass_k always holds 1 and n_samples (avg@n and pass@n); save_dir is out_dir
     data: DataSpec
     out_dir: Path
@@ -440,6 +441,7 @@ def build_eval(
     )
     return EvalCommandSpec(
         rollout=rollout,
+        placement=run.placement,
         eval=evaluation,
         data=run.data,
         out_dir=Path(out_dir),
