@@ -201,3 +201,20 @@ def tmp_path_free():
     from pathlib import Path
 
     return Path("/nonexistent/run")
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_pass_rate_composes_with_dynamic_sampling_and_staleness(staleness):
+    """Every round's groups are observed (the filtered ones too, so they are skipped next time); dynamic sampling
+    still drops what it drops; batches sent ahead are chosen with the rates known when they were sent."""
+    data = PromptData(kinds_env("smhm" * 2), NumberTokenizer(), DataSpec(9, False, 3))
+    curriculum = PassRateCurriculum(CurriculumSpec(kind="pass_rate", revisit_prob=0.0))
+    runtime = fake_runtime([FakeActor()], FakeLearner(), staleness=staleness)
+    spec = SamplerSpec(2, Sampling(n=G), staleness=staleness, filter_range=(0.01, 0.99), max_rounds=4)
+    sampler = Sampler(runtime, data, kind_reward, spec, 30, curriculum)
+    batches = [sampler.next(s) for s in range(1, 13)]
+    assert all(("smhm" * 2)[r.prompt_ids[0]] == "m" for b in batches for r in b.rollouts)  # only mixed kept
+    assert set(curriculum.rates) == set(range(8))  # solved and hopeless groups were observed, then filtered
+    late = batches[-4:]
+    assert all(b.stats["data/generated_groups"] == 2.0 for b in late)  # nothing left for the filter to drop
+    assert sum(b.stats["curriculum/skipped"] for b in late) > 0
