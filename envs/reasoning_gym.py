@@ -1,4 +1,5 @@
-"""reasoning-gym procedural tasks as prompt sources (offline, deterministic by seed)."""
+"""reasoning-gym procedural tasks as prompt sources (offline, deterministic by seed), and their difficulty levels
+(reasoning-gym's own curriculum for a task) for `curriculum=difficulty` (rl/curriculum.py)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,10 @@ class ReasoningGymEnv:
     ):
         import reasoning_gym
 
-        self.task = task
+        self.task, self.size, self.seed = task, size, seed
         self.instruction = instruction
         self.system_prompt = system_prompt
-        cfg = dict(config or {})
+        cfg = self.config = dict(config or {})
         try:
             pool = reasoning_gym.create_dataset(task, size=max(4 * eval_size, 64), seed=eval_seed, **cfg)
             train = reasoning_gym.create_dataset(task, size=size, seed=seed, **cfg)
@@ -42,6 +43,7 @@ class ReasoningGymEnv:
             raise ValueError(f"env.task={task!r} / env.config={cfg}: {e}") from None
         # held out: the first eval_size distinct questions of the eval generator; training never sees them
         self._eval, held_out = [], set()
+        self.held_out = held_out
         for e in pool:
             if len(self._eval) < eval_size and e["question"] not in held_out:
                 held_out.add(e["question"])
@@ -73,3 +75,51 @@ class ReasoningGymEnv:
 
     def eval_items(self) -> list[dict[str, Any]]:
         return self._eval
+
+    def task_curriculum(self) -> TaskCurriculum:
+        """The task's difficulty levels (curriculum=difficulty); a ValueError naming env.task if it has none."""
+        return TaskCurriculum(self)
+
+
+class TaskCurriculum:
+    """A reasoning-gym task's difficulty levels: reasoning-gym's curriculum for the task (`create_curriculum`), moved
+    a level at a time over all its attributes (`increment_global_level` semantics; the range attributes widen
+    inclusively, reasoning-gym's default context: at chain_sum's level 1, 2-3 terms of 1-2 digits). Level 0 is the
+    curriculum's first level, which for chain_sum is the demo's config. Training items at level L come from seed +
+    L (new questions at each level), keep the env's other `config` keys and leave out the held-out questions."""
+
+    def __init__(self, env: ReasoningGymEnv):
+        from reasoning_gym.factory import create_curriculum
+
+        self.env, self.name = env, env.task
+        try:
+            self._curriculum = create_curriculum(env.task)
+        except (ValueError, KeyError) as e:
+            raise ValueError(
+                f"env.task={env.task!r} has no reasoning-gym curriculum ({e}): use curriculum=pass_rate"
+            ) from None
+        self.max_level = max(len(a.levels) for a in self._curriculum.attributes.values()) - 1
+
+    @property
+    def level(self) -> int:
+        return self._curriculum.get_max_level()
+
+    def set_level(self, level: int) -> None:
+        self._curriculum.set_global_level(level)
+
+    def task_config(self) -> dict[str, Any]:
+        """The task's keyword arguments at the current level (the curriculum's fields over env.config)."""
+        import dataclasses
+
+        cfg = self._curriculum.generate_configuration(defaults={**self.env.config, "size": 1, "seed": 0})
+        return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("size", "seed")}
+
+    def train_items(self) -> list[dict[str, Any]]:
+        import reasoning_gym
+
+        env = self.env
+        data = reasoning_gym.create_dataset(env.task, size=env.size, seed=env.seed + self.level, **self.task_config())
+        items = [env._item(e) for e in data if e["question"] not in env.held_out]
+        for it in items:
+            it["metadata"]["curriculum_level"] = self.level
+        return items

@@ -1,6 +1,6 @@
 """Checkpoints: everything a run needs to continue exactly where it stopped, written so that a crash never
-leaves a checkpoint that looks complete but is not; and the run's result (adapter or full model) in the formats
-other tools load.
+leaves a checkpoint that looks complete but is not; the run's result (adapter or full model) in the formats
+other tools load; and finding a trained policy in any of these layouts again (`find_policy`, python -m rl.eval).
 
     <run_dir>/checkpoints/step_0003/
         adapter/            adapter_config.json + adapter_model.safetensors (PEFT format: PeftModel.from_pretrained,
@@ -42,7 +42,7 @@ import torch
 from rl.atomic import fsync_dir, replace_when_done, write_bytes
 from rl.config import ConfigError
 from rl.runtime import Runtime
-from rl.types import Adapter
+from rl.types import Adapter, TrainedPolicy
 
 CHECKPOINTS = "checkpoints"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -139,10 +139,7 @@ def load(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     path = Path(path)
     trainer_state = pickle.loads((path / "trainer.pkl").read_bytes())
     learner = pickle.loads((path / "learner.pkl").read_bytes())
-    config = json.loads((path / "adapter" / "adapter_config.json").read_text())
-    weights = (path / "adapter" / "adapter_model.safetensors").read_bytes()
-    version = learner.pop("adapter_version")
-    learner["adapter"] = Adapter(version=version, config=config, weights=weights)
+    learner["adapter"] = read_adapter(path / "adapter", version=learner.pop("adapter_version"))
     return trainer_state, learner
 
 
@@ -219,3 +216,40 @@ def export_result(result: Adapter, run_dir: Path, source: Path) -> Path:
                 shutil.copy2(f, tmp / f.name)
         write_bytes(tmp / "model.safetensors", result.weights)
     return Path(run_dir) / "model"
+
+
+# ------------------------------------------------------------------------------------------------ reading a policy back
+
+
+def find_policy(path: str | Path, key: str = "adapter") -> TrainedPolicy:
+    """What a path holds, in this order: an adapter folder (adapter_config.json), a checkpoint (checkpoints/step_N:
+    trainer.pkl + adapter/), a run directory (its result export adapter/ or model/, else its latest checkpoint) or
+    an HF model folder (config.json). Anything else is a ConfigError naming `key` and the four layouts."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(
+            f"{key}={path}: no such file or folder; give an adapter folder, a run directory or a checkpoint"
+        )
+    if (p / "adapter_config.json").is_file():
+        return TrainedPolicy("adapter", adapter=p)
+    if (p / "trainer.pkl").is_file() and (p / "adapter" / "adapter_config.json").is_file():
+        return TrainedPolicy("checkpoint", adapter=p / "adapter")
+    if (p / "adapter" / "adapter_config.json").is_file():
+        return TrainedPolicy("run", adapter=p / "adapter")
+    if (p / "model" / "config.json").is_file():
+        return TrainedPolicy("run", model=p / "model")
+    if (ckpt := latest(p)) is not None and (ckpt / "adapter" / "adapter_config.json").is_file():
+        return TrainedPolicy("run", adapter=ckpt / "adapter")  # a run stopped before its result export
+    if (p / "config.json").is_file():
+        return TrainedPolicy("model", model=p)
+    raise ConfigError(
+        f"{key}={path}: not an adapter folder (adapter_config.json), a run directory (adapter/, model/ or "
+        "checkpoints/step_N), a checkpoint (checkpoints/step_N with trainer.pkl) or an HF model folder (config.json)"
+    )
+
+
+def read_adapter(folder: Path, version: int = 1) -> Adapter:
+    """A PEFT-format adapter folder (write_adapter's, or PEFT's save_pretrained) as the bytes an engine loads."""
+    config = json.loads((Path(folder) / "adapter_config.json").read_text())
+    weights = (Path(folder) / "adapter_model.safetensors").read_bytes()
+    return Adapter(version=version, config=config, weights=weights)

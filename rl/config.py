@@ -90,6 +90,12 @@ class LoggerKind(str, Enum):
     wandb = "wandb"  # console + metrics.jsonl + Weights & Biases
 
 
+class CurriculumKind(str, Enum):
+    none = "none"  # prompts in the data's seeded order
+    pass_rate = "pass_rate"  # skip prompts whose recent pass rate says solved or hopeless (rl/curriculum.py)
+    difficulty = "difficulty"  # raise a reasoning-gym task's difficulty level when its accuracy passes raise_at
+
+
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
@@ -313,6 +319,29 @@ class ClusterConfig:
 
 
 @dataclass
+class CurriculumConfig:
+    kind: CurriculumKind = CurriculumKind.none  # none | pass_rate | difficulty (rl/curriculum.py)
+    solved: float = 1.0  # pass_rate: skip a prompt whose recent pass rate is >= this (1: every sample correct)
+    hopeless: float = 0.0  # pass_rate: skip a prompt whose recent pass rate is <= this (0: no sample correct)
+    ema: float = 0.5  # pass_rate: weight of the old estimate when a visit's pass rate is folded in (0: last visit only)
+    revisit_prob: float = 0.1  # pass_rate: chance that a prompt due to be skipped is sent anyway (its rate refreshed)
+    raise_at: float = 0.8  # difficulty: raise the level when the accuracy of the last `window` prompt groups is >= this
+    window: int = 32  # difficulty: prompt groups (at the current level) that accuracy is measured over
+    max_level: int | None = None  # difficulty: the highest level to raise to (null: the task curriculum's last)
+
+    def __post_init__(self) -> None:
+        _check(
+            0.0 <= self.hopeless < self.solved <= 1.0,
+            f"curriculum.hopeless={self.hopeless} and curriculum.solved={self.solved} need 0 <= hopeless < solved <= 1",
+        )
+        _check(0.0 <= self.ema < 1.0, f"curriculum.ema must be in [0, 1) (got {self.ema})")
+        _check(0.0 <= self.revisit_prob <= 1.0, f"curriculum.revisit_prob must be in [0, 1] (got {self.revisit_prob})")
+        _check(0.0 < self.raise_at <= 1.0, f"curriculum.raise_at must be in (0, 1] (got {self.raise_at})")
+        _check(self.window >= 1, f"curriculum.window must be >= 1 (got {self.window})")
+        _check(self.max_level is None or self.max_level >= 0, "curriculum.max_level must be >= 0 or null")
+
+
+@dataclass
 class LoggerConfig:
     kind: LoggerKind = LoggerKind.jsonl  # none | jsonl | wandb (metrics.jsonl is always written)
     mode: WandbMode = WandbMode.offline  # wandb mode: online | offline (no account) | disabled
@@ -357,6 +386,7 @@ class TrainConfig:
     env: Any = field(default_factory=dict)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # limits of model-written code (docs/sandbox.md)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     seed: int = 0  # seeds python, numpy, torch, the data order and the rollout engine
     steps: int = 24  # training steps (one rollout batch + update + adapter sync each)
     prompts_per_step: int = 8  # prompts per step; each gets algorithm.group_size completions
@@ -452,9 +482,31 @@ class TrainConfig:
         )
 
 
+@dataclass
+class EvalCommandConfig(TrainConfig):
+    """`python -m rl.eval` (conf/eval.yaml): the training config (the same groups and eval_* keys, so a run's
+    overrides evaluate it as it was trained) plus what to evaluate and where to write it."""
+
+    adapter: str | None = (
+        None  # trained policy: adapter folder, run dir, checkpoints/step_N or HF model folder (null: base only)
+    )
+    compare_base: bool = True  # with `adapter`, also evaluate the base model (model.path) and print both side by side
+    eval_only: list[str] = field(default_factory=list)  # evaluate only these named eval sets (empty: all of the env's)
+    eval_out: str | None = None  # folder for results.json and the per-sample jsonl (null: outputs/eval/<date>/<time>)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.eval_size > 0, f"eval_size must be > 0 for python -m rl.eval (got {self.eval_size})")
+        _check(
+            self.adapter is not None or self.compare_base,
+            "compare_base=false without adapter=... evaluates nothing: give adapter=<adapter folder, run dir or checkpoint>",
+        )
+
+
 def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore (called by train.py before composing)."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="eval_schema", node=EvalCommandConfig)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from rl import checkpoint, evaluation
+from rl.curriculum import build_curriculum
 from rl.data import PromptData
 from rl.errors import RunStopped
 from rl.groups import MemberDied, shard
@@ -45,7 +46,8 @@ def train(
     (eval accuracy before/after, timings). `resolved` is the config saved with each checkpoint."""
     seed_everything(spec.seed)
     train_data, eval_data = load_data(spec, tokenizer, env)
-    sampler = Sampler(runtime, train_data, reward_fn, spec.sampler, spec.steps)
+    curriculum = build_curriculum(spec.sampler.curriculum, env, lambda items: PromptData(items, tokenizer, spec.data))
+    sampler = Sampler(runtime, train_data, reward_fn, spec.sampler, spec.steps, curriculum)
     s = spec.sampler.sampling
     probe = SyncProbe(
         runtime,

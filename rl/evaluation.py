@@ -26,10 +26,12 @@ from rl.specs import EvalSpec, SampleSpec
 from rl.types import Completion, PromptRollout, Sampling, completions_of
 
 
-def evaluate(runtime: Runtime, data: PromptData, reward_fn: RewardFn, spec: EvalSpec, step: int) -> dict[str, float]:
+def evaluate(
+    runtime: Runtime, data: PromptData, reward_fn: RewardFn, spec: EvalSpec, step: int, *, path: Path | None = None
+) -> dict[str, float]:
     """Greedy accuracy on the held-out prompts and, with spec.n_samples > 0, pass@1 and pass@k over that many
     samples per prompt (unbiased estimator, Chen et al. 2021 eq. 1), overall and per named eval set (envs/data.py
-    metadata.eval_set); every completion is written to spec.save_dir/step_N.jsonl."""
+    metadata.eval_set); every completion is written to `path` (default spec.save_dir/step_N.jsonl)."""
     if len(data) == 0:
         return {}
     t0 = time.perf_counter()
@@ -52,8 +54,10 @@ def evaluate(runtime: Runtime, data: PromptData, reward_fn: RewardFn, spec: Eval
     out["eval/length_mean"] = float(np.mean([r.completions[0].model_tokens for r in greedy]))
     out |= {f"eval/{k[4:]}": v for k, v in episode_metrics(completions_of(greedy)).items()}
     out["eval/n"] = float(len(data))
-    if spec.save_dir is not None:
-        with atomic_jsonl(spec.save_dir / f"{step_dir_name(step)}.jsonl") as f:
+    if path is None and spec.save_dir is not None:
+        path = spec.save_dir / f"{step_dir_name(step)}.jsonl"
+    if path is not None:
+        with atomic_jsonl(path) as f:
             for mode, rollouts, rewards in runs:
                 for row in eval_rows(step, data.items, rollouts, rewards, mode=mode, threshold=spec.threshold):
                     write_row(f, row)

@@ -13,6 +13,11 @@ is taken, at most `max_rounds` per step. An extra round takes the next batch of 
 drawn in data order) and the queue is refilled behind it, so prompts are always consumed in the order they were
 drawn. A checkpoint saves the data position before the oldest batch still in flight: a resumed run generates those
 prompts again (with the checkpoint's adapter) and never skips or repeats a trained prompt.
+
+Which prompts a batch holds is the curriculum's choice (rl/curriculum.py; `curriculum=none` is the data order):
+the sampler asks it for the next batch when it sends one, and tells it every generated group's pass rate when it
+collects one, every dynamic-sampling round included. A curriculum may also hand over a new set of prompts (a
+raised difficulty level): batches in flight keep the prompts they were drawn from.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rl import filters
+from rl.curriculum import Curriculum, Sequential, pass_rates
 from rl.data import PromptData
 from rl.runtime import PendingGeneration, Runtime
 from rl.specs import SamplerSpec
@@ -53,10 +59,30 @@ class Batch:
     stats: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class _Sent:
+    """A batch in flight: the state before it was chosen (what a checkpoint saves), its prompts and where from."""
+
+    before: dict
+    data: PromptData
+    idx: list[int]
+    generation: PendingGeneration
+
+
 class Sampler:
-    def __init__(self, runtime: Runtime, data: PromptData, reward_fn: RewardFn, spec: SamplerSpec, steps: int):
-        self.runtime, self.data, self.reward_fn, self.spec, self.steps = runtime, data, reward_fn, spec, steps
-        self._pending: deque[tuple[dict, list[int], PendingGeneration]] = deque()
+    def __init__(
+        self,
+        runtime: Runtime,
+        data: PromptData,
+        reward_fn: RewardFn,
+        spec: SamplerSpec,
+        steps: int,
+        curriculum: Curriculum | None = None,
+    ):
+        self.runtime, self.reward_fn, self.spec, self.steps = runtime, reward_fn, spec, steps
+        self.curriculum = curriculum or Sequential()
+        self.data = self.curriculum.next_data(data)
+        self._pending: deque[_Sent] = deque()
 
     @property
     def overlapped(self) -> bool:
@@ -64,12 +90,13 @@ class Sampler:
         return self.spec.staleness > 0
 
     def _send(self) -> None:
-        before = self.data.state_dict()
-        idx = self.data.next_batch(self.spec.prompts_per_step)
+        self.data = self.curriculum.next_data(self.data)
+        before = {"data": self.data.state_dict(), "chooser": self.curriculum.chooser_state()}
+        idx = self.curriculum.choose(self.data, self.spec.prompts_per_step)
         sent = self.runtime.submit_generate(
             [self.data.prompt_ids[i] for i in idx], self.spec.sampling, [self.data.items[i] for i in idx]
         )
-        self._pending.append((before, idx, sent))
+        self._pending.append(_Sent(before, self.data, idx, sent))
 
     def _fill(self, step: int) -> None:
         """Batches in flight: staleness + 1 from `step` on, never more than the steps left need."""
@@ -89,12 +116,13 @@ class Sampler:
             t0 = time.perf_counter()
             if not self._pending:
                 self._send()
-            _, idx, sent = self._pending.popleft()
-            rollouts = self.runtime.collect(sent)
+            sent = self._pending.popleft()
+            rollouts = self.runtime.collect(sent.generation)
             t_rollout += time.perf_counter() - t0
             t0 = time.perf_counter()
-            rewards = score(self.reward_fn, rollouts, [self.data.items[i] for i in idx])
+            rewards = score(self.reward_fn, rollouts, [sent.data.items[i] for i in sent.idx])
             t_reward += time.perf_counter() - t0
+            self.curriculum.observe(sent.data, sent.idx, pass_rates(rewards, G, spec.curriculum.threshold))
             generated += len(rollouts)
             gen_tokens += sum(c.model_tokens for c in completions_of(rollouts))
             keep = (
@@ -117,7 +145,10 @@ class Sampler:
             "time/rollout_s": t_rollout,
             "time/reward_s": t_reward,
             "data/cursor": float(self.data.cursor),
+            "data/generated_tokens": float(gen_tokens),
+            "data/generated_groups": float(generated),
         }
+        stats |= self.curriculum.pop_metrics()
         if hasattr(self.reward_fn, "pop_metrics"):  # reward/errors and reward/timeouts (rewards/runner.py)
             stats |= self.reward_fn.pop_metrics()
         if not self.overlapped:  # sent ahead, a batch was generated while the learners worked: its wait is no rate
@@ -126,10 +157,17 @@ class Sampler:
         return Batch(kept[:n], kept_rewards[: n * G], stats)
 
     def state_dict(self) -> dict:
-        """The data position a checkpoint saves: before the oldest batch still in flight (see the module doc)."""
-        return self._pending[0][0] if self._pending else self.data.state_dict()
+        """The data position a checkpoint saves: before the oldest batch still in flight (see the module doc), with
+        the curriculum's state (its choice point then, its statistics now: rl/curriculum.py)."""
+        if self._pending:
+            before = self._pending[0].before
+        else:
+            before = {"data": self.data.state_dict(), "chooser": self.curriculum.chooser_state()}
+        curriculum = self.curriculum.state_dict(before["chooser"])
+        return before["data"] | ({"curriculum": curriculum} if curriculum else {})
 
     def load_state(self, state: dict) -> None:
+        self.data = self.curriculum.load_state(state.get("curriculum", {}), self.data)
         self.data.load_state(state)
 
     @property

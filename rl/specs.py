@@ -17,6 +17,7 @@ from pathlib import Path
 from rl.config import (
     ClusterMode,
     ConfigError,
+    EvalCommandConfig,
     LearnerBackend,
     LoraMode,
     PlacementStrategy,
@@ -25,7 +26,7 @@ from rl.config import (
     TrainConfig,
     WeightSync,
 )
-from rl.types import Sampling
+from rl.types import Sampling, TrainedPolicy
 
 
 @dataclass(frozen=True)
@@ -146,14 +147,31 @@ class RuntimeSpec:
 
 
 @dataclass(frozen=True)
+class CurriculumSpec:
+    """Which prompts the sampler sends next (rl/curriculum.py); the fields are `curriculum.*` (rl/config.py)."""
+
+    kind: str = "none"  # none | pass_rate | difficulty
+    threshold: float = 1.0  # a sample passes when its reward >= this (eval_correct_threshold)
+    seed: int = 0  # the revisit draws
+    solved: float = 1.0
+    hopeless: float = 0.0
+    ema: float = 0.5
+    revisit_prob: float = 0.1
+    raise_at: float = 0.8
+    window: int = 32
+    max_level: int | None = None
+
+
+@dataclass(frozen=True)
 class SamplerSpec:
-    """One step's batch (rl/sampler.py): prompts, sampling, the queue depth, dynamic sampling."""
+    """One step's batch (rl/sampler.py): prompts, sampling, the queue depth, dynamic sampling, the curriculum."""
 
     prompts_per_step: int
     sampling: Sampling
     staleness: int = 0
     filter_range: tuple[float, float] | None = None  # dynamic sampling (DAPO eq. 11): keep groups in this range
     max_rounds: int = 1  # batches generated at most per step
+    curriculum: CurriculumSpec = CurriculumSpec()
 
 
 @dataclass(frozen=True)
@@ -224,6 +242,8 @@ class RunSpec:
 
 
 # ------------------------------------------------------------------------------------------------ resolution
+
+CURRICULUM_KNOBS = ("solved", "hopeless", "ema", "revisit_prob", "raise_at", "window", "max_level")
 
 
 def resolve_lora_mode(cfg: TrainConfig) -> str:
@@ -381,6 +401,12 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         staleness=c.staleness,
         filter_range=tuple(a.filter_range) if a.dynamic_sampling else None,
         max_rounds=a.dynamic_sampling_max_rounds if a.dynamic_sampling else 1,
+        curriculum=CurriculumSpec(
+            kind=cfg.curriculum.kind.value,
+            threshold=cfg.eval_correct_threshold,
+            seed=cfg.seed,
+            **{k: getattr(cfg.curriculum, k) for k in CURRICULUM_KNOBS},
+        ),
     )
     samples = SampleSpec(
         advantage=a.advantage,
@@ -436,6 +462,54 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         keep_last=cfg.keep_last,
         max_nonfinite_steps=cfg.max_nonfinite_steps,
         resume=cfg.resume,
+    )
+
+
+@dataclass(frozen=True)
+class EvalCommandSpec:
+    """`python -m rl.eval` resolved: one rollout engine per policy (the base model, then the trained policy), the
+    evaluation, which eval sets, and where the results go."""
+
+    rollout: RolloutSpec  # the base model's engine (a trained HF model folder gets a copy with its path)
+    placement: PlacementSpec  # the engine's CPU threads / GPU use, as a run's rollout actor
+    eval: EvalSpec  # pass_k always holds 1 and n_samples (avg@n and pass@n); save_dir is out_dir
+    data: DataSpec
+    out_dir: Path
+    compare_base: bool
+    policy: TrainedPolicy | None  # rl.checkpoint.find_policy's answer (None: the base model only)
+    eval_only: tuple[str, ...] = ()
+
+
+def build_eval(
+    cfg: EvalCommandConfig, out_dir: Path, policy: TrainedPolicy | None, *, model_path: str | None = None
+) -> EvalCommandSpec:
+    """The eval command's specs: the training build (so every model/cluster/eval_* key means what it means in a
+    run), the trained policy `cfg.adapter` names (found by rl.checkpoint.find_policy) and the LoRA rank the engine
+    needs for it (native LoRA slots)."""
+    run = build(cfg, out_dir, model_path=model_path)
+    rollout = run.rollout
+    if policy is not None and policy.adapter is not None:
+        import json
+
+        adapter_config = json.loads((policy.adapter / "adapter_config.json").read_text())
+        rollout = dataclasses.replace(
+            rollout,
+            max_lora_rank=max(rollout.max_lora_rank, int(adapter_config.get("r", 0))),
+            full_weights=bool(adapter_config.get("full_weights")),
+        )
+    n = cfg.eval_n_samples
+    evaluation = dataclasses.replace(
+        run.eval, pass_k=tuple(sorted({1, *cfg.eval_pass_k, *([n] if n else [])})), save_dir=Path(out_dir)
+    )
+    return EvalCommandSpec(
+        rollout=rollout,
+        placement=run.placement,
+        eval=evaluation,
+        data=run.data,
+        out_dir=Path(out_dir),
+        compare_base=cfg.compare_base or policy is None,
+        policy=policy,
+        eval_only=tuple(cfg.eval_only),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -84,3 +85,17 @@ def completions_of(rollouts: list[PromptRollout]) -> list[Completion]:
 def prompts_of(rollouts: list[PromptRollout]) -> list[list[int]]:
     """The prompt ids of every completion of a batch, flat, aligned with `completions_of`."""
     return [r.prompt_ids for r in rollouts for _ in r.completions]
+
+
+@dataclass(frozen=True)
+class TrainedPolicy:
+    """A trained policy found on disk (python -m rl.eval): `adapter` is a PEFT-format folder loaded into the base
+    model's engine (a LoRA adapter, or a full fine-tuning checkpoint's weights); `model` is a whole HF model folder
+    (a full fine-tuning run's `model/` export) that the engine loads instead of the base model."""
+
+    kind: str  # adapter | run | checkpoint | model: what the path given was
+    adapter: Path | None = None
+    model: Path | None = None
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.adapter or self.model}"

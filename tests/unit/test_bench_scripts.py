@@ -42,6 +42,7 @@ def test_every_bench_script_is_covered():
         "learner_backends",
         "rollout",
         "rollout_lora_mode",
+        "sampling_budget",
         "scaling",
         "shapes",
         "staleness",
@@ -104,3 +105,22 @@ def test_sync_actor_share_fits(smollm2_shape, mode):
 
     keys = sync.actor_overrides(str(smollm2_shape), mode, 64)
     plan_fits([f"model.path={smollm2_shape}", *keys, "prompts_per_step=8", "algorithm.group_size=8"])
+
+
+def test_sampling_budget_compares_runs_at_the_smallest_token_total(tmp_path, monkeypatch, capsys):
+    from bench import sampling_budget
+
+    for name, per_step, skipped in (("a", 100, 0), ("b", 200, 3)):
+        run = tmp_path / name
+        run.mkdir()
+        rows = [{"step": 0, "eval/accuracy": 0.25}]
+        rows += [{"step": s, "data/generated_tokens": per_step, "curriculum/skipped": skipped} for s in (1, 2, 3, 4)]
+        rows[2]["eval/accuracy"], rows[4]["eval/accuracy"] = 0.5, 0.75  # evaluations after steps 2 and 4
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / "summary.json").write_text(json.dumps({"time/total_s": 60.0}))
+    monkeypatch.setattr(sys, "argv", ["bench.sampling_budget", str(tmp_path / "a"), str(tmp_path / "b")])
+    sampling_budget.main()
+    out = capsys.readouterr().out
+    assert "token budget: 400 generated tokens" in out
+    assert "| a | 4 | 400 | 0.750 | 0.750 (4) | 0 | 60 |" in out
+    assert "| b | 4 | 800 | 0.750 | 0.500 (2) | 12 | 60 |" in out  # b's 400 tokens were spent by step 2

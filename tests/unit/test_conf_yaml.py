@@ -15,11 +15,25 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from rl.config import AlgorithmConfig, ClusterConfig, LoggerConfig, ModelConfig, TrainConfig, register_configs
+from rl.config import (
+    AlgorithmConfig,
+    ClusterConfig,
+    CurriculumConfig,
+    LoggerConfig,
+    ModelConfig,
+    TrainConfig,
+    register_configs,
+)
 from tests.helpers import REPO
 
 CONF = REPO / "conf"
-SCHEMAS = {"model": ModelConfig, "algorithm": AlgorithmConfig, "cluster": ClusterConfig, "logger": LoggerConfig}
+SCHEMAS = {
+    "model": ModelConfig,
+    "algorithm": AlgorithmConfig,
+    "cluster": ClusterConfig,
+    "logger": LoggerConfig,
+    "curriculum": CurriculumConfig,
+}
 ALWAYS_STATED = {"algorithm": {"name"}}  # keys an option states even when they equal the default
 NOT_VALUES = {"defaults", "hydra"}  # train.yaml keys that are Hydra's, not the schema's
 register_configs()

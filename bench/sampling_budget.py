@@ -1,0 +1,60 @@
+"""Compare runs at equal generated tokens: `python -m bench.sampling_budget RUN_DIR...` (docs/benchmarks.md,
+curriculum vs dynamic sampling).
+
+Reads each run's metrics.jsonl and summary.json: cumulative generated tokens (data/generated_tokens, every
+dynamic-sampling round included), held-out greedy accuracy at each evaluation (eval_interval), prompts skipped by a
+curriculum, wall time. The budget is the smallest total any run generated; each run's accuracy at the budget is its
+last evaluation at or below it. Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def load(run: Path) -> dict:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
+    tokens, total, skipped, evals = {0: 0.0}, 0.0, 0.0, {}
+    for r in rows:
+        step = r.get("step", 0)
+        total += r.get("data/generated_tokens", 0.0)
+        skipped += r.get("curriculum/skipped", 0.0)
+        tokens[step] = total
+        if "eval/accuracy" in r:
+            evals[step] = r["eval/accuracy"]
+    return {"tokens": tokens, "total": total, "evals": evals, "skipped": skipped, "summary": summary, "rows": rows}
+
+
+def at_budget(run: dict, budget: float) -> tuple[int, float]:
+    """(step, accuracy) of the last evaluation whose cumulative tokens are within the budget."""
+    ok = [s for s in sorted(run["evals"]) if run["tokens"].get(s, float("inf")) <= budget * 1.0001]
+    return ok[-1], run["evals"][ok[-1]]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Compare runs at equal generated tokens (held-out accuracy, skips, time).")
+    ap.add_argument("runs", nargs="+", help="run directories (metrics.jsonl, summary.json)")
+    paths = ap.parse_args().runs
+    runs = {p: load(Path(p)) for p in paths}
+    budget = min(r["total"] for r in runs.values())
+    print(f"token budget: {budget:.0f} generated tokens (the smallest total)\n")
+    print(
+        "| run | steps | generated tokens | held-out acc. (final) | acc. at budget (step) | prompts skipped | wall s |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for p, r in runs.items():
+        steps = max(r["tokens"])
+        step, acc = at_budget(r, budget)
+        final = r["evals"][max(r["evals"])]
+        wall = r["summary"].get("time/total_s", float("nan"))
+        print(
+            f"| {Path(p).name} | {steps} | {r['total']:.0f} | {final:.3f} | {acc:.3f} ({step}) | {r['skipped']:.0f} | "
+            f"{wall:.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

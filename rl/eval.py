@@ -1,0 +1,194 @@
+"""Evaluate a base model and a trained policy without training: `python -m rl.eval [overrides]`.
+
+    python -m rl.eval                                                   # the base model on the env's held-out set
+    python -m rl.eval adapter=outputs/run eval_n_samples=8              # base vs trained, greedy + avg@8 / pass@8
+    python -m rl.eval adapter=outputs/run/checkpoints/step_0010 compare_base=false env=gsm8k reward=boxed
+
+An entry script like train.py, composed by Hydra from conf/eval.yaml: the training groups and keys (model, env,
+reward, cluster, eval_size, eval_n_samples, eval_pass_k, eval_temperature, eval_correct_threshold, ...) mean what they
+mean in a run, plus `adapter`, `compare_base`, `eval_only` and `eval_out` (rl/config.py EvalCommandConfig).
+`adapter` is an adapter folder, a run directory, a checkpoint or an HF model folder (rl/checkpoint.py find_policy).
+
+The rollout engine is the run's own (rl/rollout: vLLM, or `cluster.rollout_backend=hf`), one engine in this process
+behind the same Runtime a run uses, and the metrics and per-sample rows are rl/evaluation.py's. Writes, atomically,
+`<eval_out>/results.json` (metrics per policy, the table, the command) and `<eval_out>/<policy>.jsonl` (one row
+per completion). vLLM spawns processes: this module must stay runnable only under its `__main__` guard.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rl.config import ConfigError, EvalCommandConfig, register_configs
+from rl.specs import EvalCommandSpec
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def compose(argv: list[str]) -> tuple[Any, EvalCommandConfig]:
+    """(the composed DictConfig, its typed and checked form); a bad key or value exits with one line."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from train import fail, one_line_config_error
+
+    register_configs()
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            dcfg = hydra_compose(config_name="eval", overrides=argv)
+        return dcfg, OmegaConf.to_object(dcfg.copy())
+    except ConfigError as e:
+        fail(str(e))
+    except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf errors become one line
+        fail(one_line_config_error(e))
+
+
+def select_items(items: list[dict], only: Sequence[str], size: int) -> list[dict]:
+    """The env's eval items of the named sets `only` (all when empty), capped at `size`; an unknown name fails
+    with the names there are."""
+    if only:
+        names = {it.get("metadata", {}).get("eval_set") for it in items} - {None}
+        missing = [n for n in only if n not in names]
+        if missing:
+            there = ", ".join(sorted(names)) or "none (this env's held-out items carry no set name)"
+            raise ConfigError(f"eval_only={list(only)}: no eval set named {', '.join(missing)}; the env has: {there}")
+        items = [it for it in items if it.get("metadata", {}).get("eval_set") in only]
+    return items[:size]
+
+
+def evaluate_policies(spec: EvalCommandSpec, env: Any, reward_fn: Any) -> dict[str, dict[str, float]]:
+    """{label: metrics} for the base model (`base`) and the trained policy (`trained`), each on the same prompts,
+    one engine at a time (an HF model folder needs its own engine; an adapter is loaded into the base's)."""
+    import dataclasses
+    import os
+
+    from transformers import AutoTokenizer
+
+    from rl import evaluation
+    from rl.app import actor_env
+    from rl.checkpoint import read_adapter
+    from rl.data import PromptData
+    from rl.groups import LocalGroup
+    from rl.rollout import rollout_class
+    from rl.runtime import Runtime
+
+    tokenizer = AutoTokenizer.from_pretrained(spec.rollout.model_path, trust_remote_code=spec.rollout.trust_remote_code)
+    data = PromptData(select_items(env.eval_items(), spec.eval_only, spec.eval.size), tokenizer, spec.data)
+    if len(data) == 0:
+        raise ConfigError(f"no eval prompts left: {data.dropped} were longer than model.max_prompt_tokens")
+    policy, results = spec.policy, {}
+    runs: list[tuple[str, Any]] = [("base", spec.rollout)] if spec.compare_base else []
+    if policy is not None:
+        model_spec = dataclasses.replace(spec.rollout, model_path=str(policy.model)) if policy.model else spec.rollout
+        if runs and model_spec == spec.rollout:
+            runs[0] = ("base+trained", spec.rollout)  # one engine: the base first, then the adapter loaded into it
+        else:
+            runs.append(("trained", model_spec))
+    os.environ.update(actor_env(spec.placement))  # the engine's environment, as a run's actor gets it (CPU cores)
+    for name, rollout_spec in runs:
+        engine = rollout_class(rollout_spec)(rollout_spec)
+        runtime = Runtime(LocalGroup([engine]), LocalGroup([]))
+        try:
+            for label in name.split("+"):
+                if label == "trained" and policy.adapter is not None:
+                    engine.load_adapter(read_adapter(policy.adapter, version=1))
+                    runtime.version = 1  # the version every later sample must carry
+                t0 = time.perf_counter()
+                path = spec.out_dir / f"{label}.jsonl"
+                results[label] = evaluation.evaluate(runtime, data, reward_fn, spec.eval, 0, path=path)
+                print(f"{label}: {len(data)} prompts in {time.perf_counter() - t0:.0f} s -> {path}", flush=True)
+        finally:
+            runtime.close()
+    return results
+
+
+def metric_rows(results: dict[str, dict[str, float]], n_samples: int) -> list[tuple[str, str, str]]:
+    """(set, metric name as shown, metrics key) for every metric the results hold, overall first: greedy accuracy,
+    avg@n (= pass@1: mean correctness over the n samples), pass@k for k > 1."""
+    keys = set().union(*(r.keys() for r in results.values()))
+    sets = [""] + sorted({k.split("/")[1] + "/" for k in keys if k.count("/") == 2})
+    rows = []
+    for prefix in sets:
+        name = prefix.rstrip("/") or "all"
+        rows.append((name, "greedy accuracy", f"eval/{prefix}accuracy"))
+        ks = sorted(int(k.rsplit("@", 1)[1]) for k in keys if k.startswith(f"eval/{prefix}pass@"))
+        for k in ks:
+            shown = f"avg@{n_samples} (pass@1)" if k == 1 else f"pass@{k}"
+            rows.append((name, shown, f"eval/{prefix}pass@{k}"))
+    return rows
+
+
+def format_table(results: dict[str, dict[str, float]], n_samples: int) -> str:
+    """A plain-text table, one column per policy and, with both, the trained minus base difference."""
+    labels = list(results)
+    header = ["eval set", "metric", *labels] + (["delta"] if labels == ["base", "trained"] else [])
+    lines = []
+    for name, shown, key in metric_rows(results, n_samples):
+        vals = [results[lb].get(key) for lb in labels]
+        cells = [name, shown, *(f"{v:.3f}" if v is not None else "-" for v in vals)]
+        if len(header) > len(cells):
+            cells.append(f"{vals[1] - vals[0]:+.3f}" if None not in vals else "-")
+        lines.append(cells)
+    widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
+
+    def fmt(row: list) -> str:  # names left-aligned, numbers right-aligned
+        return "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, lines)])
+
+
+def write_results(spec: EvalCommandSpec, results: dict[str, dict[str, float]], table: str, argv: list[str]) -> Path:
+    from rl.atomic import replace_when_done, write_bytes
+
+    doc = {
+        "command": "python -m rl.eval " + " ".join(argv),
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "model": spec.rollout.model_path,
+        "policy": spec.policy.describe() if spec.policy else None,
+        "n_samples": spec.eval.n_samples,
+        "metrics": results,
+        "table": table,
+    }
+    path = spec.out_dir / "results.json"
+    with replace_when_done(path) as tmp:
+        write_bytes(tmp, json.dumps(doc, indent=2, default=str).encode())
+    return path
+
+
+def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    from train import build_target, fail
+
+    dcfg, cfg = compose(argv)
+    from rl import specs
+    from rl.checkpoint import find_policy  # imports torch: after the config is known to be valid
+
+    out_dir = Path(cfg.eval_out or f"outputs/eval/{dt.datetime.now():%Y-%m-%d/%H-%M-%S}")
+    try:
+        policy = find_policy(cfg.adapter) if cfg.adapter is not None else None
+        spec = specs.build_eval(cfg, out_dir, policy)
+    except ConfigError as e:
+        fail(str(e))
+    env, reward = build_target(dcfg.env, "env"), build_target(dcfg.reward, "reward")
+    print(f"model: {spec.rollout.model_path}" + (f"\ntrained: {policy.describe()}" if policy else ""), flush=True)
+    try:
+        results = evaluate_policies(spec, env, reward)
+    except ConfigError as e:
+        fail(str(e))
+    table = format_table(results, spec.eval.n_samples)
+    print(f"\n{table}\n", flush=True)
+    print(f"results: {write_results(spec, results, table, argv)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # vLLM spawns processes: keep this guard
+    sys.exit(main(sys.argv[1:]))
