@@ -97,7 +97,7 @@ def build_runtime(spec: RunSpec) -> tuple[Runtime, Callable[[], None]]:
 
     p = spec.placement
     if p.mode == ClusterMode.local:
-        os.environ.update(actor_env(p) | learner_env(spec.learner))
+        os.environ.update(actor_env(p) | deterministic_env(spec.learner))
         if not p.verbose:  # the roles share the driver's console here: vLLM's own INFO lines are left out
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if spec.learner.backend == "unsloth":  # too late to come first here (torch is loaded); models.py warns
@@ -150,8 +150,12 @@ def actor_env(placement: PlacementSpec) -> dict[str, str]:
 
 
 def learner_env(learner: LearnerSpec) -> dict[str, str]:
-    """Environment of a learner's process: Unsloth must be its first ML import (rl/__init__.py reads this); with
-    `deterministic=true`, cuBLAS's fixed workspace, which torch.use_deterministic_algorithms needs on CUDA and
-    cuBLAS reads only when it starts."""
+    """Environment of a learner's process: Unsloth must be its first ML import (rl/__init__.py reads this)."""
     env = {"RLFT_IMPORT_UNSLOTH": "1"} if learner.backend == "unsloth" else {}
-    return env | ({"CUBLAS_WORKSPACE_CONFIG": ":4096:8"} if learner.deterministic else {})
+    return env | deterministic_env(learner)
+
+
+def deterministic_env(learner: LearnerSpec) -> dict[str, str]:
+    """With `deterministic=true`, cuBLAS's fixed workspace: torch.use_deterministic_algorithms needs it on CUDA,
+    and cuBLAS reads it only when it starts."""
+    return {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"} if learner.deterministic else {}

@@ -49,6 +49,14 @@ class VLLMRollout:
             kwargs.update(enable_lora=True, max_lora_rank=spec.max_lora_rank, max_loras=1)
         if spec.weight_sync == "ipc":  # vLLM's weight-transfer engine: full weights arrive as CUDA IPC handles
             kwargs.update(weight_transfer_config={"backend": "ipc"})
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            # every request is seeded (generate's `seeds`): with chunked prefill, a request whose prompt is cut
+            # between two engine steps has its first sample discarded and vLLM rewinds its generator
+            # (gpu_model_runner.py, `set_offset`), which a CPU generator cannot do ("CPU Generator does not use
+            # offset"): the engine dies. Without chunking a prompt is prefilled whole, in one step.
+            kwargs.update(enable_chunked_prefill=False)
         # vLLM logs an engine's real start-up error in the engine's own processes and raises only "see root cause
         # above" here: read back what they wrote to this process's output (a Ray actor's log files)
         mark = OutputMark()
