@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 def run(spec: RunSpec, *, env: Any, reward_fn: Any, resolved: dict, logger_spec: Any) -> dict[str, float]:
     """Train as `spec` says; returns the summary. `logger_spec` is the typed `logger` config group."""
+    import transformers
     from transformers import AutoTokenizer
 
     from rl.driver import train
@@ -29,6 +30,8 @@ def run(spec: RunSpec, *, env: Any, reward_fn: Any, resolved: dict, logger_spec:
     from rl.placement import RayStartError
 
     t0 = time.perf_counter()
+    if not spec.placement.verbose:  # the driver's transformers only tokenises: its notices on tokenizer configs
+        transformers.logging.set_verbosity_error()  # (e.g. "Ignoring clean_up_tokenization_spaces") stay out
     try:
         tokenizer = AutoTokenizer.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
     except Exception as e:
