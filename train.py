@@ -163,6 +163,9 @@ def main(dcfg: DictConfig) -> float | None:
         spec = specs.build(cfg, run_dir)
     except ConfigError as e:
         fail(str(e))
+    from rl import logs
+
+    logs.setup_driver(spec.placement.log_dir, cfg.verbose)  # <run dir>/logs/driver.log; a quiet console
     env = build_target(dcfg.env, "env")
     reward = build_target(dcfg.reward, "reward")
     from rl import app  # heavy imports start here

@@ -12,6 +12,7 @@ from typing import Any
 from rl import startup
 from rl.config import ClusterMode
 from rl.groups import LocalGroup
+from rl.logs import LogFollower
 from rl.runtime import Runtime
 from rl.specs import LearnerSpec, PlacementSpec, RunSpec
 from rl.startup import StartupError
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 
 def run(spec: RunSpec, *, env: Any, reward_fn: Any, resolved: dict, logger_spec: Any) -> dict[str, float]:
     """Train as `spec` says; returns the summary. `logger_spec` is the typed `logger` config group."""
+    import transformers
     from transformers import AutoTokenizer
 
     from rl.driver import train
@@ -28,6 +30,8 @@ def run(spec: RunSpec, *, env: Any, reward_fn: Any, resolved: dict, logger_spec:
     from rl.placement import RayStartError
 
     t0 = time.perf_counter()
+    if not spec.placement.verbose:  # the driver's transformers only tokenises: its notices on tokenizer configs
+        transformers.logging.set_verbosity_error()  # (e.g. "Ignoring clean_up_tokenization_spaces") stay out
     try:
         tokenizer = AutoTokenizer.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
     except Exception as e:
@@ -52,17 +56,30 @@ def run(spec: RunSpec, *, env: Any, reward_fn: Any, resolved: dict, logger_spec:
         f"{spec.sampler.prompts_per_step} prompts x {sampling.n} samples",
         flush=True,
     )
+    # the roles' warnings and errors on the console (every line from their start on with verbose=true)
+    follower = LogFollower(p.log_dir, p.verbose)
+    if p.verbose:
+        follower.start()
     try:
         runtime, teardown = build_runtime(spec)
     except RayStartError:  # a UserFacingError already: one line naming the key to change
+        follower.stop()
         logger.close()
         raise
     except startup.RoleStartFailed as e:  # its cause in one line, with the key that fixes it
+        follower.stop()
         logger.close()
         raise StartupError(startup.explain(e.role, e.cause, spec)) from e
+    except BaseException:
+        follower.stop()
+        logger.close()
+        raise
+    if not p.verbose:
+        follower.start()  # from here on: what the roles print while they run, their start-up chatter left out
     try:
         summary = train(spec, runtime, tokenizer, env, reward_fn, logger, resolved)
     finally:
+        follower.stop()  # before the teardown: the roles' shutdown chatter stays in their files
         teardown()
         logger.close()
     summary["time/total_s"] = time.perf_counter() - t0
@@ -83,8 +100,10 @@ def build_runtime(spec: RunSpec) -> tuple[Runtime, Callable[[], None]]:
 
     p = spec.placement
     if p.mode == ClusterMode.local:
-        os.environ.update(actor_env(p))
-        if learner_env(spec.learner):  # too late to come first in this process (torch is loaded); models.py warns
+        os.environ.update(actor_env(p) | deterministic_env(spec.learner))
+        if not p.verbose:  # the roles share the driver's console here: vLLM's own INFO lines are left out
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        if spec.learner.backend == "unsloth":  # too late to come first here (torch is loaded); models.py warns
             import unsloth  # noqa: F401
         learner = start_role("learner 0", Learner, spec.learner)
         rollout = start_role("rollout actor 0", rollout_class(spec.rollout), spec.rollout)
@@ -93,7 +112,7 @@ def build_runtime(spec: RunSpec) -> tuple[Runtime, Callable[[], None]]:
 
     from rl import placement
 
-    started = placement.start_ray(p.address, p.ray_num_cpus)
+    started = placement.start_ray(p.address, p.ray_num_cpus, p.verbose)
     try:
         runtime = placement.build_ray_runtime(
             p,
@@ -123,13 +142,23 @@ def start_role(role: str, cls: type, role_spec: Any) -> Any:
 
 def actor_env(placement: PlacementSpec) -> dict[str, str]:
     """Environment of a rollout actor's process: the driver's VLLM_* settings (they reach actors on other nodes
-    too) and, on CPU, the cores its vLLM engine may use."""
+    too), on CPU the cores its vLLM engine may use, and with `deterministic=true` on GPUs vLLM's batch-invariant
+    mode (vLLM >= 0.11 reads VLLM_BATCH_INVARIANT in its GPU worker; the CPU build has no such mode)."""
     from rl.rollout.vllm import cpu_threads_env
 
     env = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
-    return env if placement.use_gpu else env | cpu_threads_env(placement.actor_threads)
+    if not placement.use_gpu:
+        return env | cpu_threads_env(placement.actor_threads)
+    return env | ({"VLLM_BATCH_INVARIANT": "1"} if placement.deterministic else {})
 
 
 def learner_env(learner: LearnerSpec) -> dict[str, str]:
     """Environment of a learner's process: Unsloth must be its first ML import (rl/__init__.py reads this)."""
-    return {"RLFT_IMPORT_UNSLOTH": "1"} if learner.backend == "unsloth" else {}
+    env = {"RLFT_IMPORT_UNSLOTH": "1"} if learner.backend == "unsloth" else {}
+    return env | deterministic_env(learner)
+
+
+def deterministic_env(learner: LearnerSpec) -> dict[str, str]:
+    """With `deterministic=true`, cuBLAS's fixed workspace: torch.use_deterministic_algorithms needs it on CUDA,
+    and cuBLAS reads it only when it starts."""
+    return {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"} if learner.deterministic else {}

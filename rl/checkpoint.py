@@ -7,7 +7,7 @@ other tools load; and finding a trained policy in any of these layouts again (`f
                             vLLM's LoRA loader)
         learner.pkl         the learner's state (Learner.state_dict): AdamW state, version, torch RNG
         trainer.pkl         step, adapter version, data order and cursor, the driver's RNG (python, numpy, torch),
-                            each rollout actor's sampling RNG
+                            each HF rollout actor's sampling RNG
         config.json         the resolved config of the run that wrote it
         meta.json           step and adapter version, for people
 
@@ -16,9 +16,11 @@ is renamed to `step_0003` and the parent fsynced. Only `step_N` folders are ever
 leaves a temp folder that is ignored (and removed by the next save).
 
 Not restored, by design or because there is nothing to restore:
-- vLLM's sampler: the engine is seeded once when it starts and its generator cannot be read or set from outside, so a resumed vLLM run samples from the engine seed's
-  stream again: it continues from the right step, data position and adapter, but its samples differ from the
-  uninterrupted run's. With the hf backend the sampling generator is saved and a resume is bitwise exact.
+- vLLM's sampler: its generator cannot be read or set from outside, and nothing needs it: every training prompt's
+  request carries its own seed, derived from the run seed and the prompt's draw number (rl/data.py prompt_seed),
+  and a resumed run draws the same prompts from the saved data position, so it samples what the uninterrupted
+  run sampled (tests/integration/test_reproducible.py). The hf backend's generator (used for unseeded calls) is
+  saved.
 - no LR scheduler exists (the learning rate is constant). With `cluster.staleness` > 0, generations still in
   flight at a checkpoint are not saved: the data position saved is the one before them (rl/sampler.py), so a
   resumed run generates those prompts again with the checkpoint's adapter.

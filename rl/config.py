@@ -387,7 +387,9 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # limits of model-written code (docs/sandbox.md)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
-    seed: int = 0  # seeds python, numpy, torch, the data order and the rollout engine
+    seed: int = 0  # seeds python, numpy, torch, the data order, the rollout engine and every prompt's sampling
+    deterministic: bool = False  # deterministic learner kernels; on GPUs also vLLM's batch-invariant mode (slower)
+    verbose: bool = False  # show vLLM's and Ray's own log lines on the console (always in <run dir>/logs/)
     steps: int = 24  # training steps (one rollout batch + update + adapter sync each)
     prompts_per_step: int = 8  # prompts per step; each gets algorithm.group_size completions
     micro_batch_size: int = 16  # sequences per padded learner forward/backward (when micro_batch_tokens=0)

@@ -56,6 +56,7 @@ def train(
         s.top_p,
         threshold=spec.probe_threshold,
         deferred=sampler.overlapped,
+        seed=spec.seed,
     )
     summary: dict[str, float] = {
         "data/train_prompts": len(train_data),

@@ -18,7 +18,7 @@ import torch
 
 from rl.atomic import atomic_jsonl
 from rl.checkpoint import step_dir_name
-from rl.data import PromptData
+from rl.data import PromptData, prompt_seed
 from rl.runtime import Runtime
 from rl.sampler import RewardFn, score
 from rl.samples import episode_metrics, shape_rewards
@@ -35,13 +35,20 @@ def evaluate(
     if len(data) == 0:
         return {}
     t0 = time.perf_counter()
+    # greedy ignores the seeds; the sampled completions (pass@k) depend on the step and the prompt only;
     # a multi-turn env's evaluation runs its episodes (the items start them; a single-turn run does not send them)
-    greedy = runtime.generate(data.prompt_ids, Sampling(n=1, temperature=0.0, max_tokens=spec.max_tokens), data.items)
+    seeds = [prompt_seed(spec.seed, i, "eval", step) for i in range(len(data))]
+    greedy = runtime.generate(
+        data.prompt_ids, Sampling(n=1, temperature=0.0, max_tokens=spec.max_tokens), items=data.items, seeds=seeds
+    )
     runs = [("greedy", greedy, score(reward_fn, greedy, data.items))]
     n = spec.n_samples
     if n:
         sampled = runtime.generate(
-            data.prompt_ids, Sampling(n=n, temperature=spec.temperature, max_tokens=spec.max_tokens), data.items
+            data.prompt_ids,
+            Sampling(n=n, temperature=spec.temperature, max_tokens=spec.max_tokens),
+            items=data.items,
+            seeds=seeds,
         )
         runs.append(("sampled", sampled, score(reward_fn, sampled, data.items)))
     out = eval_metrics(

@@ -15,6 +15,7 @@ from typing import Any
 
 from rl.errors import UserFacingError
 from rl.groups import MemberDied
+from rl.logs import role_log_env
 from rl.runtime import Runtime
 from rl.specs import PlacementSpec, RuntimeSpec
 from rl.startup import RoleStartFailed, cause_of
@@ -136,27 +137,35 @@ def role_plans(p: PlacementSpec) -> tuple[list[RolePlan], list[dict[str, float]]
     return plans, [dict(plan.resources) for plan in plans]
 
 
-def start_ray(address: str | None, num_cpus: int | None) -> bool:
-    """Start a local Ray (address None) or join one; returns True when this process started it."""
+def start_ray(address: str | None, num_cpus: int | None, verbose: bool = True) -> bool:
+    """Start a local Ray (address None) or join one; returns True when this process started it. Unless `verbose`,
+    Ray's own notices while it starts are left out and it does not stream the workers' output (each role writes
+    its own file, rl/logs.py)."""
     import ray
+
+    from rl import logs
 
     if ray.is_initialized():
         return False
     # keep the user's PYTHONPATH after ours: packages installed with `pip --target` (the GPU machine) live there
     pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
     runtime_env = {"env_vars": {"PYTHONPATH": pythonpath}}
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # what Ray streams (verbose=true) comes without colour codes
+    ray_logger, level = logging.getLogger("ray"), logging.getLogger("ray").level
+    if not verbose:  # Ray's notices while it starts (token auth, ...) are left out; its errors still show
+        ray_logger.setLevel(logging.ERROR)
     try:
         if address is None:
             ray.init(
                 num_cpus=num_cpus,
                 include_dashboard=False,
                 runtime_env=runtime_env,
-                log_to_driver=True,
+                log_to_driver=verbose,
                 configure_logging=False,
             )
             return True
         check_reachable(address)
-        ray.init(address=address, runtime_env=runtime_env, configure_logging=False)
+        ray.init(address=address, runtime_env=runtime_env, configure_logging=False, log_to_driver=verbose)
         return False
     except RayStartError:
         raise
@@ -165,6 +174,9 @@ def start_ray(address: str | None, num_cpus: int | None) -> bool:
         raise RayStartError(
             f"could not start or join Ray at {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         ) from e
+    finally:
+        ray_logger.setLevel(level)  # from now on Ray's warnings show, and reach the driver's log file
+        logs.quiet_console(ray_logger, verbose)
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -275,13 +287,14 @@ def build_ray_runtime(p: PlacementSpec, runtime_spec: RuntimeSpec, *, rollout: R
             if p.colocate:  # and then sleep, so that the learners load into the memory the engines gave back
                 ray.get([h.sleep.remote() for h in handles["actor"]])
         cls, role_spec, env = rollout if plan.role == "actor" else learner
+        env = dict(env) | role_log_env(p.log_dir, plan.role, plan.index)  # its output: <run dir>/logs/<role>.log
         opts = dict(
             num_cpus=plan.resources["CPU"],
             num_gpus=plan.resources.get("GPU", 0),
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=pg, placement_group_bundle_index=plan.bundle
             ),
-            runtime_env={"env_vars": dict(env)},
+            runtime_env={"env_vars": env},
             max_restarts=p.actor_max_restarts if plan.role == "actor" else 0,
             max_task_retries=0,
         )

@@ -6,6 +6,7 @@ the actors are busy right after a sync, so its probe is read at the next step, b
 
 from __future__ import annotations
 
+from rl.data import prompt_seed
 from rl.runtime import Runtime
 from rl.types import Sampling
 
@@ -24,8 +25,10 @@ class SyncProbe:
         *,
         threshold: float,
         deferred: bool,
+        seed: int = 0,
     ):
         self.runtime, self.prompts, self.threshold, self.deferred = runtime, prompts, threshold, deferred
+        self.seed = seed  # the run seed: the probe's samples at step t are the same in every run of this seed
         self.sampling = Sampling(n=2, temperature=temperature, top_p=top_p, max_tokens=16)
         self.limit = float("inf")
         self._held: tuple[int, list] | None = None  # (step, calls) of a probe read at the next step
@@ -33,18 +36,21 @@ class SyncProbe:
     def measure_floor(self) -> float:
         """Learner vs actors on the base model (version 0 on both sides: a correct sync), before any step. Taken
         before a checkpoint is restored, so its sampling never shifts a resumed run's restored random streams."""
-        floor = self.runtime.probe_finish(self.runtime.probe_submit(self.prompts, self.sampling))
+        floor = self.runtime.probe_finish(self.runtime.probe_submit(self.prompts, self.sampling, self._seeds(0)))
         self.limit = floor + self.threshold
         print(f"sync probe floor {floor:.4f}: a step fails above {self.limit:.4f}", flush=True)
         return floor
 
     def after_sync(self, step: int, *, last: bool) -> dict[str, float]:
         """Start the probe of the sync that ended `step`; read it now unless it is deferred (the last step's never is)."""
-        calls = self.runtime.probe_submit(self.prompts, self.sampling)
+        calls = self.runtime.probe_submit(self.prompts, self.sampling, self._seeds(step))
         if self.deferred and not last:
             self._held = (step, calls)
             return {}
         return {"sync/logprob_abs_diff": self._check(step, calls)}
+
+    def _seeds(self, step: int) -> list[int]:
+        return [prompt_seed(self.seed, i, "probe", step) for i in range(len(self.prompts))]
 
     def collect(self) -> dict[str, float]:
         """The deferred probe of the previous step's sync, if one is held (call before the learners step)."""

@@ -36,6 +36,7 @@ class PendingGeneration:
     parts: list[list[list[int]]]  # prompts per actor call, in prompt order (after the learners' share)
     sampling: Sampling
     calls: list[_Call]
+    seed_parts: list[list[int] | None]  # each part's per-prompt seeds (None: unseeded)
     learner_calls: list[Any] = field(default_factory=list)  # the learners' share (the first prompts), in order
     item_parts: list[list[dict] | None] = field(default_factory=list)  # each call's items (multi-turn envs)
 
@@ -94,29 +95,48 @@ class Runtime:
     # ------------------------------------------------------------------------------------------------ generation
 
     def generate(
-        self, prompts: list[list[int]], sampling: Sampling, items: list[dict] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
+        items: list[dict] | None = None,
     ) -> list[PromptRollout]:
         """Sample on every live actor (prompts sharded) and wait; see submit_generate / collect."""
-        return self.collect(self.submit_generate(prompts, sampling, items))
+        return self.collect(self.submit_generate(prompts, sampling, items=items, seeds=seeds))
 
     def submit_generate(
-        self, prompts: list[list[int]], sampling: Sampling, items: list[dict] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
+        items: list[dict] | None = None,
     ) -> PendingGeneration:
         """Send the prompts out without waiting: the first learner_chunk_size x learners to the learners (learner
         generation, DistRL-LLM), the rest sharded over the live actors. Calls queue behind each member's earlier
         calls, so an adapter load sent before applies to them and one sent after does not. `items` (the prompts'
-        env items) go to the actors only with a multi-turn env, whose episodes start from them."""
+        env items) go to the actors only with a multi-turn env, whose episodes start from them. `seeds` (one per
+        prompt, rl/data.py prompt_seed) travel with their prompts wherever they go, a re-sent prompt's included,
+        so a prompt's samples do not depend on the actor or batch it lands in; None samples unseeded."""
         n_learn = min(self.learner_chunk_size * len(self.learners), len(prompts))
         learner_parts = shard(prompts[:n_learn], len(self.learners)) if n_learn else []
-        learner_calls = [self.learners.submit(j, "generate", p, sampling) for j, p in enumerate(learner_parts) if p]
+        learner_seeds = _split_like(seeds, learner_parts)
+        learner_calls = [
+            self.learners.submit(j, "generate", p, sampling, s)
+            for j, (p, s) in enumerate(zip(learner_parts, learner_seeds))
+            if p
+        ]
         self._rejoin(wait=True)
         live = self.live_actors()
         parts = shard(prompts[n_learn:], len(live))
         item_parts: list[list[dict] | None] = (
             shard(items[n_learn:], len(live)) if self.episodes and items is not None else [None] * len(parts)
         )
-        calls = [self._submit(i, "generate", *_args(p, sampling, it)) for i, p, it in zip(live, parts, item_parts)]
-        return PendingGeneration(parts, sampling, calls, learner_calls, item_parts)
+        seed_parts = _split_like(seeds[n_learn:] if seeds is not None else None, parts)
+        calls = [
+            self._submit(i, "generate", *_args(p, sampling, it, s))
+            for i, p, it, s in zip(live, parts, item_parts, seed_parts)
+        ]
+        return PendingGeneration(parts, sampling, calls, seed_parts, learner_calls, item_parts)
 
     def collect(self, pending: PendingGeneration) -> list[PromptRollout]:
         """Wait for a submitted generation: all prompts' rollouts in prompt order, whatever died on the way."""
@@ -131,8 +151,8 @@ class Runtime:
                     )
                 r.actor = -1 - j  # learners are -1, -2, ... in PromptRollout.actor
             out.extend(rollouts)
-        for part, items, call in zip(pending.parts, pending.item_parts, pending.calls):
-            out.extend(self._finish_part(part, pending.sampling, call, items=items))
+        for part, items, seeds, call in zip(pending.parts, pending.item_parts, pending.seed_parts, pending.calls):
+            out.extend(self._finish_part(part, pending.sampling, call, items=items, seeds=seeds))
         return out
 
     def _finish_part(
@@ -142,6 +162,7 @@ class Runtime:
         call: _Call,
         again: bool = False,
         items: list[dict] | None = None,
+        seeds: list[int] | None = None,
     ) -> list[PromptRollout]:
         while True:
             try:
@@ -149,7 +170,7 @@ class Runtime:
                 break
             except MemberDied as e:
                 to = self._actor_died(call, "generate", e, len(part))
-                call = self._submit(to, "generate", *_args(part, sampling, items))
+                call = self._submit(to, "generate", *_args(part, sampling, items, seeds))
         for r in rollouts:
             r.actor = call.actor
         stale = [k for k, r in enumerate(rollouts) if not self._version_ok(call.actor, r.adapter_version)]
@@ -165,8 +186,9 @@ class Runtime:
             )
             redo = [part[k] for k in stale]
             redo_items = [items[k] for k in stale] if items is not None else None
-            resent = self._submit(call.actor, "generate", *_args(redo, sampling, redo_items))
-            fresh = self._finish_part(redo, sampling, resent, again=True, items=redo_items)
+            redo_seeds = [seeds[k] for k in stale] if seeds is not None else None
+            resent = self._submit(call.actor, "generate", *_args(redo, sampling, redo_items, redo_seeds))
+            fresh = self._finish_part(redo, sampling, resent, again=True, items=redo_items, seeds=redo_seeds)
             for k, r in zip(stale, fresh):
                 rollouts[k] = r
         return rollouts
@@ -367,10 +389,10 @@ class Runtime:
         self._loads = []
         return out
 
-    def probe_submit(self, prompts: list[list[int]], sampling: Sampling) -> list[_Call]:
+    def probe_submit(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None) -> list[_Call]:
         """Start the sync probe on every live actor (it queues behind the adapter load of the last sync)."""
         self._rejoin(wait=True)
-        return [self._submit(i, "generate", prompts, sampling) for i in self.live_actors()]
+        return [self._submit(i, "generate", prompts, sampling, seeds) for i in self.live_actors()]
 
     def probe_finish(self, calls: list[_Call]) -> float:
         """Mean |logp_learner - logp_actor| over the probe's tokens; call it before the learners step again.
@@ -408,6 +430,20 @@ class Runtime:
                 pass
 
 
-def _args(prompts: list[list[int]], sampling: Sampling, items: list[dict] | None) -> tuple:
-    """An actor's generate arguments: the items only when there are (a single-turn run's calls stay as they were)."""
-    return (prompts, sampling) if items is None else (prompts, sampling, items)
+def _args(prompts: list[list[int]], sampling: Sampling, items: list[dict] | None, seeds: list[int] | None) -> tuple:
+    """An actor's generate arguments (its signature: prompts, sampling, seeds=None, items=None), the trailing
+    ones only when given: a single-turn unseeded call stays (prompts, sampling)."""
+    if items is not None:
+        return prompts, sampling, seeds, items
+    return (prompts, sampling) if seeds is None else (prompts, sampling, seeds)
+
+
+def _split_like(seeds: list[int] | None, parts: list[list]) -> list[list[int] | None]:
+    """`seeds` cut into the lengths of `parts` (consecutive), or None for each part when unseeded."""
+    if seeds is None:
+        return [None] * len(parts)
+    out, start = [], 0
+    for part in parts:
+        out.append(seeds[start : start + len(part)])
+        start += len(part)
+    return out

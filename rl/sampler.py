@@ -18,6 +18,10 @@ Which prompts a batch holds is the curriculum's choice (rl/curriculum.py; `curri
 the sampler asks it for the next batch when it sends one, and tells it every generated group's pass rate when it
 collects one, every dynamic-sampling round included. A curriculum may also hand over a new set of prompts (a
 raised difficulty level): batches in flight keep the prompts they were drawn from.
+
+Each prompt's request carries a seed derived from the run seed and the prompt's draw number in the data stream
+(`rl.data.prompt_seed`), so its samples are the same whichever actor, batch or round it lands in, and a resumed
+run (which draws from the saved data position again) sends the same seeds as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import torch
 
 from rl import filters
 from rl.curriculum import Curriculum, Sequential, pass_rates
-from rl.data import PromptData
+from rl.data import PromptData, prompt_seed
 from rl.runtime import PendingGeneration, Runtime
 from rl.specs import SamplerSpec
 from rl.types import PromptRollout, completions_of
@@ -92,9 +96,14 @@ class Sampler:
     def _send(self) -> None:
         self.data = self.curriculum.next_data(self.data)
         before = {"data": self.data.state_dict(), "chooser": self.curriculum.chooser_state()}
+        first = self.data.cursor  # the draw number of the batch's first prompt (a curriculum may skip some after it)
         idx = self.curriculum.choose(self.data, self.spec.prompts_per_step)
+        seeds = [prompt_seed(self.spec.seed, first + k) for k in range(len(idx))]
         sent = self.runtime.submit_generate(
-            [self.data.prompt_ids[i] for i in idx], self.spec.sampling, [self.data.items[i] for i in idx]
+            [self.data.prompt_ids[i] for i in idx],
+            self.spec.sampling,
+            items=[self.data.items[i] for i in idx],
+            seeds=seeds,
         )
         self._pending.append(_Sent(before, self.data, idx, sent))
 

@@ -79,6 +79,7 @@ class LearnerSpec:
     num_threads: int | None = None  # torch threads on CPU (None: every core)
     trust_remote_code: bool = False
     release_memory: bool = False  # colocated with a sleeping engine: return cached GPU memory after each step
+    deterministic: bool = False  # torch.use_deterministic_algorithms (and cuBLAS's fixed workspace on CUDA)
 
     @property
     def full_finetune(self) -> bool:
@@ -132,6 +133,9 @@ class PlacementSpec:
     actor_max_restarts: int = 0
     actor_threads: int | None = None  # CPU threads of a CPU vLLM engine (None: every core)
     colocate: bool = False  # actor i and learner i in one bundle (the same GPU), taking turns
+    deterministic: bool = False  # GPU vLLM engines in batch-invariant mode (VLLM_BATCH_INVARIANT=1)
+    log_dir: Path = Path("logs")  # each role's stdout and stderr go to <log_dir>/<role><index>.log (rl/logs.py)
+    verbose: bool = False  # the roles' every log line on the console, not only their warnings and errors
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,7 @@ class SamplerSpec:
     filter_range: tuple[float, float] | None = None  # dynamic sampling (DAPO eq. 11): keep groups in this range
     max_rounds: int = 1  # batches generated at most per step
     curriculum: CurriculumSpec = CurriculumSpec()
+    seed: int = 0  # the run seed: each prompt's sampling seed derives from it (rl/data.py prompt_seed)
 
 
 @dataclass(frozen=True)
@@ -205,6 +210,7 @@ class EvalSpec:
     pass_k: tuple[int, ...] = (1,)
     threshold: float = 1.0  # reward >= threshold counts as correct
     save_dir: Path | None = None  # one step_N.jsonl per evaluation (None: not written)
+    seed: int = 0  # the run seed: the sampled completions' seeds derive from it, the step and the prompt
 
 
 @dataclass(frozen=True)
@@ -361,6 +367,7 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         num_threads=c.learner_threads,
         trust_remote_code=m.trust_remote_code,
         release_memory=c.colocate,
+        deterministic=cfg.deterministic,
     )
     rollout = RolloutSpec(
         model_path=model_path,
@@ -394,6 +401,9 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         actor_max_restarts=c.actor_max_restarts,
         actor_threads=c.actor_threads,
         colocate=c.colocate,
+        deterministic=cfg.deterministic,
+        log_dir=run_dir / "logs",
+        verbose=cfg.verbose,
     )
     sampler = SamplerSpec(
         prompts_per_step=cfg.prompts_per_step,
@@ -407,6 +417,7 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
             seed=cfg.seed,
             **{k: getattr(cfg.curriculum, k) for k in CURRICULUM_KNOBS},
         ),
+        seed=cfg.seed,
     )
     samples = SampleSpec(
         advantage=a.advantage,
@@ -432,6 +443,7 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> 
         pass_k=tuple(cfg.eval_pass_k),
         threshold=cfg.eval_correct_threshold,
         save_dir=Path(cfg.eval_save_dir) if cfg.eval_save_dir else run_dir / "eval",
+        seed=cfg.seed,
     )
     return RunSpec(
         run_dir=run_dir,

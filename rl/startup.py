@@ -3,8 +3,9 @@ can be computed) that fixes it. The one place that turns a start-up error into w
 
 - The roles raise their own errors. vLLM logs an engine's real error in the engine's processes and raises only
   "Engine core initialization failed. See root cause above." in the role's; `VLLMRollout` therefore reads back
-  what those processes wrote (`OutputMark`: a Ray actor's stdout and stderr are files, which the processes it
-  starts inherit) and raises `EngineStartError` with the root cause (`engine_root_cause`).
+  what those processes wrote (`OutputMark`: a Ray actor's stdout and stderr are one file, `<run dir>/logs/
+  actor0.log` (rl/logs.py), which the processes it starts inherit) and raises `EngineStartError` with the root
+  cause (`engine_root_cause`).
 - rl/placement.py (Ray actors) and rl/app.py (cluster.mode=local) turn a role's failed constructor into
   `RoleStartFailed(role, cause)`, the cause as one `Type: message` line (`cause_of`; from a Ray actor only the
   text of its traceback arrives); rl/app.py makes it a `StartupError` with `explain(role, cause, spec)`.
@@ -63,12 +64,15 @@ class OutputMark:
 
     def __init__(self) -> None:
         self.marks: list[tuple[int, int]] = []
+        seen: set[tuple[int, int]] = set()
         for fd in (1, 2):
             try:
                 st = os.fstat(fd)
             except OSError:
                 continue
-            if stat.S_ISREG(st.st_mode):
+            # a role's stdout and stderr are one file in the run's logs/ (rl/logs.py): read it once
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
                 self.marks.append((fd, st.st_size))
 
     def read(self, limit: int = 2_000_000) -> str:

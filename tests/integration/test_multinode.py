@@ -264,10 +264,10 @@ class KilledOnceVLLM(VLLMRollout):
 
     marker = ""  # set on a subclass made per run (the class travels to the actor by value)
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         if self.version >= 1 and sampling.max_tokens == 8:
             sigkill_self_once(self.marker)
-        return super().generate(prompts, sampling)
+        return super().generate(prompts, sampling, seeds)
 
 
 class Env:

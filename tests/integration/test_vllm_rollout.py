@@ -64,3 +64,43 @@ def test_generate_matches_vllms_own_detokenised_output(tiny_model):
     assert [g["prompt"] for g in groups] == [[1, 520, 1314, 42], [1, 7, 8, 9, 10, 11]]
     assert [g["n"] for g in groups] == [3, 3]
     assert all(all(g["decoded"]) for g in groups)
+
+
+SEEDED = r"""
+import json, os, sys
+from rl.rollout.vllm import VLLMRollout, cpu_threads_env
+from rl.types import Sampling
+from tests.helpers import run_spec
+
+if __name__ == "__main__":  # vLLM may spawn its engine process
+    os.environ.update(cpu_threads_env(None))
+    r = VLLMRollout(run_spec(sys.argv[1], "model.dtype=float32", "model.max_prompt_tokens=256").rollout)
+    sampling = Sampling(n=4, temperature=1.0, max_tokens=8)
+    target, seed = [1, 520, 1314, 42, 7, 8], 12345
+    # 40 prompts x 4 samples x 100 tokens: more prompt tokens than one engine step takes (4096 on CPU)
+    others = [[1] + [(97 * i + 13 * k) % 5000 + 10 for k in range(99)] for i in range(40)]
+    alone = r.generate([target], sampling, [seed])[0]
+    crowded = r.generate(others + [target], sampling, list(range(40)) + [seed])[-1]
+    again = r.generate([target], sampling, [seed])[0]
+    other_seed = r.generate([target], sampling, [seed + 100])[0]
+    r.close()
+    print("SEEDED " + json.dumps({
+        "alone": [c.token_ids for c in alone.completions], "crowded": [c.token_ids for c in crowded.completions],
+        "again": [c.token_ids for c in again.completions], "other": [c.token_ids for c in other_seed.completions],
+        "lp_alone": [c.logprobs for c in alone.completions], "lp_crowded": [c.logprobs for c in crowded.completions],
+    }))
+"""
+
+
+def test_a_seeded_prompt_samples_the_same_alone_and_in_a_batch_larger_than_an_engine_step(tiny_model):
+    """Per-request seeds on vLLM CPU: the same tokens for a prompt whatever else is in the call, also when the
+    call's prompts do not fit one engine step (vLLM then prefills some prompts in parts; with chunked prefill a
+    seeded request cut in two made vLLM rewind its CPU generator, which has no offset, and the engine died:
+    VLLMRollout turns chunked prefill off on CPU)."""
+    proc = subprocess.run([sys.executable, "-c", SEEDED, str(tiny_model)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("SEEDED "))[7:])
+    assert out["alone"] == out["crowded"] == out["again"]
+    assert len({tuple(t) for t in out["alone"]}) > 1  # the 4 samples differ (seed + k each)
+    assert out["other"] != out["alone"]
+    assert out["lp_alone"] == out["lp_crowded"]  # bit for bit: vLLM's CPU kernels give a row the same logits

@@ -29,7 +29,7 @@ class FakeActor:
         self.index, self.version, self.calls, self.die_on = index, 0, 0, die_on
         self.prompts: list[list[int]] = []
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         self.calls += 1
         if self.calls in self.die_on:
             self.version = 0
@@ -75,8 +75,8 @@ class FakeLearner:
     def load_state(self, state):
         self.version = state["adapter"].version
 
-    def generate(self, prompts, sampling):
-        return FakeActor.generate(self, prompts, sampling)
+    def generate(self, prompts, sampling, seeds=None):
+        return FakeActor.generate(self, prompts, sampling, seeds)
 
     def sequence_logprobs(self, prompt_ids, completion_ids, reference=False):
         return [[-1.0] * len(c) for c in completion_ids]
@@ -145,8 +145,8 @@ def test_staleness_bounds_the_versions_an_actor_may_use():
 
 def test_a_sample_older_than_the_bound_is_dropped_counted_and_generated_again(capsys):
     class CatchesUp(FakeActor):  # answers once with an old adapter, then has the current one
-        def generate(self, prompts, sampling):
-            out = super().generate(prompts, sampling)
+        def generate(self, prompts, sampling, seeds=None):
+            out = super().generate(prompts, sampling, seeds)
             self.version = 2
             return out
 
@@ -284,8 +284,8 @@ def test_dynamic_sampling_rounds_take_prompts_in_data_order(staleness):
     in the order they were drawn and a checkpoint's data position never repeats or skips a trained prompt."""
 
     class FlatFirst(FakeActor):  # its first batch has all-equal rewards: filtered out by dynamic sampling
-        def generate(self, prompts, sampling):
-            out = super().generate(prompts, sampling)
+        def generate(self, prompts, sampling, seeds=None):
+            out = super().generate(prompts, sampling, seeds)
             if self.calls == 1:
                 out = [PromptRollout(r.prompt_ids, [Completion([7], [-1.0], "stop", "")] * 2, 0) for r in out]
             return out

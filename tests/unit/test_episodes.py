@@ -12,6 +12,7 @@ from envs.protocol import Episode
 from envs.retry import RetryEnv
 from rl import algorithms
 from rl.config import ConfigError
+from rl.data import turn_seed
 from rl.evaluation import mask_spans
 from rl.rollout.episodes import EnvTokens, run_episodes
 from rl.runtime import _args
@@ -57,11 +58,12 @@ class ScriptedEngine:
     EOS unless its cap cuts it; records each call's size, n and caps."""
 
     def __init__(self, tok, script: list[list[str]]):
-        self.tok, self.script, self.calls = tok, script, []
+        self.tok, self.script, self.calls, self.seeds = tok, script, [], []
 
-    def __call__(self, prompts, sampling, max_tokens):
+    def __call__(self, prompts, sampling, max_tokens, seeds=None):
         turn = len(self.calls)
         self.calls.append((len(prompts), sampling.n, max_tokens))
+        self.seeds.append(seeds)
         out, k = [], 0
         for i, p in enumerate(prompts):
             comps = []
@@ -92,14 +94,26 @@ class Items:
     eval_items = train_items
 
 
-def episodes(tok, script, *, max_turns=3, max_tokens=200, n=2, per_turn=16):
+def episodes(tok, script, *, max_turns=3, max_tokens=200, n=2, per_turn=16, seeds=None):
     env = RetryEnv(Items(), judge=exact, max_turns=max_turns)
     items = env.train_items()
     prompts = [chat_ids(tok, it["messages"]) for it in items]
     engine = ScriptedEngine(tok, script)
     spec = EpisodeSpec("{}", max_turns, max_tokens, True)
-    rollouts = run_episodes(engine, tok, env, prompts, items, Sampling(n=n, max_tokens=per_turn), spec, version=3)
+    sampling = Sampling(n=n, max_tokens=per_turn)
+    rollouts = run_episodes(engine, tok, env, prompts, items, sampling, spec, version=3, seeds=seeds)
     return rollouts, engine, prompts
+
+
+def test_each_turn_of_an_episode_is_seeded_from_its_prompt_sample_and_turn(tok):
+    # turn 1: the prompts' own seeds; later turns: one seed per episode still going, from (prompt seed, sample, turn)
+    _, engine, _ = episodes(tok, [["5", "9"], ["7"]], seeds=[11, 22])
+    assert engine.seeds[0] == [11, 22]
+    # turn 2: prompt 0 sample 1, prompt 1 samples 0 and 1 (prompt 0 sample 0 was right at once)
+    assert engine.seeds[1] == [turn_seed(11, 1, 1), turn_seed(22, 0, 1), turn_seed(22, 1, 1)]
+    assert engine.seeds[2] == [turn_seed(11, 1, 2)] and len(set(engine.seeds[1])) == 3
+    _, unseeded, _ = episodes(tok, [["5", "9"], ["7"]])
+    assert unseeded.seeds == [None, None, None]
 
 
 def test_episode_loop_batches_turns_and_masks_env_tokens(tok):
@@ -148,7 +162,7 @@ def test_single_turn_env_gives_todays_samples_exactly(tiny_model, tok):
 
     spec = run_spec(tiny_model, "cluster.rollout_backend=hf", "model.dtype=float32")
     assert spec.rollout.episodes is None and not spec.runtime.episodes
-    assert _args([[1]], Sampling(), None) == ([[1]], Sampling())
+    assert _args([[1]], Sampling(), None, None) == ([[1]], Sampling())
     engine = HFRollout(spec.rollout)
     prompts = [chat_ids(tok, [{"role": "user", "content": q}]) for q in ("2+2?", "Name a colour.")]
     sampling = Sampling(n=3, temperature=1.0, max_tokens=12)

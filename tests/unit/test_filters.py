@@ -90,13 +90,13 @@ class FakeRuntime:
     def __init__(self, batches):
         self.batches, self.calls = list(batches), 0
 
-    def submit_generate(self, prompts, sampling, items=None):
-        return prompts, sampling
+    def submit_generate(self, prompts, sampling, items=None, seeds=None):
+        return prompts, sampling, seeds
 
     def collect(self, sent):
         return self.generate(*sent)
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         texts = self.batches[self.calls]
         self.calls += 1
         assert len(texts) == len(prompts)

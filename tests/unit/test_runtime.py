@@ -68,7 +68,7 @@ class FakeActor:
     def __init__(self, version: int):
         self.version = version
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, seeds=None):
         return [PromptRollout(p, [Completion([1], [-1.0], "stop", "x")], self.version) for p in prompts]
 
 

@@ -1,0 +1,116 @@
+"""The same config and seed give the same run with Ray + vLLM CPU, and a resumed run equals an uninterrupted one
+(staleness 0): metrics (timings aside), adapters, evaluation and rollout dumps, bit for bit. Every prompt's
+request carries its own sampling seed (rl/data.py prompt_seed), so what the engine batches with it does not
+matter. Also the quiet console: a run prints its own lines only, each role's log is in <run dir>/logs/, and
+`verbose=true` shows the roles' lines (which change nothing in the results). Three runs (each starts a vLLM
+engine): a, 3 steps; b, the first 2 of them with verbose=true, then resume=auto for the third."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_train, tiny_args
+
+pytestmark = pytest.mark.slow
+
+TIMING = ("time/", "perf/", "sync/actor_load_s")  # durations differ between any two runs
+RUN = [
+    "cluster=1a1l",
+    "cluster.gpu_memory_utilization=0.1",
+    "logger=none",
+    "prompts_per_step=2",
+    "algorithm.group_size=4",
+    "model.max_new_tokens=12",
+    "eval_size=4",
+    "eval_n_samples=2",  # sampled evaluation too: its seeds are the step's and the prompt's
+    "eval_pass_k=[1,2]",
+    "save_interval=1",
+    "keep_last=0",
+    "rollout_save_interval=1",
+]
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [
+        {k: v for k, v in json.loads(line).items() if not k.startswith(TIMING)}
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model, tmp_path_factory) -> dict:
+    """a: 3 steps; b: 2 steps with verbose=true, then resume=auto to 3 steps (same run directory)."""
+    root = tmp_path_factory.mktemp("repro")
+    common = [*tiny_args(tiny_model, in_process=False), *RUN]
+    out = {}
+    for name, extra in [("a", ["steps=3"]), ("b", ["steps=2", "verbose=true"]), ("b2", ["steps=3", "resume=auto"])]:
+        run_dir = root / name[0]
+        args = [*common, f"output_dir={run_dir}", f"hydra.run.dir={root / name / 'hydra'}", *extra]
+        proc = run_train(args, timeout=1200)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[name] = (run_dir, proc)
+    return out
+
+
+def test_two_runs_of_one_config_are_identical(runs):
+    """Steps 0-2 of a (3 steps) and b (2 steps, verbose): the same computation, so the same bits."""
+    (a, _), (b, _) = runs["a"], runs["b"]
+    # b's rows up to step 2 are its first part's (the resume keeps them), less the evaluation that ended it
+    early = [r for r in rows(b) if r["step"] <= 2 and not (r["step"] == 2 and "eval/n" in r)]
+    assert [r for r in rows(a) if r["step"] <= 2] == early
+    assert len([r for r in early if "train/loss" in r]) == 2
+    assert any(r.get("reward/std", 0) > 0 for r in early)  # the samples differ within groups: not vacuous
+    for step in (1, 2):
+        ckpt = f"checkpoints/step_000{step}/adapter/adapter_model.safetensors"
+        assert sha256(a / ckpt) == sha256(b / ckpt)
+        dump = f"rollouts/step_000{step}.jsonl"
+        assert jsonl(a / dump) == jsonl(b / dump)
+    assert jsonl(a / "eval" / "step_0000.jsonl") == jsonl(b / "eval" / "step_0000.jsonl")
+
+
+def test_a_resumed_vllm_run_equals_an_uninterrupted_one(runs):
+    (a, _), (b, resumed) = runs["a"], runs["b2"]
+    assert "resumed from" in resumed.stdout and "step 2, adapter version 2, data cursor 4" in resumed.stdout
+    train_a, train_b = [r for r in rows(a) if "train/loss" in r], [r for r in rows(b) if "train/loss" in r]
+    assert [r["step"] for r in train_b] == [1, 2, 3] and train_b == train_a
+    assert train_b[-1]["actor/adapter_version"] == 2 and train_b[-1]["sync/version"] == 3
+    final = [r for r in rows(a) if "eval/accuracy" in r and r["step"] == 3]
+    assert final == [r for r in rows(b) if "eval/accuracy" in r and r["step"] == 3]
+    assert sha256(a / "adapter" / "adapter_model.safetensors") == sha256(b / "adapter" / "adapter_model.safetensors")
+    assert jsonl(a / "rollouts" / "step_0003.jsonl") == jsonl(b / "rollouts" / "step_0003.jsonl")
+    assert jsonl(a / "eval" / "step_0003.jsonl") == jsonl(b / "eval" / "step_0003.jsonl")
+
+
+OUR_LINE = re.compile(
+    r"^(run dir: |model: |ray: |sync probe floor |step \d+/\d+|held-out accuracy |resume=auto|resumed from )"
+)
+
+
+def test_the_console_shows_the_runs_own_lines_and_the_roles_logs_are_in_the_run_directory(runs):
+    (a, quiet), (b, verbose) = runs["a"], runs["b"]
+    console = quiet.stdout + quiet.stderr
+    assert "\x1b[" not in console
+    others = [line for line in console.splitlines() if not OUR_LINE.match(line)]
+    assert others == [], console[-3000:]
+    for run_dir in (a, b):
+        logs = run_dir / "logs"
+        assert {p.name for p in logs.iterdir()} >= {"actor0.log", "learner0.log", "driver.log"}
+        actor = (logs / "actor0.log").read_text()
+        assert "Initializing a V1 LLM engine" in actor and " INFO " in actor  # vLLM's own lines
+        assert "placement: bundle 0 -> actor 0" in (logs / "driver.log").read_text()
+    # verbose=true: the roles' lines on the console, prefixed with the role, without colour codes
+    assert "[actor0] " in verbose.stderr and "Initializing a V1 LLM engine" in verbose.stderr
+    assert "\x1b[" not in verbose.stdout + verbose.stderr

@@ -1,0 +1,104 @@
+"""The quiet console (rl/logs.py): a role's output goes to its own file, the driver shows the roles' warnings and
+errors prefixed with the role (no colour codes, no INFO chatter), everything with verbose; and the switches of
+`deterministic=true` reach the roles' environments."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+from rl import logs
+from tests.helpers import REPO, repo_env, run_spec
+
+VLLM_INFO = "(EngineCore pid=13997) INFO 12-01 10:29:00 [core.py:133] Initializing a V1 LLM engine (v0.32.0)"
+VLLM_WARNING = "\x1b[33m(MainProcess pid=1) WARNING 12-01 10:28:32 [cpu.py:224] Triton is not installed.\x1b[0m"
+TRACEBACK = [
+    "(EngineCore pid=2) ERROR 12-01 05:28:44 [core.py:1] EngineCore failed to start.",
+    "Traceback (most recent call last):",
+    '  File "cpu_worker.py", line 12, in determine_available_memory',
+    "    raise ValueError(msg)",
+    "ValueError: Available memory on node 0 is less than requested",
+    "after the traceback: an ordinary line",
+]
+
+
+def test_only_warnings_and_errors_are_shown_unless_verbose():
+    assert not logs.shown(VLLM_INFO, verbose=False) and logs.shown(VLLM_INFO, verbose=True)
+    assert logs.shown(logs.ANSI.sub("", VLLM_WARNING), verbose=False)
+    assert logs.shown("/x/dispatcher.py:138: FutureWarning: `reduce_op` is deprecated", verbose=False)
+    assert logs.shown("[W1201 10:30:26.167003747 utils.cpp:68] Warning: NUMA binding", verbose=False)
+    assert not logs.shown("Loading safetensors checkpoint shards: 100% Completed | 1/1", verbose=False)
+    assert not logs.shown("", verbose=False)
+
+
+def test_follower_prints_new_warnings_of_each_role_with_its_prefix(tmp_path):
+    actor = tmp_path / "actor0.log"
+    actor.write_text(VLLM_WARNING + "\n")  # start-up output, there before start(): not shown
+    (tmp_path / "driver.log").write_text("")
+    out = io.StringIO()
+    follower = logs.LogFollower(tmp_path, verbose=False, interval_s=60, out=out).start()
+    with actor.open("a") as f:
+        f.write(VLLM_INFO + "\n" + VLLM_WARNING + "\n" + "\n".join(TRACEBACK) + "\n" + "partial line")
+    (tmp_path / "learner0.log").write_text("WARNING a learner's warning\nINFO a learner's info\n")
+    with (tmp_path / "driver.log").open("a") as f:  # the driver's own records are not echoed
+        f.write("[rl.placement][WARNING] - x\n")
+    follower.stop()  # the last poll happens here
+    assert out.getvalue().splitlines() == [
+        "[actor0] (MainProcess pid=1) WARNING 12-01 10:28:32 [cpu.py:224] Triton is not installed.",
+        *[f"[actor0] {line}" for line in TRACEBACK[:-1]],  # the whole traceback, not the line after it
+        "[learner0] WARNING a learner's warning",
+    ]
+    assert "\x1b" not in out.getvalue()
+
+
+def test_verbose_follower_shows_every_line(tmp_path):
+    out = io.StringIO()
+    follower = logs.LogFollower(tmp_path, verbose=True, interval_s=60, out=out).start()
+    (tmp_path / "actor0.log").write_text(VLLM_INFO + "\nLoading weights\n")
+    follower.stop()
+    assert out.getvalue().splitlines() == [f"[actor0] {VLLM_INFO}", "[actor0] Loading weights"]
+
+
+def test_a_role_process_sends_its_output_and_its_children_to_its_log_file(tmp_path):
+    """rl/__init__.py redirects file descriptors 1 and 2, so a process the role starts (vLLM's engine core) writes
+    there too; OutputMark (rl/startup.py) reads what was written after it, once although both descriptors point
+    to the file."""
+    path = tmp_path / "logs" / "actor0.log"
+    code = (
+        "import rl, subprocess, sys\n"
+        "from rl.startup import OutputMark\n"
+        "print('before the mark')\n"
+        "mark = OutputMark()\n"
+        "print('to stdout'); print('to stderr', file=sys.stderr)\n"
+        "subprocess.run([sys.executable, '-c', 'print(\"from a child\")'], check=True)\n"
+        "sys.__stdout__.flush()\n"
+        "open(sys.argv[1], 'w').write(mark.read())\n"
+    )
+    read = tmp_path / "read.txt"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(read)],
+        cwd=REPO,
+        env=repo_env(**logs.role_log_env(tmp_path / "logs", "actor", 0)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc.stderr
+    assert path.read_text().splitlines() == ["before the mark", "to stdout", "to stderr", "from a child"]
+    assert read.read_text().splitlines() == ["to stdout", "to stderr", "from a child"]
+
+
+def test_deterministic_reaches_the_learner_and_gpu_engines(tiny_model):
+    from rl.app import actor_env, learner_env
+
+    on = run_spec(tiny_model, "deterministic=true")
+    off = run_spec(tiny_model)
+    assert on.learner.deterministic and not off.learner.deterministic
+    assert learner_env(on.learner)["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert "CUBLAS_WORKSPACE_CONFIG" not in learner_env(off.learner)
+    assert "VLLM_BATCH_INVARIANT" not in actor_env(on.placement)  # CPU: vLLM's CPU build has no such mode
+    gpu = run_spec(tiny_model, "deterministic=true", "cluster.use_gpu=true").placement
+    assert actor_env(gpu)["VLLM_BATCH_INVARIANT"] == "1"
+    assert "VLLM_BATCH_INVARIANT" not in actor_env(run_spec(tiny_model, "cluster.use_gpu=true").placement)
+    assert on.placement.log_dir.name == "logs" and not on.placement.verbose
