@@ -20,6 +20,7 @@ unchanged. A backend that replaces the attention forward (Unsloth) ignores the s
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -185,8 +186,14 @@ def _varlen(query, key, value, segments: Segments, scaling):
     else:
         from torch.nn.attention.varlen import varlen_attn
 
-        gqa = k.shape[1] != q.shape[1]
-        out = varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=scaling, window_size=(-1, 0), enable_gqa=gqa)
+        kwargs = {}
+        if k.shape[1] != q.shape[1]:  # grouped-query attention
+            if "enable_gqa" in inspect.signature(varlen_attn).parameters:
+                kwargs["enable_gqa"] = True
+            else:  # torch < 2.13 (2.11 on the GPU machine): each KV head repeated for its query heads
+                k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+                v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        out = varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=scaling, window_size=(-1, 0), **kwargs)
     return out.unsqueeze(0)  # [1, N, H, D]
 
 
@@ -202,8 +209,6 @@ def varlen_kernel() -> str | None:
     except ImportError:
         pass
     try:
-        import inspect
-
         from torch.nn.attention.varlen import varlen_attn
 
         return "torch" if "window_size" in inspect.signature(varlen_attn).parameters else None
