@@ -203,6 +203,9 @@ def _task_key(item: dict[str, Any]) -> str:
     return f"{item['metadata']['task']}{item['metadata']['params']!r}"
 
 
+MAX_MISSES = 50  # draws in a row that repeat a known task before a family counts as used up
+
+
 class CodeTasksEnv:
     """Train and held-out items from the task families above.
 
@@ -234,19 +237,26 @@ class CodeTasksEnv:
         self._train = self._generate(size, seed, exclude=held_out)
 
     def _generate(self, n: int, seed: int, exclude: set[str]) -> list[dict[str, Any]]:
+        """n distinct tasks, the families taking turns (each round visits every family still producing new tasks,
+        in a shuffled order), so a family with few parameter sets runs out without crowding the others out."""
         rng, items, seen = random.Random(seed), [], set(exclude)
-        for _ in range(n * 20):
-            if len(items) == n:
-                break
-            family = rng.choice(self.families)
-            item = make_item(family, family.params(rng), rng, self.tests)
-            key = _task_key(item)
-            if key in seen:  # the same function (family and parameters) is one task, whatever its examples
-                continue
-            seen.add(key)
-            if self.system_prompt:
-                item["messages"].insert(0, {"role": "system", "content": self.system_prompt})
-            items.append(item)
+        live, misses = list(self.families), dict.fromkeys((f.name for f in self.families), 0)
+        while len(items) < n and live:
+            for family in rng.sample(live, len(live)):
+                if len(items) == n:
+                    break
+                item = make_item(family, family.params(rng), rng, self.tests)
+                key = _task_key(item)
+                if key in seen:  # the same function (family and parameters) is one task, whatever its examples
+                    misses[family.name] += 1
+                    if misses[family.name] >= MAX_MISSES:  # its parameter sets are (nearly) used up
+                        live.remove(family)
+                    continue
+                misses[family.name] = 0
+                seen.add(key)
+                if self.system_prompt:
+                    item["messages"].insert(0, {"role": "system", "content": self.system_prompt})
+                items.append(item)
         if n and not items:
             raise ValueError("env: no code task could be generated (env.families)")
         return items
