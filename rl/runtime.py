@@ -352,7 +352,7 @@ class Runtime:
         out = {
             "time/sync_s": time.perf_counter() - t0,
             "sync/adapter_mb": adapter.nbytes / 2**20,
-            "sync/export_s": exported_s,
+            "time/sync_export_s": exported_s,
             "sync/version": float(adapter.version),
         }
         if loaded:
