@@ -148,6 +148,10 @@ def two_nodes():
         shutil.rmtree(temp, ignore_errors=True)
 
 
+def log_of(run: Path) -> str:
+    return (run / "logs" / "driver.log").read_text()
+
+
 def placements(text: str) -> dict[tuple[str, int], str]:
     """(role, index) -> the 12-character node ID prefix, from a run's placement log."""
     return {(role, int(i)): node for role, i, node in PLACED.findall(text)}
@@ -183,7 +187,7 @@ def test_roles_on_two_nodes_train_checkpoint_and_resume_with_two_learners(two_no
     ]
     first = run_train([*common, "steps=2"], timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
-    placed = placements(first.stdout + first.stderr)
+    placed = placements((out / "logs" / "driver.log").read_text())  # the run's log: rl/logs.py
     assert set(placed) == {("actor", 0), ("learner", 0), ("learner", 1)}, first.stdout[-3000:]
     nodes = {two_nodes.head[:12], two_nodes.worker[:12]}
     assert set(placed.values()) == nodes  # both nodes of this cluster are used, and no other node
@@ -196,7 +200,7 @@ def test_roles_on_two_nodes_train_checkpoint_and_resume_with_two_learners(two_no
     assert f"resumed from {out / 'checkpoints' / 'step_0002'}: step 2, adapter version 2, data cursor 4" in (
         resumed.stdout
     )
-    assert set(placements(resumed.stdout + resumed.stderr).values()) == nodes
+    assert set(placements((out / "logs" / "driver.log").read_text()).values()) == nodes
     train_rows = [r for r in rows(out) if "train/loss" in r]
     assert [r["step"] for r in train_rows] == [1, 2, 3]  # each step once, none repeated after the resume
     step3 = train_rows[-1]
@@ -239,13 +243,8 @@ def test_ray_launcher_sweep_joins_the_running_cluster(two_nodes, tiny_model, tmp
     assert "Ray Launcher is launching 2 jobs" in text
     assert "(_run_job pid=" in text  # the jobs ran inside Ray tasks, not in this process
     assert "Started a local Ray instance" not in text  # neither the launcher nor a job started a Ray of its own
-    # each job's placement map, streamed from its task (collected in a dict: Ray may print a line twice)
-    placed = {
-        (pid, role, i): node
-        for pid, role, i, node in re.findall(
-            r"\(_run_job pid=(\d+)[^)]*\).*?placement: bundle \d+ -> (\w+) (\d+) .* on node (\w+) ", text
-        )
-    }
+    # each job's placement map, in the job's own run log (rl/logs.py)
+    placed = {(job, *key): node for job in ("0", "1") for key, node in placements(log_of(sweep / job)).items()}
     assert len(placed) == 4, text[-3000:]  # 2 jobs x (actor, learner)
     assert set(placed.values()) <= {two_nodes.head[:12], two_nodes.worker[:12]}
     for job in ("0", "1"):
