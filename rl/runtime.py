@@ -296,30 +296,24 @@ class Runtime:
 
     def _wake_actors(self) -> dict[str, float]:
         """`cluster.colocate`: the actors take their GPU memory back before the sync loads into their weights."""
-        if not self.colocate:
-            return {}
-        t0 = time.perf_counter()
-        calls = [self._submit(i, "wake_up") for i in self.live_actors()]
-        for call in calls:
-            try:
-                self.actors.result(call.handle)
-            except MemberDied as e:
-                self._actor_died(call, "wake_up", e, 0)
-        return {"time/actor_wake_s": time.perf_counter() - t0}
+        return {"time/actor_wake_s": self._on_live_actors("wake_up")} if self.colocate else {}
 
     def _rest_actors(self) -> dict[str, float]:
         """`cluster.colocate`: every live actor sleeps (frees its GPU memory) before the learners on its GPU train;
         the next call that runs its engine (the sync's load) wakes it. Nothing is in flight here: staleness is 0."""
-        if not self.colocate:
-            return {}
+        return {"time/actor_sleep_s": self._on_live_actors("sleep")} if self.colocate else {}
+
+    def _on_live_actors(self, method: str) -> float:
+        """Call `method` on every live actor and wait (an actor that dies meanwhile is handed to Ray's restart, as
+        anywhere else); the seconds it took."""
         t0 = time.perf_counter()
-        calls = [self._submit(i, "sleep") for i in self.live_actors()]
+        calls = [self._submit(i, method) for i in self.live_actors()]
         for call in calls:
             try:
                 self.actors.result(call.handle)
             except MemberDied as e:
-                self._actor_died(call, "sleep", e, 0)
-        return {"time/actor_sleep_s": time.perf_counter() - t0}
+                self._actor_died(call, method, e, 0)
+        return time.perf_counter() - t0
 
     def reference_logprobs(self, rollouts: list[PromptRollout]) -> list[list[float]]:
         """Per-token logprobs of every completion under the reference policy (learner 0, adapter disabled)."""

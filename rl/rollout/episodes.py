@@ -172,3 +172,25 @@ def _advance(run: _Run, env: Any, env_tokens: EnvTokens, spec: EpisodeSpec) -> N
         run.done, run.finish = True, "length"
         return
     run.add_env_turn(ids, messages)
+
+
+class EpisodeEngine:
+    """The one `generate` of both rollout engines (rl/rollout/vllm.py, rl/rollout/hf.py): single-turn, or with a
+    multi-turn env (`self.episodes`) and the prompts' `items`, `sampling.n` whole episodes per prompt, each turn one
+    call of the engine's `_generate(prompts, sampling, max_tokens, seeds)`. `seeds`: one per prompt; an episode's
+    later turns derive theirs from it. The engine sets `episodes`, `tokenizer`, `version` and `_env = None`."""
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
+        items: list[dict] | None = None,
+    ) -> list[PromptRollout]:
+        if items is not None and self.episodes is not None:
+            if self._env is None:
+                self._env = build_env(self.episodes)
+            return run_episodes(
+                self._generate, self.tokenizer, self._env, prompts, items, sampling, self.episodes, self.version, seeds
+            )
+        return self._generate(prompts, sampling, seeds=seeds)

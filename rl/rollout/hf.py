@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 
-from rl.rollout.episodes import build_env, run_episodes
+from rl.rollout.episodes import EpisodeEngine
 from rl.specs import RolloutSpec
 from rl.types import Adapter, Completion, PromptRollout, Sampling
 
 
-class HFRollout:
+class HFRollout(EpisodeEngine):
     def __init__(self, spec: RolloutSpec):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -79,22 +79,6 @@ class HFRollout:
 
     def load_state(self, state: dict) -> None:
         self.generator.set_state(torch.frombuffer(bytearray(state["generator"]), dtype=torch.uint8))
-
-    def generate(
-        self,
-        prompts: list[list[int]],
-        sampling: Sampling,
-        seeds: list[int] | None = None,
-        items: list[dict] | None = None,
-    ) -> list[PromptRollout]:
-        """As VLLMRollout.generate: episodes of a multi-turn env when it has one and `items` are given."""
-        if items is not None and self.episodes is not None:
-            if self._env is None:
-                self._env = build_env(self.episodes)
-            return run_episodes(
-                self._generate, self.tokenizer, self._env, prompts, items, sampling, self.episodes, self.version, seeds
-            )
-        return self._generate(prompts, sampling, seeds=seeds)
 
     def _generate(
         self,

@@ -12,13 +12,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from rl.rollout.episodes import build_env, run_episodes
+from rl.rollout.episodes import EpisodeEngine
 from rl.specs import RolloutSpec
 from rl.startup import OutputMark, engine_start_error
 from rl.types import Adapter, Completion, PromptRollout, Sampling
 
 
-class VLLMRollout:
+class VLLMRollout(EpisodeEngine):
     """A vLLM engine with a LoRA adapter slot.
 
     lora_mode "native": each adapter version is written to a private temp folder and used as a `LoRARequest`
@@ -145,24 +145,6 @@ class VLLMRollout:
         self.llm.reset_prefix_cache()
         self.version = version
         return {"seconds": time.perf_counter() - t0, "bytes": 0}
-
-    def generate(
-        self,
-        prompts: list[list[int]],
-        sampling: Sampling,
-        seeds: list[int] | None = None,
-        items: list[dict] | None = None,
-    ) -> list[PromptRollout]:
-        """Sample `sampling.n` completions per prompt; with a multi-turn env (`spec.episodes`) and the prompts'
-        `items`, `sampling.n` whole episodes per prompt (rl/rollout/episodes.py), each turn one engine call.
-        `seeds`: one per prompt (see `_generate`); an episode's later turns derive theirs from it."""
-        if items is not None and self.episodes is not None:
-            if self._env is None:
-                self._env = build_env(self.episodes)
-            return run_episodes(
-                self._generate, self.tokenizer, self._env, prompts, items, sampling, self.episodes, self.version, seeds
-            )
-        return self._generate(prompts, sampling, seeds=seeds)
 
     def _generate(
         self,
