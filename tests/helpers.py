@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,11 +108,17 @@ def run_train(args: list[str], timeout: float = 600) -> subprocess.CompletedProc
     )
 
 
-def run_spec(model: Path | str, *overrides: str, run_dir: Path | str = "/nonexistent/run"):
+def scratch_run_dir() -> Path:
+    """A fresh run directory for a spec built outside a run: roles write their logs under it, so it must be writable
+    and must not be shared with another test."""
+    return Path(tempfile.mkdtemp(prefix="rlft-test-run-"))
+
+
+def run_spec(model: Path | str, *overrides: str, run_dir: Path | str | None = None):
     """The RunSpec train.py builds for a config with these overrides, with `model` as the resolved model path."""
     from rl.specs import build_from_overrides
 
-    return build_from_overrides(str(model), *overrides, run_dir=run_dir)
+    return build_from_overrides(str(model), *overrides, run_dir=run_dir or scratch_run_dir())
 
 
 LEARNER_TEST_OVERRIDES = (  # a small fp32 LoRA learner without the KL term, at lr 1e-4

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load
 
 from rl.config import AlgorithmConfig, ClusterConfig, ClusterMode, DType, ModelConfig, RolloutBackend, TrainConfig
-from tests.helpers import REPO, make_samples, run_train
+from tests.helpers import REPO, make_samples, run_train, scratch_run_dir
 
 pytestmark = pytest.mark.slow
 
@@ -70,10 +70,10 @@ def test_topology_trains_two_steps(topology, extra, tiny_model, tmp_path):
 # ------------------------------------------------------------------------------------------------ in-process
 
 
-def tiny_spec(model: Path, loss_agg: str = "seq_mean_token_mean", run_dir: Path = Path("/nonexistent"), **cluster):
+def tiny_spec(model: Path, loss_agg: str = "seq_mean_token_mean", run_dir: Path | None = None, **cluster):
     from rl import specs
 
-    return specs.build(tiny_config(model, loss_agg, **cluster), run_dir, model_path=str(model))
+    return specs.build(tiny_config(model, loss_agg, **cluster), run_dir or scratch_run_dir(), model_path=str(model))
 
 
 def tiny_config(model: Path, loss_agg: str = "seq_mean_token_mean", **cluster) -> TrainConfig:

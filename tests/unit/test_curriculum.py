@@ -198,9 +198,9 @@ def test_curriculum_keys_are_checked_and_reach_the_sampler_spec():
 
 
 def tmp_path_free():
-    from pathlib import Path
+    from tests.helpers import scratch_run_dir
 
-    return Path("/nonexistent/run")
+    return scratch_run_dir()
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
