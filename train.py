@@ -16,16 +16,12 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from rl.config import ConfigError, TrainConfig, register_configs
+from rl.entry import build_target, fail, one_line_config_error
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 log = logging.getLogger("train")
 
 register_configs()
-
-
-def fail(msg: str, code: int = 2) -> None:
-    print(f"error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(code)
 
 
 def precheck_overrides(argv: list[str]) -> TrainConfig | None:
@@ -67,38 +63,7 @@ def precheck_overrides(argv: list[str]) -> TrainConfig | None:
     except ConfigError as e:
         fail(str(e))
     except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf errors become one line
-        fail(one_line_config_error(e))
-
-
-def one_line_config_error(e: BaseException) -> str:
-    """Hydra/OmegaConf composition errors span several lines; keep what names the key and the fix."""
-    cause = e.__cause__ or e
-    text = str(cause)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    full_key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
-    if " not in '" in text and full_key:
-        valid = valid_keys(full_key)
-        hint = f"; valid keys there: {', '.join(valid)}" if valid else ""
-        return f"unknown config key '{full_key}': check its spelling{hint}"
-    if full_key:
-        return f"{full_key}: {lines[0]}"
-    if "Could not find" in text:  # a group option that does not exist
-        after = next((i + 1 for i, ln in enumerate(lines) if ln.startswith("Available options")), len(lines))
-        end = next((i for i, ln in enumerate(lines) if ln.startswith("Config search path")), len(lines))
-        head = lines[0].replace("In 'train': ", "")
-        return f"{head}; available: {', '.join(lines[after:end])}"
-    return " ".join(lines[:2]) if lines else type(e).__name__
-
-
-def valid_keys(full_key: str) -> list[str]:
-    """The field names of the schema node that should have held `full_key`."""
-    import dataclasses
-    import typing
-
-    node: object = TrainConfig
-    for part in full_key.split(".")[:-1]:
-        node = typing.get_type_hints(node).get(part) if dataclasses.is_dataclass(node) else None
-    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
+        fail(one_line_config_error(e, TrainConfig))
 
 
 def to_typed(cfg: DictConfig) -> TrainConfig:
@@ -107,7 +72,7 @@ def to_typed(cfg: DictConfig) -> TrainConfig:
     except ConfigError as e:
         fail(str(e))
     except Exception as e:  # noqa: BLE001
-        fail(one_line_config_error(e))
+        fail(one_line_config_error(e, TrainConfig))
 
 
 def log_to_file(e: BaseException) -> None:
@@ -117,21 +82,6 @@ def log_to_file(e: BaseException) -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
-
-
-def build_target(node: DictConfig, key: str):
-    """Instantiate a `_target_` config node (env, reward) with a one-line error naming the key."""
-    from hydra.utils import instantiate
-
-    if "_target_" not in node:
-        fail(f"{key} has no _target_: pick one of conf/{key}/*.yaml or give {key}._target_=module.Callable")
-    try:
-        return instantiate(node, _convert_="all")
-    except Exception as e:  # noqa: BLE001
-        cause = e.__cause__ or e
-        fail(
-            f"{key}: could not build {node._target_}: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
-        )
 
 
 def run_plan(cfg: TrainConfig) -> None:

@@ -123,8 +123,12 @@ def resume(spec: RunSpec, runtime: Runtime, sampler: Sampler, logger: MetricsLog
     ckpt = checkpoint.resolve_resume(spec.resume, spec.run_dir)
     if ckpt is None:
         if spec.resume == "auto":
+            # the rows a run wrote before it was stopped without a checkpoint are lost work: the run starts over
+            dropped = logger.drop_after(-1)
             print(
-                f"resume=auto: no checkpoint in {spec.run_dir / checkpoint.CHECKPOINTS}, starting at step 1", flush=True
+                f"resume=auto: no checkpoint in {spec.run_dir / checkpoint.CHECKPOINTS}, starting at step 1"
+                + (f" ({dropped} rows of metrics.jsonl from before dropped)" if dropped else ""),
+                flush=True,
             )
         return 0
     step = checkpoint.restore_run(ckpt, runtime, sampler)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rl.config import ConfigError, EvalCommandConfig, register_configs
+from rl.entry import build_target, fail, one_line_config_error
 from rl.specs import EvalCommandSpec
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -37,8 +38,6 @@ def compose(argv: list[str]) -> tuple[Any, EvalCommandConfig]:
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    from train import fail, one_line_config_error
-
     register_configs()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -47,7 +46,7 @@ def compose(argv: list[str]) -> tuple[Any, EvalCommandConfig]:
     except ConfigError as e:
         fail(str(e))
     except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf errors become one line
-        fail(one_line_config_error(e))
+        fail(one_line_config_error(e, EvalCommandConfig))
 
 
 def select_items(items: list[dict], only: Sequence[str], size: int) -> list[dict]:
@@ -166,8 +165,6 @@ def main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
-    from train import build_target, fail
-
     dcfg, cfg = compose(argv)
     from rl import specs
     from rl.checkpoint import find_policy  # imports torch: after the config is known to be valid

@@ -61,6 +61,8 @@ def evaluate(
     out["eval/length_mean"] = float(np.mean([r.completions[0].model_tokens for r in greedy]))
     out |= {f"eval/{k[4:]}": v for k, v in episode_metrics(completions_of(greedy)).items()}
     out["eval/n"] = float(len(data))
+    if hasattr(reward_fn, "pop_metrics"):  # the evaluation's reward errors and timeouts are its own, not the next step's
+        out |= {f"eval/{k}": v for k, v in reward_fn.pop_metrics().items()}
     if path is None and spec.save_dir is not None:
         path = spec.save_dir / f"{step_dir_name(step)}.jsonl"
     if path is not None:

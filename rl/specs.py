@@ -320,11 +320,25 @@ def copy_fields(source: object, cls: type):
     return cls(**{f.name: getattr(source, f.name) for f in dataclasses.fields(cls)})
 
 
+def check_run_dir_is_new(cfg: TrainConfig, run_dir: Path) -> None:
+    """A run that does not resume must not write into another run's directory: its metrics would be appended to
+    that run's metrics.jsonl and its checkpoints mixed with that run's."""
+    if cfg.resume is not None:
+        return
+    held = [name for name in ("metrics.jsonl", "checkpoints") if (run_dir / name).exists()]
+    if held:
+        raise ConfigError(
+            f"output_dir={run_dir} already holds a run ({', '.join(held)}): give resume=auto to continue it, or "
+            "another output_dir"
+        )
+
+
 def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> RunSpec:
     """The run's specs. `model_path` defaults to resolving `model.path` (converts an embedded model once)."""
     from rl.filters import default_overlong_buffer
 
     check_registry_names(cfg)
+    check_run_dir_is_new(cfg, Path(run_dir))
     if model_path is None:
         from rl.models import resolve_model_path
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from rl import specs
-from rl.config import AlgorithmConfig, TrainConfig
+from rl.config import AlgorithmConfig, ConfigError, TrainConfig
 from rl.data import PromptData
 from rl.driver import train
 from rl.errors import RunStopped
@@ -109,7 +109,15 @@ def fake_runtime(actors, learner, staleness=0, restarts=0) -> Runtime:
 
 
 def run_loop(tmp_path, runtime, *, steps=4, staleness=0, max_nonfinite_steps=3, save_interval=0, resume=None):
-    cfg = TrainConfig(steps=steps, prompts_per_step=2, eval_size=0, save_interval=save_interval, seed=3, resume=resume)
+    cfg = TrainConfig(
+        steps=steps,
+        prompts_per_step=2,
+        eval_size=0,
+        save_interval=save_interval,
+        seed=3,
+        resume=resume,
+        output_dir=str(tmp_path),
+    )
     cfg.algorithm = AlgorithmConfig(group_size=2)
     cfg.model.use_chat_template = False
     cfg.cluster.staleness, cfg.max_nonfinite_steps = staleness, max_nonfinite_steps
@@ -321,3 +329,17 @@ def test_sync_probe_is_checked_against_its_floor_before_training(tmp_path, capsy
     # a mismatch that grows with the adapter versions is caught once it exceeds floor + threshold
     with pytest.raises(RuntimeError, match=r"adapter sync check failed at step 1: .* = 0\.4500 > 0\.4000"):
         run_loop(tmp_path / "b", fake_runtime([FakeActor()], OffsetLearner(floor=0.3, drift=0.15)), steps=3)
+
+
+def test_a_fresh_run_refuses_a_directory_that_holds_another_run(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    with pytest.raises(ConfigError, match=r"already holds a run \(metrics.jsonl\): give resume=auto to continue it"):
+        run_loop(tmp_path, fake_runtime([FakeActor()], FakeLearner()), steps=2)
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "reward/mean": 0.5}\n'  # untouched
+
+
+def test_resume_auto_without_a_checkpoint_starts_over_without_the_old_rows(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n{"step": 2, "reward/me')  # killed
+    rows = run_loop(tmp_path, fake_runtime([FakeActor()], FakeLearner()), steps=2, resume="auto")
+    assert [r["step"] for r in rows] == [1, 2] and "reward/me" not in rows[0]  # this run's rows only
+    assert "starting at step 1 (2 rows of metrics.jsonl from before dropped)" in capsys.readouterr().out

@@ -130,3 +130,49 @@ def test_console_line_starts_with_progress_after_a_resume(tmp_path, capsys):
     before, step3 = capsys.readouterr().out.splitlines()
     assert before == "step 0/4 | eval_acc 0.250 | eval_pass@1 0.500"
     assert re.fullmatch(r"step 3/4 \[00:00<00:0\d\] \| reward 0\.500", step3), step3
+
+
+class CountingReward:
+    """A reward that counts what it scored as errors, as rewards/runner.py counts failed samples."""
+
+    def __init__(self):
+        self.errors = 0
+
+    def __call__(self, texts, *, answer, **_):
+        self.errors += len(texts)
+        return [1.0 if t == a else 0.0 for t, a in zip(texts, answer)]
+
+    def pop_metrics(self):
+        out, self.errors = {"reward/errors": float(self.errors)}, 0
+        return out
+
+
+class EchoRuntime:
+    """Generates each prompt's answer (greedy) or "x" (sampled), as the runtime's generate returns them."""
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    def generate(self, prompt_ids, sampling, *, items=None, seeds=None):
+        from rl.types import Completion, PromptRollout
+
+        def one(i):
+            text = self.answers[i] if sampling.temperature == 0 else "x"
+            return Completion(token_ids=[1], logprobs=[0.0], finish_reason="stop", text=text)
+
+        return [PromptRollout(p, [one(i) for _ in range(sampling.n)], 0) for i, p in enumerate(prompt_ids)]
+
+
+def test_evaluation_keeps_its_reward_counters_out_of_the_next_training_step(tmp_path):
+    from rl.data import PromptData
+    from rl.evaluation import evaluate
+    from rl.specs import DataSpec, EvalSpec
+    from tests.unit.test_async import NumberTokenizer
+
+    items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": str(i)} for i in range(3)]
+    data = PromptData(items, NumberTokenizer(), DataSpec(8, False, 0))
+    reward = CountingReward()
+    m = evaluate(EchoRuntime(["0", "1", "2"]), data, reward, EvalSpec(size=3, n_samples=2), step=0)
+    assert m["eval/accuracy"] == 1.0 and m["eval/pass@1"] == 0.0
+    assert m["eval/reward/errors"] == 3 + 3 * 2  # greedy and sampled completions, reported with the evaluation
+    assert reward.pop_metrics() == {"reward/errors": 0.0}  # nothing left for the sampler's next step

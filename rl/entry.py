@@ -1,0 +1,61 @@
+"""What the two entry scripts (train.py and `python -m rl.eval`) share: turning a config or build error into the one
+line the user reads (`error: ...`, exit 2), and building the `_target_` nodes (env, reward) with an error naming
+the key. It imports only Hydra and OmegaConf, so both scripts' `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from typing import Any, NoReturn
+
+from omegaconf import DictConfig
+
+
+def fail(msg: str, code: int = 2) -> NoReturn:
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def one_line_config_error(e: BaseException, schema: type) -> str:
+    """Hydra/OmegaConf composition errors span several lines; keep what names the key and the fix. `schema` is the
+    config dataclass the composed config validates into (its field names are the valid keys offered)."""
+    cause = e.__cause__ or e
+    text = str(cause)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    full_key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
+    if " not in '" in text and full_key:
+        valid = valid_keys(full_key, schema)
+        hint = f"; valid keys there: {', '.join(valid)}" if valid else ""
+        return f"unknown config key '{full_key}': check its spelling{hint}"
+    if full_key:
+        return f"{full_key}: {lines[0]}"
+    if "Could not find" in text:  # a group option that does not exist
+        after = next((i + 1 for i, ln in enumerate(lines) if ln.startswith("Available options")), len(lines))
+        end = next((i for i, ln in enumerate(lines) if ln.startswith("Config search path")), len(lines))
+        head = lines[0].split(": ", 1)[1] if lines[0].startswith("In '") else lines[0]
+        return f"{head}; available: {', '.join(lines[after:end])}"
+    return " ".join(lines[:2]) if lines else type(e).__name__
+
+
+def valid_keys(full_key: str, schema: type) -> list[str]:
+    """The field names of the schema node that should have held `full_key`."""
+    node: object = schema
+    for part in full_key.split(".")[:-1]:
+        node = typing.get_type_hints(node).get(part) if dataclasses.is_dataclass(node) else None
+    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
+
+
+def build_target(node: DictConfig, key: str) -> Any:
+    """Instantiate a `_target_` config node (env, reward) with a one-line error naming the key."""
+    from hydra.utils import instantiate
+
+    if "_target_" not in node:
+        fail(f"{key} has no _target_: pick one of conf/{key}/*.yaml or give {key}._target_=module.Callable")
+    try:
+        return instantiate(node, _convert_="all")
+    except Exception as e:  # noqa: BLE001
+        cause = e.__cause__ or e
+        first = str(cause).splitlines()[0] if str(cause) else ""
+        fail(f"{key}: could not build {node._target_}: {type(cause).__name__}: {first}")
