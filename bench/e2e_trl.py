@@ -140,7 +140,7 @@ def run_trl(steps: int, out: Path, use_vllm: bool, threads: int | None) -> dict:
     data = Dataset.from_list(
         [{"prompt": it["messages"], "answer": it["answer"], "meta": json.dumps(it["metadata"])} for it in items]
     )
-    score = ReasoningGymScore(extract="last_number")
+    score = ReasoningGymScore()  # the default reward (conf/reward/reasoning_gym.yaml), as our side scores
 
     def reward(completions, answer, meta, **kwargs):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
