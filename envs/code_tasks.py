@@ -4,8 +4,8 @@ Each task family is a template with random parameters (a shift, a divisor, a wor
 solution as source text. An item asks for one function in a ```python block and shows one example call (not a test); its
 metadata holds the entry point and the tests (`{"input": [args], "output": expected}`; rewards/code_tests.py),
 whose expected outputs come from running the reference source on random inputs in this process (our own code,
-not the model's). The 14 families and their parameter ranges give over a thousand distinct tasks (a family with its parameters;
-the polynomial family alone has thousands).
+not the model's). The 14 families and their parameter ranges give over 13,000 distinct tasks (a family with its
+parameters): at least 30 per family, poly_value alone about 11,000.
 """
 
 from __future__ import annotations
@@ -35,23 +35,39 @@ def _ints(rng: random.Random, n: tuple[int, int] = (0, 8), lo: int = -20, hi: in
     return [rng.randint(lo, hi) for _ in range(rng.randint(*n))]
 
 
+def _ordinal(k: int) -> str:
+    return f"{k}{'rd' if k == 3 else 'nd' if k == 2 else 'th'}"  # k is 2..7 here
+
+
 def _word(rng: random.Random, n: tuple[int, int] = (0, 12), alphabet: str = string.ascii_lowercase + " ") -> str:
     return "".join(rng.choice(alphabet) for _ in range(rng.randint(*n)))
 
 
+# pairwise_gaps' operations on the pair (nums[i], nums[i + K]): (in words, as code)
+PAIR_OPS = {
+    "diff": ("differences nums[i + K] - nums[i]", "nums[i + K] - nums[i]"),
+    "sum": ("sums nums[i] + nums[i + K]", "nums[i] + nums[i + K]"),
+    "product": ("products nums[i] * nums[i + K]", "nums[i] * nums[i + K]"),
+    "max": ("maxima max(nums[i], nums[i + K])", "max(nums[i], nums[i + K])"),
+    "absdiff": ("absolute differences abs(nums[i + K] - nums[i])", "abs(nums[i + K] - nums[i])"),
+}
+WORDS = ["a", "to", "cat", "Cat", "dog", "DOG", "bird", "sun", "Moon", "moon", "tree", "river", "forest", "garden"]
+
 FAMILIES: list[Family] = [
     Family(
         "count_multiples",
-        lambda p: f"returns how many numbers in the list `nums` are divisible by {p['k']}",
-        lambda p: f"def count_multiples(nums):\n    return sum(1 for x in nums if x % {p['k']} == 0)\n",
-        lambda r: {"k": r.randint(2, 9)},
+        lambda p: f"returns how many numbers in the list `nums` leave the remainder {p['m']} when divided by {p['k']} "
+        "(Python's % operator)",
+        lambda p: f"def count_multiples(nums):\n    return sum(1 for x in nums if x % {p['k']} == {p['m']})\n",
+        lambda r: (lambda k: {"k": k, "m": r.randint(0, k - 1)})(r.randint(2, 13)),
         lambda r, p: [_ints(r)],
     ),
     Family(
         "rotate_left",
-        lambda p: f"returns the list `items` rotated left by {p['k']} positions (wrapping around; an empty list stays empty)",
-        lambda p: f"def rotate_left(items):\n    if not items:\n        return []\n    k = {p['k']} % len(items)\n    return items[k:] + items[:k]\n",
-        lambda r: {"k": r.randint(1, 9)},
+        lambda p: f"returns the list `items` rotated left by {p['k']} positions (wrapping around; an empty list stays "
+        f"empty), with {p['d']} added to every element",
+        lambda p: f"def rotate_left(items):\n    if not items:\n        return []\n    k = {p['k']} % len(items)\n    return [x + {p['d']} for x in items[k:] + items[:k]]\n",
+        lambda r: {"k": r.randint(1, 12), "d": r.randint(-9, 9)},
         lambda r, p: [_ints(r)],
     ),
     Family(
@@ -63,32 +79,38 @@ FAMILIES: list[Family] = [
     ),
     Family(
         "digit_power_sum",
-        lambda p: f"returns the sum of the decimal digits of the non-negative integer `n`, each raised to the power {p['e']}",
-        lambda p: f"def digit_power_sum(n):\n    return sum(int(d) ** {p['e']} for d in str(n))\n",
-        lambda r: {"e": r.randint(1, 5)},
+        lambda p: f"returns the sum of the digits of the non-negative integer `n` written in base {p['b']}, each digit "
+        f"raised to the power {p['e']}",
+        lambda p: f"def digit_power_sum(n):\n    total = 0\n    while n:\n        n, d = divmod(n, {p['b']})\n        total += d ** {p['e']}\n    return total\n",
+        lambda r: {"b": r.randint(2, 16), "e": r.randint(1, 5)},
         lambda r, p: [r.randint(0, 10**6)],
     ),
     Family(
         "every_kth",
-        lambda p: f"returns the string made of every {p['k']}-th character of `s`, starting at index {p['o']}",
-        lambda p: f"def every_kth(s):\n    return s[{p['o']}::{p['k']}]\n",
-        lambda r: {"k": r.randint(2, 5), "o": r.randint(0, 3)},
+        lambda p: f"returns the string made of every {_ordinal(p['k'])} character of `s`, starting at index {p['o']}"
+        + (", reversed" if p["rev"] else ""),
+        lambda p: f"def every_kth(s):\n    return s[{p['o']}::{p['k']}]" + ("[::-1]" if p["rev"] else "") + "\n",
+        lambda r: {"k": r.randint(2, 7), "o": r.randint(0, 5), "rev": r.random() < 0.5},
         lambda r, p: [_word(r, (0, 20), string.ascii_letters)],
     ),
     Family(
         "shift_letters",
-        lambda p: f"returns `s` with every lowercase letter a-z shifted {p['k']} places forward in the alphabet "
-        "(wrapping from z to a); other characters stay as they are",
-        lambda p: "def shift_letters(s):\n    return ''.join(chr((ord(c) - 97 + "
-        f"{p['k']}) % 26 + 97) if 'a' <= c <= 'z' else c for c in s)\n",
-        lambda r: {"k": r.randint(1, 25)},
+        lambda p: f"returns `s` with every {'letter (a-z and A-Z, keeping its case)' if p['upper'] else 'lowercase letter a-z'} "
+        f"shifted {abs(p['k'])} places {'forward' if p['k'] > 0 else 'backward'} in the alphabet (wrapping around); "
+        "other characters stay as they are",
+        lambda p: "def shift_letters(s):\n    out = []\n    for c in s:\n        if 'a' <= c <= 'z':\n"
+        f"            c = chr((ord(c) - 97 + {p['k']}) % 26 + 97)\n"
+        + (f"        elif 'A' <= c <= 'Z':\n            c = chr((ord(c) - 65 + {p['k']}) % 26 + 65)\n" if p["upper"] else "")
+        + "        out.append(c)\n    return ''.join(out)\n",
+        lambda r: {"k": r.choice([k for k in range(-25, 26) if k]), "upper": r.random() < 0.5},
         lambda r, p: [_word(r, (0, 16), string.ascii_lowercase + " !A")],
     ),
     Family(
         "replace_vowels",
-        lambda p: f"returns `s` with every vowel (a, e, i, o, u, lowercase or uppercase) replaced by '{p['c']}'",
-        lambda p: f"def replace_vowels(s):\n    return ''.join('{p['c']}' if c in 'aeiouAEIOU' else c for c in s)\n",
-        lambda r: {"c": r.choice("*#-_+.xz")},
+        lambda p: f"returns `s` with every {'vowel (a, e, i, o, u, lowercase or uppercase)' if p['both'] else 'lowercase vowel (a, e, i, o, u)'} "
+        f"replaced by '{p['c'] * p['n']}'",
+        lambda p: f"def replace_vowels(s):\n    return ''.join('{p['c'] * p['n']}' if c in '{'aeiouAEIOU' if p['both'] else 'aeiou'}' else c for c in s)\n",
+        lambda r: {"c": r.choice("*#-_+.xz!?@=~^%"), "n": r.randint(1, 3), "both": r.random() < 0.5},
         lambda r, p: [_word(r, (0, 16), string.ascii_letters + " ")],
     ),
     Family(
@@ -107,9 +129,12 @@ FAMILIES: list[Family] = [
     ),
     Family(
         "count_char",
-        lambda p: f"returns how many times the character '{p['c']}' occurs in `s`, ignoring case",
-        lambda p: f"def count_char(s):\n    return s.lower().count('{p['c']}')\n",
-        lambda r: {"c": r.choice(string.ascii_lowercase)},
+        lambda p: f"returns how many times the character '{p['c']}' occurs in `s`"
+        + (", ignoring case" if p["ignore_case"] else " (case-sensitive)"),
+        lambda p: f"def count_char(s):\n    return s{'.lower()' if p['ignore_case'] else ''}.count('{p['c']}')\n",
+        lambda r: (lambda c, i: {"c": c if i else r.choice([c, c.upper()]), "ignore_case": i})(
+            r.choice(string.ascii_lowercase), r.random() < 0.5
+        ),
         lambda r, p: [_word(r, (0, 30), string.ascii_letters)],
     ),
     Family(
@@ -130,18 +155,22 @@ FAMILIES: list[Family] = [
     ),
     Family(
         "pairwise_gaps",
-        lambda p: f"returns the list of differences nums[i + {p['k']}] - nums[i] for every valid index i of `nums`",
-        lambda p: f"def pairwise_gaps(nums):\n    return [nums[i + {p['k']}] - nums[i] for i in range(len(nums) - {p['k']})]\n",
-        lambda r: {"k": r.randint(1, 3)},
+        lambda p: f"returns the list of {PAIR_OPS[p['op']][0]} for every valid index i of `nums`".replace("K", str(p["k"])),
+        lambda p: f"def pairwise_gaps(nums):\n    return [{PAIR_OPS[p['op']][1]} for i in range(len(nums) - {p['k']})]\n".replace("K", str(p["k"])),
+        lambda r: {"k": r.randint(1, 6), "op": r.choice(sorted(PAIR_OPS))},
         lambda r, p: [_ints(r, (0, 9))],
     ),
     Family(
         "word_lengths",
-        lambda p: f"returns a dict that maps each distinct word of `s` (words are separated by spaces) with at least "
-        f"{p['m']} letters to its number of occurrences",
-        lambda p: f"def word_lengths(s):\n    out = {{}}\n    for w in s.split():\n        if len(w) >= {p['m']}:\n            out[w] = out.get(w, 0) + 1\n    return out\n",
-        lambda r: {"m": r.randint(1, 4)},
-        lambda r, p: [" ".join(r.choice(["a", "to", "cat", "dog", "bird", "sun", "moon", "tree"]) for _ in range(r.randint(0, 9)))],
+        lambda p: "returns a dict that maps each distinct word of `s` (words are separated by spaces) with "
+        + (f"exactly {p['lo']}" if p["lo"] == p["hi"] else f"{p['lo']} to {p['hi']}")
+        + " letters to its number of occurrences"
+        + (", counting words that differ only in case as one (the dict's keys in lowercase)" if p["fold"] else ""),
+        lambda p: f"def word_lengths(s):\n    out = {{}}\n    for w in s.split():\n        if {p['lo']} <= len(w) <= {p['hi']}:\n"
+        + ("            w = w.lower()\n" if p["fold"] else "")
+        + "            out[w] = out.get(w, 0) + 1\n    return out\n",
+        lambda r: (lambda lo: {"lo": lo, "hi": r.randint(lo, 7), "fold": r.random() < 0.5})(r.randint(1, 5)),
+        lambda r, p: [" ".join(r.choice(WORDS) for _ in range(r.randint(0, 10)))],
     ),
     Family(
         "collatz_steps",

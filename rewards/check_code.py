@@ -18,7 +18,11 @@ from typing import Any
 def _problems() -> list[dict[str, Any]]:
     from envs.code_tasks import FAMILIES, make_item
 
-    chosen = {"rotate_left": {"k": 2}, "shift_letters": {"k": 3}, "keep_between": {"lo": -3, "hi": 9, "desc": True}}
+    chosen = {
+        "rotate_left": {"k": 2, "d": 0},
+        "shift_letters": {"k": 3, "upper": False},
+        "keep_between": {"lo": -3, "hi": 9, "desc": True},
+    }
     out = []
     for k, fam in enumerate(f for f in FAMILIES if f.name in chosen):
         item = make_item(fam, chosen[fam.name], random.Random(k), 6)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 
@@ -22,7 +23,7 @@ def reward():
 
 def item(name: str = "rotate_left", params: dict | None = None) -> dict:
     fam = next(f for f in FAMILIES if f.name == name)
-    return make_item(fam, params or {"k": 2}, random.Random(0), 6)
+    return make_item(fam, params or {"k": 2, "d": 0}, random.Random(0), 6)
 
 
 def test_extract_code_takes_the_last_fenced_block_or_the_whole_text():
@@ -123,13 +124,20 @@ def test_env_rejects_unknown_families():
 
 
 def test_reference_solutions_pass_their_own_tests_in_the_sandbox(reward):
-    """One item of every family: its reference source, run through the sandbox, passes all of its tests."""
-    env = CodeTasksEnv(size=120, seed=0, eval_size=0)
-    sample = list({it["metadata"]["task"]: it for it in env.train_items()}.values())
-    assert len(sample) == len(FAMILIES)
+    """Three items of every family: each reference source, run through the sandbox, passes all of its tests."""
+    env = CodeTasksEnv(size=3 * len(FAMILIES), seed=0, eval_size=0)
+    sample = env.train_items()
+    assert Counter(it["metadata"]["task"] for it in sample) == dict.fromkeys((f.name for f in FAMILIES), 3)
     scores = reward(
         [f"```python\n{it['answer']}```" for it in sample],
         answer=[it["answer"] for it in sample],
         metadata=[it["metadata"] for it in sample],
     )
     assert scores == [1.0] * len(sample)
+
+
+def test_every_family_has_at_least_30_distinct_tasks():
+    """A family is a template; its tasks are its distinct parameter sets (what the env deduplicates on)."""
+    rng = random.Random(0)
+    sizes = {f.name: len({repr(f.params(rng)) for _ in range(3000)}) for f in FAMILIES}
+    assert min(sizes.values()) >= 30, sizes
