@@ -307,13 +307,19 @@ class Runtime:
         """Call `method` on every live actor and wait (an actor that dies meanwhile is handed to Ray's restart, as
         anywhere else); the seconds it took."""
         t0 = time.perf_counter()
-        calls = [self._submit(i, method) for i in self.live_actors()]
+        self._results([self._submit(i, method) for i in self.live_actors()], method)
+        return time.perf_counter() - t0
+
+    def _results(self, calls: list[_Call], what: str) -> list[tuple[_Call, Any]]:
+        """Each call's result, in order; a call whose actor died is handed to Ray's restart (`_actor_died`, counted)
+        and left out: it carried no prompts to send again."""
+        out = []
         for call in calls:
             try:
-                self.actors.result(call.handle)
+                out.append((call, self.actors.result(call.handle)))
             except MemberDied as e:
-                self._actor_died(call, method, e, 0)
-        return time.perf_counter() - t0
+                self._actor_died(call, what, e, 0)
+        return out
 
     def reference_logprobs(self, rollouts: list[PromptRollout]) -> list[list[float]]:
         """Per-token logprobs of every completion under the reference policy (learner 0, adapter disabled)."""
@@ -374,12 +380,7 @@ class Runtime:
         }
 
     def _collect_loads(self) -> list[dict]:
-        out = []
-        for call in self._loads:
-            try:
-                out.append(self.actors.result(call.handle))
-            except MemberDied as e:
-                self._actor_died(call, "load_adapter", e, 0)
+        out = [result for _, result in self._results(self._loads, "load_adapter")]
         self._loads = []
         return out
 
@@ -391,12 +392,7 @@ class Runtime:
     def probe_finish(self, calls: list[_Call]) -> float:
         """Mean |logp_learner - logp_actor| over the probe's tokens; call it before the learners step again.
         An actor that died meanwhile is left out of this probe (it is restarted and re-sent the adapter)."""
-        per_actor = []
-        for call in calls:
-            try:
-                per_actor.append((call.actor, self.actors.result(call.handle)))
-            except MemberDied as e:
-                self._actor_died(call, "the sync probe", e, 0)
+        per_actor = [(call.actor, rollouts) for call, rollouts in self._results(calls, "the sync probe")]
         for i, rollouts in list(per_actor):
             for r in rollouts:
                 if r.adapter_version != self.version and not self._version_ok(i, r.adapter_version):
