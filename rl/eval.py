@@ -70,7 +70,7 @@ def evaluate_policies(spec: EvalCommandSpec, env: Any, reward_fn: Any) -> dict[s
 
     from transformers import AutoTokenizer
 
-    from rl import evaluation
+    from rl import evaluation, logs
     from rl.app import actor_env
     from rl.checkpoint import read_adapter
     from rl.data import PromptData
@@ -91,8 +91,11 @@ def evaluate_policies(spec: EvalCommandSpec, env: Any, reward_fn: Any) -> dict[s
         else:
             runs.append(("trained", model_spec))
     os.environ.update(actor_env(spec.placement))  # the engine's environment, as a run's actor gets it (CPU cores)
+    # the engine's own output (vLLM's configuration and notices, its processes') goes to a file, as a run's actor's
+    log = None if spec.placement.verbose else spec.out_dir / "logs" / "engine.log"
     for name, rollout_spec in runs:
-        engine = rollout_class(rollout_spec)(rollout_spec)
+        with logs.output_to(log):
+            engine = rollout_class(rollout_spec)(rollout_spec)
         runtime = Runtime(LocalGroup([engine]), LocalGroup([]))
         try:
             for label in name.split("+"):
@@ -104,7 +107,10 @@ def evaluate_policies(spec: EvalCommandSpec, env: Any, reward_fn: Any) -> dict[s
                 results[label] = evaluation.evaluate(runtime, data, reward_fn, spec.eval, 0, path=path)
                 print(f"{label}: {len(data)} prompts in {time.perf_counter() - t0:.0f} s -> {path}", flush=True)
         finally:
-            runtime.close()
+            with logs.output_to(log):
+                runtime.close()
+    if log is not None:
+        print(f"engine log: {log}", flush=True)
     return results
 
 

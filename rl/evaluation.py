@@ -61,8 +61,10 @@ def evaluate(
     out["eval/length_mean"] = float(np.mean([r.completions[0].model_tokens for r in greedy]))
     out |= {f"eval/{k[4:]}": v for k, v in episode_metrics(completions_of(greedy)).items()}
     out["eval/n"] = float(len(data))
-    if hasattr(reward_fn, "pop_metrics"):  # the evaluation's reward errors and timeouts are its own, not the next step's
-        out |= {f"eval/{k}": v for k, v in reward_fn.pop_metrics().items()}
+    # the evaluation's reward errors and timeouts are its own, not the next training step's; eval/reward_errors has
+    # one slash, as every overall eval metric (eval/<set>/<metric> is a named eval set's)
+    if hasattr(reward_fn, "pop_metrics"):
+        out |= {f"eval/{k.replace('/', '_')}": v for k, v in reward_fn.pop_metrics().items()}
     if path is None and spec.save_dir is not None:
         path = spec.save_dir / f"{step_dir_name(step)}.jsonl"
     if path is not None:

@@ -16,11 +16,13 @@ ends the run with one line (rl/startup.py). `verbose=true` shows every line of e
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 LOG_FILE_ENV = "RLFT_LOG_FILE"
@@ -62,6 +64,25 @@ def redirect_output(path: str) -> None:
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(line_buffering=True)
+
+
+@contextlib.contextmanager
+def output_to(path: Path | None) -> Iterator[None]:
+    """Inside: this process's stdout and stderr (file descriptors 1 and 2) go to `path`, appended, as a role's do;
+    the processes started inside (a vLLM engine's) keep writing there after. None: left as they are (verbose)."""
+    if path is None:
+        yield
+        return
+    saved = (os.dup(1), os.dup(2))
+    try:
+        redirect_output(str(path))
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        for fd, target in zip(saved, (1, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
 
 
 def setup_driver(log_dir: Path, verbose: bool) -> None:

@@ -333,12 +333,14 @@ def check_run_dir_is_new(cfg: TrainConfig, run_dir: Path) -> None:
         )
 
 
-def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None) -> RunSpec:
-    """The run's specs. `model_path` defaults to resolving `model.path` (converts an embedded model once)."""
+def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None, new_run: bool = True) -> RunSpec:
+    """The run's specs. `model_path` defaults to resolving `model.path` (converts an embedded model once);
+    `new_run`: `run_dir` is a training run's directory (another run's is refused unless it resumes)."""
     from rl.filters import default_overlong_buffer
 
     check_registry_names(cfg)
-    check_run_dir_is_new(cfg, Path(run_dir))
+    if new_run:
+        check_run_dir_is_new(cfg, Path(run_dir))
     if model_path is None:
         from rl.models import resolve_model_path
 
@@ -512,7 +514,7 @@ def build_eval(
     """The eval command's specs: the training build (so every model/cluster/eval_* key means what it means in a
     run), the trained policy `cfg.adapter` names (found by rl.checkpoint.find_policy) and the LoRA rank the engine
     needs for it (native LoRA slots)."""
-    run = build(cfg, out_dir, model_path=model_path)
+    run = build(cfg, out_dir, model_path=model_path, new_run=False)
     rollout = run.rollout
     if policy is not None and policy.adapter is not None:
         import json

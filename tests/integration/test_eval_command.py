@@ -51,6 +51,10 @@ def test_eval_command_base_vs_adapter_on_vllm(tiny_model, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"trained: run {run / 'adapter'}" in proc.stdout
+    # the console holds the command's own lines; the engine's configuration and notices are in its log file
+    assert " INFO " not in proc.stdout + proc.stderr and "non-default args" not in proc.stdout + proc.stderr
+    assert "non-default args" in (out / "logs" / "engine.log").read_text()
+    assert f"engine log: {out / 'logs' / 'engine.log'}" in proc.stdout
 
     doc = json.loads((out / "results.json").read_text())
     assert set(doc["metrics"]) == {"base", "trained"} and doc["n_samples"] == N

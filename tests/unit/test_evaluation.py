@@ -174,5 +174,5 @@ def test_evaluation_keeps_its_reward_counters_out_of_the_next_training_step(tmp_
     reward = CountingReward()
     m = evaluate(EchoRuntime(["0", "1", "2"]), data, reward, EvalSpec(size=3, n_samples=2), step=0)
     assert m["eval/accuracy"] == 1.0 and m["eval/pass@1"] == 0.0
-    assert m["eval/reward/errors"] == 3 + 3 * 2  # greedy and sampled completions, reported with the evaluation
+    assert m["eval/reward_errors"] == 3 + 3 * 2  # greedy and sampled completions, reported with the evaluation
     assert reward.pop_metrics() == {"reward/errors": 0.0}  # nothing left for the sampler's next step
