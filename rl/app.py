@@ -142,13 +142,20 @@ def start_role(role: str, cls: type, role_spec: Any) -> Any:
 
 def actor_env(placement: PlacementSpec) -> dict[str, str]:
     """Environment of a rollout actor's process: the driver's VLLM_* settings (they reach actors on other nodes
-    too), on CPU the cores its vLLM engine may use, and with `deterministic=true` on GPUs vLLM's batch-invariant
-    mode (vLLM >= 0.11 reads VLLM_BATCH_INVARIANT in its GPU worker; the CPU build has no such mode)."""
+    too), on CPU the cores its vLLM engine may use and its engine core in the actor's process, and with
+    `deterministic=true` on GPUs vLLM's batch-invariant mode (vLLM >= 0.11 reads VLLM_BATCH_INVARIANT in its GPU
+    worker; the CPU build has no such mode).
+
+    Why in-process on CPU: vLLM CPU's numerics depend on which requests share a step, so a seeded sample can change
+    with its batch-mates (docs/benchmarks.md, "Reproducible runs"). An engine core in its own process starts stepping
+    as soon as the first request of a `generate` reaches it, so its first batches depend on timing; in the actor's
+    process `generate` adds every request before the first step and the batches follow from the prompts alone. A
+    VLLM_ENABLE_V1_MULTIPROCESSING set in the driver's environment wins."""
     from rl.rollout.vllm import cpu_threads_env
 
     env = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
     if not placement.use_gpu:
-        return env | cpu_threads_env(placement.actor_threads)
+        return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} | env | cpu_threads_env(placement.actor_threads)
     return env | ({"VLLM_BATCH_INVARIANT": "1"} if placement.deterministic else {})
 
 

