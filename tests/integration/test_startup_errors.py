@@ -57,7 +57,9 @@ def test_kv_cache_share_too_small_on_cpu(tiny_model, tmp_path):
     assert_no_driver_traceback(proc)
     log = (tmp_path / "hydra" / "train.log").read_text()
     assert "rl.startup.RoleStartFailed: rollout actor 0 failed to start: ValueError: Available memory" in log
-    assert "vLLM engine output (errors):" in log and "cpu_worker.py" in log  # the engine's own traceback
+    # the engine's own traceback: on CPU the engine core runs in the actor's process (rl/app.py actor_env), so the
+    # worker's frames are in the role's traceback; a separate engine process's would come as "vLLM engine output"
+    assert "cpu_worker.py" in log
 
 
 @pytest.mark.slow
