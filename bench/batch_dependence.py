@@ -1,7 +1,8 @@
 """Do a vLLM engine's seeded samples depend on which requests share its batch? `python -m bench.batch_dependence`
 
-The same 8 demo prompts (chain_sum, SmolLM2-135M-Instruct by default, bf16, 8 samples each at temperature 1, every
-prompt's request with its own seed, as a run sends them) go through one engine four ways: all 8 in one `generate`,
+The same 8 demo-like prompts (bench/common.py `demo_prompts`: chain_sum's two 1-digit terms; SmolLM2-135M-Instruct
+by default, bf16, 8 samples each at temperature 1, every prompt's request with its own seed, as a run sends them)
+go through one engine four ways: all 8 in one `generate`,
 the same again, two calls of 4, and one call per prompt. It prints how many of the 64 samples differ from the first
 call's. Seeds fix the random draws; a count above 0 for another split means the logits depend on the batch
 (docs/configuration.md, "Reproducible runs"). Set VLLM_ENABLE_V1_MULTIPROCESSING=0 to run the engine core in this
@@ -14,7 +15,7 @@ import argparse
 import os
 import time
 
-from bench.common import add_model_args, model_path
+from bench.common import add_model_args, demo_prompts, model_path
 
 
 def main() -> None:
@@ -26,14 +27,8 @@ def main() -> None:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
-    from envs.reasoning_gym import ReasoningGymEnv
-    from rl.data import encode_prompt
-
     path = model_path(args)
-    tok = AutoTokenizer.from_pretrained(path)
-    config = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}  # conf/env/chain_sum.yaml
-    env = ReasoningGymEnv(task="chain_sum", size=16, seed=0, eval_size=0, config=config)
-    prompts = [encode_prompt(tok, it["messages"], True) for it in env.train_items()[:8]]
+    prompts = demo_prompts(AutoTokenizer.from_pretrained(path), 8)
     llm = LLM(
         model=path,
         dtype=args.dtype,

@@ -187,7 +187,7 @@ def test_roles_on_two_nodes_train_checkpoint_and_resume_with_two_learners(two_no
     ]
     first = run_train([*common, "steps=2"], timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
-    placed = placements((out / "logs" / "driver.log").read_text())  # the run's log: rl/logs.py
+    placed = placements(log_of(out))  # the run's log: rl/logs.py
     assert set(placed) == {("actor", 0), ("learner", 0), ("learner", 1)}, first.stdout[-3000:]
     nodes = {two_nodes.head[:12], two_nodes.worker[:12]}
     assert set(placed.values()) == nodes  # both nodes of this cluster are used, and no other node
@@ -200,7 +200,7 @@ def test_roles_on_two_nodes_train_checkpoint_and_resume_with_two_learners(two_no
     assert f"resumed from {out / 'checkpoints' / 'step_0002'}: step 2, adapter version 2, data cursor 4" in (
         resumed.stdout
     )
-    assert set(placements((out / "logs" / "driver.log").read_text()).values()) == nodes
+    assert set(placements(log_of(out)).values()) == nodes
     train_rows = [r for r in rows(out) if "train/loss" in r]
     assert [r["step"] for r in train_rows] == [1, 2, 3]  # each step once, none repeated after the resume
     step3 = train_rows[-1]
