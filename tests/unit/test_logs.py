@@ -5,6 +5,7 @@ errors prefixed with the role (no colour codes, no INFO chatter), everything wit
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 
@@ -89,9 +90,12 @@ def test_a_role_process_sends_its_output_and_its_children_to_its_log_file(tmp_pa
     assert read.read_text().splitlines() == ["to stdout", "to stderr", "from a child"]
 
 
-def test_deterministic_reaches_the_learner_and_gpu_engines(tiny_model):
+def test_deterministic_reaches_the_learner_and_gpu_engines(tiny_model, monkeypatch):
     from rl.app import actor_env, learner_env
 
+    # actor_env passes the driver's VLLM_* on; tests that run an engine in this process (local mode, rl.eval) set some
+    for key in [k for k in os.environ if k.startswith("VLLM_")]:
+        monkeypatch.delenv(key)
     on = run_spec(tiny_model, "deterministic=true")
     off = run_spec(tiny_model)
     assert on.learner.deterministic and not off.learner.deterministic
