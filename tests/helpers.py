@@ -108,10 +108,13 @@ def run_train(args: list[str], timeout: float = 600) -> subprocess.CompletedProc
     )
 
 
+_SCRATCH = tempfile.TemporaryDirectory(prefix="rlft-tests-")  # removed when the test process exits
+
+
 def scratch_run_dir() -> Path:
     """A fresh run directory for a spec built outside a run: roles write their logs under it, so it must be writable
     and must not be shared with another test."""
-    return Path(tempfile.mkdtemp(prefix="rlft-test-run-"))
+    return Path(tempfile.mkdtemp(prefix="run-", dir=_SCRATCH.name))
 
 
 def run_spec(model: Path | str, *overrides: str, run_dir: Path | str | None = None):

@@ -157,7 +157,10 @@ class Batcher:
         result as B full forwards up to float rounding, with gradients flowing through the shared prompt states."""
         prompt = torch.tensor([samples[0].prompt_ids], device=self.device)  # [1, P]
         P, B = prompt.shape[1], len(samples)
-        first = model(input_ids=prompt, use_cache=True)
+        # only the last prompt position's logits are used (it predicts completion token 0): the LM head, the largest
+        # matmul per position, skips the others in the forward and the backward
+        kwargs = {"logits_to_keep": 1} if self.logits_to_keep else {}
+        first = model(input_ids=prompt, use_cache=True, **kwargs)
         cache = first.past_key_values
         cache.batch_repeat_interleave(B)
         C = max(len(s.completion_ids) for s in samples)
