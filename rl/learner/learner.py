@@ -18,7 +18,7 @@ import time
 import torch
 
 from rl import algorithms
-from rl.learner import export, packing
+from rl.learner import attention, export, packing
 from rl.learner.batching import Batcher, loss_tokens, to_host
 from rl.learner.models import load_policy
 from rl.learner.parallel import DataParallel
@@ -43,6 +43,10 @@ class Learner:
             for model in (self.model, self.policy.ref_model):
                 if model is not None:
                     packing.use_packed_attention(model)
+        elif self.device.type == "cpu":  # padded micro-batches on CPU: short sequences backpropagate faster in eager
+            for model in (self.model, self.policy.ref_model):
+                if model is not None:
+                    attention.use_short_eager_attention(model)
         # the KV-cache prefix trick needs use_cache in training, which Unsloth's gradient checkpointing forbids; a
         # packed row shares the prompt without a cache
         share = spec.share_prompt_prefix and (packed is not None or not self.policy.checkpointing)

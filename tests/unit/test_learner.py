@@ -162,3 +162,47 @@ def test_entropy_from_the_shared_logsumexp_equals_the_separate_softmax(temperatu
     assert torch.equal(logp, token_logprobs(logits, targets, temperature))
     torch.testing.assert_close(entropy, token_entropy(logits / temperature), rtol=1e-4, atol=1e-4)
     assert not entropy.requires_grad
+
+
+@pytest.mark.parametrize("share", ["true", "false"])
+def test_cpu_short_eager_attention_gives_the_sdpa_step(tiny_model, share, monkeypatch):
+    """The CPU learner's attention (eager for short backpropagated sequences, rl/learner/attention.py) gives SDPA's
+    loss, gradients and update, and takes the eager path only where it is meant to."""
+    from rl.learner import attention
+
+    samples = make_samples()
+    long_prompt = make_samples(groups=1, group_size=2, seed=3)
+    long_prompt = [TrainSample(s.prompt_ids * 30, s.completion_ids, s.old_logprobs, s.advantage) for s in long_prompt]
+    a = make_learner(tiny_model, f"share_prompt_prefix={share}", "micro_batch_size=4", "algorithm.kl_coef=0.05")
+    b = make_learner(tiny_model, f"share_prompt_prefix={share}", "micro_batch_size=4", "algorithm.kl_coef=0.05")
+    assert a.model.get_base_model().config._attn_implementation == attention.ATTENTION
+    b.model.get_base_model().set_attn_implementation("sdpa")
+    calls = []  # (path, keys, gradient on): what the model's attention really ran
+    import sys
+
+    import transformers.integrations.sdpa_attention as sdpa_module
+
+    def spying(path, real):
+        def spy(module, query, key, *args, **kw):
+            calls.append((path, key.shape[-2], torch.is_grad_enabled()))
+            return real(module, query, key, *args, **kw)
+
+        return spy
+
+    model_module = sys.modules[type(a.model.get_base_model().model.layers[0].self_attn).__module__]
+    for path, owner, name in [("eager", model_module, "eager_attention_forward")] + [
+        ("sdpa", sdpa_module, "sdpa_attention_forward")
+    ]:
+        monkeypatch.setattr(owner, name, spying(path, getattr(owner, name)))
+    ma, mb = a.train_step(samples + long_prompt), b.train_step(samples + long_prompt)
+    assert ma["train/loss"] == pytest.approx(mb["train/loss"], abs=1e-5)
+    assert ma["train/grad_norm"] == pytest.approx(mb["train/grad_norm"], rel=1e-4)
+    pa = dict(a.model.named_parameters())
+    for name, p in b.model.named_parameters():
+        if p.requires_grad:
+            assert torch.allclose(p, pa[name], atol=1e-6), name
+    eager = [(k, grad) for path, k, grad in calls if path == "eager"]
+    assert eager and all(k <= attention.EAGER_MAX_KEYS and grad for k, grad in eager)  # short ones with gradient
+    sdpa = [(k, grad) for path, k, grad in calls if path == "sdpa"]
+    assert any(k > attention.EAGER_MAX_KEYS for k, grad in sdpa)  # the long prompt's
+    assert any(k <= attention.EAGER_MAX_KEYS and not grad for k, grad in sdpa)  # the no-grad reference's

@@ -1,0 +1,54 @@
+"""The CPU learner's attention: the model's own eager attention for short sequences that will be backpropagated,
+torch SDPA otherwise.
+
+On CPU, SDPA picks its flash kernel, whose backward is slow at short lengths: with SmolLM2-135M (9 query heads, 3 KV
+heads) at the demo's shapes (57-token prompts, completions of up to 40 tokens: about 90 keys) the flash backward
+took 8x its forward, and a learner step with eager attention (matmul, fp32 softmax, matmul, as the model file
+writes it) took 13% less time. From about 150-250 keys the two are even, and at 300-1000 keys flash is faster
+(eager up to 20% slower per step). A forward without gradient (the KL reference, generation) keeps SDPA, whose
+forward is faster at every length. Numbers and commands: docs/benchmarks.md, "CPU learner attention".
+
+Registered with transformers' `AttentionInterface` as ATTENTION; the mask is SDPA's (boolean, or None where SDPA
+would use its causal flag), made additive for the eager path. GPU learners never use it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+ATTENTION = "rl_cpu_short_eager"
+EAGER_MAX_KEYS = 128  # at most this many keys (prompt + completion): eager; above: SDPA
+
+
+def short_eager_attention(module, query, key, value, attention_mask, **kwargs):
+    """transformers attention function: [B, H, Q, D] query, [B, Hkv, K, D] key and value -> ([B, Q, H, D], weights)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if eager is None or not torch.is_grad_enabled() or key.shape[-2] > EAGER_MAX_KEYS:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    q, k = query.shape[-2], key.shape[-2]
+    if attention_mask is None and q > 1:  # SDPA's mask skipped as plain causal: the queries are the last q keys
+        attention_mask = torch.ones(q, k, dtype=torch.bool, device=query.device).tril(k - q)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~attention_mask, torch.finfo(query.dtype).min
+        )
+    return eager(module, query, key, value, attention_mask, **kwargs)
+
+
+def use_short_eager_attention(model) -> None:
+    """Switch `model` (a transformers model, PEFT-wrapped or not) to ATTENTION, where transformers can."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:  # older transformers: keep its default attention
+        return
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not hasattr(base, "set_attn_implementation"):
+        return
+    AttentionInterface.register(ATTENTION, short_eager_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    base.set_attn_implementation(ATTENTION)
