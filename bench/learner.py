@@ -15,8 +15,10 @@ Our sides: `ours_full` (padded micro-batches of --micro-batch-size, full forward
 overhead), `ours_shared` (padded, each group's prompt run once through the KV cache: today's default),
 `ours_packed` and `ours_packed_shared` (`micro_batch_tokens`: rows of up to --micro-batch-tokens tokens without
 padding, rl/learner/packing.py; the second with each prompt once per row), `ours_full_no_entropy` (what the entropy
-metric costs). kl_coef=0 on our side (the demo's GRPO adds a no-grad reference forward; that is more work, not
-overhead). Tokens/s = prompt + completion tokens of the samples / step time, the same numerator for every side.
+metric costs), `ours_shared_sdpa` (ours_shared with SDPA everywhere instead of the CPU learner's eager attention
+for short sequences, rl/learner/attention.py). kl_coef=0 on our sides unless `--kl` (the demo's GRPO, 0.01, adds a
+no-grad reference forward; that is more work, not overhead). Tokens/s = prompt + completion tokens of the samples /
+step time, the same numerator for every side.
 Token ids are random (speed does not depend on them); lengths default to the demo's (8 prompts x 8 completions,
 57-token prompts, 10-40 tokens).
 
@@ -76,6 +78,7 @@ def build_ours(args, path: str, *, share_prompt_prefix: bool, packed: bool = Fal
         f"packed_attention={args.packed_attention}",
         f"share_prompt_prefix={share_prompt_prefix}",
         f"cluster.use_gpu={args.device == 'cuda'}",
+        f"algorithm.kl_coef={args.kl}",
         rank=args.rank,
         dtype=args.dtype,
         threads=args.threads,
@@ -156,14 +159,24 @@ def build_raw(args, path: str) -> RawPeftStep:
 
 # ------------------------------------------------------------------------------------------------ timing
 
-SIDES = ["raw", "ours_full", "ours_shared", "ours_packed", "ours_packed_shared", "ours_full_no_entropy"]
+SIDES = [
+    "raw",
+    "ours_full",
+    "ours_shared",
+    "ours_packed",
+    "ours_packed_shared",
+    "ours_full_no_entropy",
+    "ours_shared_sdpa",
+]
 
 
 def build_side(side: str, args, path: str):
     if side == "raw":
         return build_raw(args, path)
     packed = side.startswith("ours_packed")
-    learner = build_ours(args, path, share_prompt_prefix=side.endswith("shared"), packed=packed)
+    learner = build_ours(args, path, share_prompt_prefix="shared" in side, packed=packed)
+    if side == "ours_shared_sdpa":  # the CPU learner's short-sequence eager attention off (rl/learner/attention.py)
+        learner.model.get_base_model().set_attn_implementation("sdpa")
     # where the overhead goes: the policy/entropy metric's extra pass
     return without_entropy_metric(learner) if side == "ours_full_no_entropy" else learner
 
@@ -238,6 +251,7 @@ def compare(args) -> None:
         "packed_shared_over_padded_shared": ("ours_packed_shared", "ours_shared"),
         "packed_shared_over_packed": ("ours_packed_shared", "ours_packed"),
         "no_entropy_over_full": ("ours_full_no_entropy", "ours_full"),
+        "short_eager_over_sdpa": ("ours_shared", "ours_shared_sdpa"),
     }
     ratios = {k: round(tok[a] / tok[b], 2) for k, (a, b) in pairs.items() if a in tok and b in tok}
     first = next(iter(rows.values()))
@@ -267,6 +281,7 @@ def main() -> None:
     ap.add_argument("--packed-attention", default="auto", choices=["auto", "sdpa", "varlen"])
     ap.add_argument("--repeats", type=int, default=3, help="timed steps per side (after one warm-up)")
     ap.add_argument("--sides", default="raw,ours_full,ours_shared,ours_packed,ours_packed_shared")
+    ap.add_argument("--kl", type=float, default=0.0, help="our sides' KL coefficient (>0 adds the reference forward)")
     ap.add_argument("--probe-entropy", action="store_true", help="also time ours_full without the entropy metric")
     ap.add_argument("--side", choices=SIDES, default=None, help="run one side in this process")
     args = ap.parse_args()
