@@ -1,12 +1,11 @@
 """The CPU learner's attention: the model's own eager attention for short sequences that will be backpropagated,
 torch SDPA otherwise.
 
-On CPU, SDPA picks its flash kernel, whose backward is slow at short lengths: with SmolLM2-135M (9 query heads, 3 KV
-heads) at the demo's shapes (57-token prompts, completions of up to 40 tokens: about 90 keys) the flash backward
-took 8x its forward, and a learner step with eager attention (matmul, fp32 softmax, matmul, as the model file
-writes it) took 13% less time. From about 150-250 keys the two are even, and at 300-1000 keys flash is faster
-(eager up to 20% slower per step). A forward without gradient (the KL reference, generation) keeps SDPA, whose
-forward is faster at every length. Numbers and commands: docs/benchmarks.md, "CPU learner attention".
+On CPU, SDPA picks its flash kernel, whose backward is slow at short lengths: at the demo's shapes (57-token prompts,
+completions of up to 40 tokens: about 90 keys) its backward took many times its forward, and a learner step with the
+model file's eager attention (matmul, fp32 softmax, matmul) was faster. From about 150-250 keys the two are even,
+and beyond flash is faster. A forward without gradient (the KL reference, generation) keeps SDPA, whose forward is
+faster at every length. Measurements and commands: docs/benchmarks.md, "CPU learner attention".
 
 Registered with transformers' `AttentionInterface` as ATTENTION; the mask is SDPA's (boolean, or None where SDPA
 would use its causal flag), made additive for the eager path. GPU learners never use it.
