@@ -8,7 +8,8 @@ and beyond flash is faster. A forward without gradient (the KL reference, genera
 faster at every length. Measurements and commands: docs/benchmarks.md, "CPU learner attention".
 
 Registered with transformers' `AttentionInterface` as ATTENTION; the mask is SDPA's (boolean, or None where SDPA
-would use its causal flag), made additive for the eager path. GPU learners never use it.
+would use its causal flag), made additive for the eager path. GPU learners never use it. `switch_attention` is how
+both of the learner's own attention functions (this one and packing.py's) are registered and switched on.
 """
 
 from __future__ import annotations
@@ -39,15 +40,25 @@ def short_eager_attention(module, query, key, value, attention_mask, **kwargs):
 
 
 def use_short_eager_attention(model) -> None:
-    """Switch `model` (a transformers model, PEFT-wrapped or not) to ATTENTION, where transformers can."""
+    """Switch `model` to ATTENTION, where transformers has an attention registry (else it keeps its default)."""
     try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    except ImportError:  # older transformers: keep its default attention
+        from transformers.masking_utils import sdpa_mask
+
+        switch_attention(model, ATTENTION, short_eager_attention, sdpa_mask)
+    except ImportError:
         return
+
+
+def switch_attention(model, name: str, attention_fn, mask_fn) -> None:
+    """Register `attention_fn` and its `mask_fn` with transformers as `name` and switch `model` (a transformers model,
+    PEFT-wrapped or not) to it. ImportError where transformers has no attention registry (< 4.53)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(name, attention_fn)
+    AttentionMaskInterface.register(name, mask_fn)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if not hasattr(base, "set_attn_implementation"):
-        return
-    AttentionInterface.register(ATTENTION, short_eager_attention)
-    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
-    base.set_attn_implementation(ATTENTION)
+    if hasattr(base, "set_attn_implementation"):
+        base.set_attn_implementation(name)
+    else:  # older transformers: the attention modules read the config at each forward
+        base.config._attn_implementation = name

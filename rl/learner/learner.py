@@ -37,16 +37,15 @@ class Learner:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.policy = load_policy(spec, self.device)
         self.model = self.policy.model
-        packed = None
+        packed, use_attention = None, None
         if spec.micro_batch_tokens > 0:
             packed = packing.resolve_backend(spec.packed_attention, self.device, getattr(torch, spec.dtype))
-            for model in (self.model, self.policy.ref_model):
-                if model is not None:
-                    packing.use_packed_attention(model)
+            use_attention = packing.use_packed_attention
         elif self.device.type == "cpu":  # padded micro-batches on CPU: short sequences backpropagate faster in eager
-            for model in (self.model, self.policy.ref_model):
-                if model is not None:
-                    attention.use_short_eager_attention(model)
+            use_attention = attention.use_short_eager_attention
+        for model in (self.model, self.policy.ref_model) if use_attention else ():
+            if model is not None:
+                use_attention(model)
         # the KV-cache prefix trick needs use_cache in training, which Unsloth's gradient checkpointing forbids; a
         # packed row shares the prompt without a cache
         share = spec.share_prompt_prefix and (packed is not None or not self.policy.checkpointing)

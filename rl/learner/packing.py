@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rl.learner.attention import switch_attention
 from rl.types import TrainSample
 
 ATTENTION = "rl_packed"
@@ -243,8 +244,7 @@ def _mask_for(**kwargs):
 def use_packed_attention(model) -> None:
     """Switch `model` (a transformers model, PEFT-wrapped or not) to ATTENTION."""
     try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
+        switch_attention(model, ATTENTION, packed_attention, _mask_for)
     except ImportError as e:
         import transformers
 
@@ -252,10 +252,3 @@ def use_packed_attention(model) -> None:
             f"micro_batch_tokens>0 needs transformers' attention and mask registries (transformers >= 4.53; this is "
             f"{transformers.__version__}): upgrade transformers, or set micro_batch_tokens=0"
         ) from e
-    AttentionInterface.register(ATTENTION, packed_attention)
-    AttentionMaskInterface.register(ATTENTION, _mask_for)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if hasattr(base, "set_attn_implementation"):
-        base.set_attn_implementation(ATTENTION)
-    else:  # older transformers: the attention modules read the config at each forward
-        base.config._attn_implementation = ATTENTION
