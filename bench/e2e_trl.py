@@ -2,6 +2,9 @@
 `GRPOTrainer` on the same model, prompts, group size, lengths, LoRA, KL and reward; one optimizer step per batch.
 
 CPU (5-14 min on the shared 2-core machine, depending on its load):  python -m bench.e2e_trl [--steps 3] [--trl-vllm]
+One GPU:  python -m bench.e2e_trl --device cuda [--learner unsloth]  (32 prompts x 8 x 256 tokens; TRL generates
+with vLLM in colocate mode with sleep mode on, ours runs cluster.colocate: both engines sleep while their learner
+trains; our learner is PEFT bf16 like TRL's unless --learner unsloth).
 TRL is not in the core install: `.venv/bin/python -m pip install -r requirements-bench.txt` first.
 
 Both sides: SmolLM2-135M-Instruct, base weights bf16 with fp32 LoRA r=16 (alpha 32) on all 7 projections, 8
@@ -30,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.common import (
@@ -43,12 +47,32 @@ from bench.common import (
     spread,
 )
 
-PROMPTS, G, MAX_NEW, RANK, LR, KL = 8, 8, 32, 16, 2e-4, 0.01
+RANK, LR, KL = 16, 2e-4, 0.01
 
 
-def ours_args(steps: int, out: Path, threads: int | None) -> list[str]:
-    """train.py's overrides for our side: the demo's settings (its memory settings too, which fit any machine the
-    README supports) with `steps` steps, no eval and no checkpoints."""
+@dataclass(frozen=True)
+class Work:
+    """One step's work, the same on both sides: prompts x G completions of at most max_new tokens, learned in
+    micro-batches of `micro` completions (TRL: per_device_train_batch_size, gradient accumulation over the rest)."""
+
+    device: str
+    prompts: int
+    G: int
+    max_new: int
+    micro: int
+
+
+CPU = Work("cpu", prompts=8, G=8, max_new=32, micro=16)
+# One GPU: a batch a GPU deserves, both engines time-sharing it with vLLM's sleep mode (ours: cluster.colocate;
+# TRL: vllm_mode=colocate with vllm_enable_sleep_mode), each engine at 30% of the GPU's memory
+GPU = Work("cuda", prompts=32, G=8, max_new=256, micro=32)
+GPU_MEMORY = 0.3
+
+
+def ours_args(steps: int, out: Path, threads: int | None, work: Work = CPU, learner: str = "peft") -> list[str]:
+    """train.py's overrides for our side: the demo's settings (on CPU its memory settings too, which fit any
+    machine the README supports) with `steps` steps, no eval and no checkpoints; on a GPU one vLLM actor and the
+    `learner` backend (16-bit) taking turns on it."""
     args = [
         f"steps={steps}",
         "eval_size=0",
@@ -56,19 +80,31 @@ def ours_args(steps: int, out: Path, threads: int | None) -> list[str]:
         "logger=jsonl",
         f"output_dir={out}",
         f"hydra.run.dir={out}/hydra",
-        f"prompts_per_step={PROMPTS}",
-        f"algorithm.group_size={G}",
-        f"model.max_new_tokens={MAX_NEW}",
+        f"prompts_per_step={work.prompts}",
+        f"algorithm.group_size={work.G}",
+        f"model.max_new_tokens={work.max_new}",
         f"model.lora_rank={RANK}",
+        f"micro_batch_size={work.micro}",
     ]
+    if work.device == "cuda":
+        args += [
+            "cluster.use_gpu=true",
+            "cluster.colocate=true",
+            "cluster.gpus_per_actor=1",
+            "cluster.gpus_per_learner=1",
+            f"cluster.gpu_memory_utilization={GPU_MEMORY}",
+            "cluster.enforce_eager=false",
+            f"model.learner_backend={learner}",
+            "model.load_in_4bit=false",
+        ]
     if threads:
         args += [f"cluster.actor_threads={threads}", f"cluster.learner_threads={threads}"]
     return args
 
 
-def run_ours(steps: int, out: Path, threads: int | None) -> dict:
+def run_ours(steps: int, out: Path, threads: int | None, work: Work = CPU, learner: str = "peft") -> dict:
     """train.py with `ours_args`; step times from metrics.jsonl."""
-    cmd = [sys.executable, str(REPO / "train.py"), *ours_args(steps, out, threads)]
+    cmd = [sys.executable, str(REPO / "train.py"), *ours_args(steps, out, threads, work, learner)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     wall = time.perf_counter() - t0
@@ -78,7 +114,7 @@ def run_ours(steps: int, out: Path, threads: int | None) -> dict:
     rows = [r for r in rows if "time/step_s" in r]
     times = [r["time/step_s"] for r in rows]
     return {
-        "side": "ours",
+        "side": f"ours_{learner}" if work.device == "cuda" else "ours",
         "step_s": times,
         "steady_step_s": statistics.median(times[1:] or times),
         "steady_spread": spread(times[1:] or times),
@@ -112,7 +148,7 @@ class TorchLogProbs:
         return token, entropy, None, None, None
 
 
-def run_trl(steps: int, out: Path, use_vllm: bool, threads: int | None) -> dict:
+def run_trl(steps: int, out: Path, use_vllm: bool, threads: int | None, work: Work = CPU) -> dict:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -162,24 +198,26 @@ def run_trl(steps: int, out: Path, use_vllm: bool, threads: int | None) -> dict:
         learning_rate=LR,
         beta=KL,
         loss_type="grpo",
-        num_generations=G,
-        max_completion_length=MAX_NEW,
-        per_device_train_batch_size=16,
-        gradient_accumulation_steps=PROMPTS * G // 16,
+        num_generations=work.G,
+        max_completion_length=work.max_new,
+        per_device_train_batch_size=work.micro,
+        gradient_accumulation_steps=work.prompts * work.G // work.micro,
         temperature=1.0,
         top_p=1.0,
         gradient_checkpointing=False,
         bf16=False,  # the base weights are already bf16, as ours (no autocast on top)
-        use_cpu=True,
+        use_cpu=work.device == "cpu",
         use_vllm=use_vllm,
         vllm_mode="colocate",
+        vllm_gpu_memory_utilization=GPU_MEMORY,
+        vllm_enable_sleep_mode=work.device == "cuda",
         report_to="none",
         logging_steps=1,
         save_strategy="no",
         seed=0,
         dataloader_num_workers=0,
     )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)  # the Trainer places it
     lora = LoraConfig(r=RANK, lora_alpha=2 * RANK, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
     trainer = GRPOTrainer(
         model=model,
@@ -209,8 +247,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--trl-vllm", action="store_true", help="TRL with use_vllm=True, vllm_mode=colocate")
     ap.add_argument("--only", choices=["ours", "trl"], default=None)
+    ap.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cuda: one GPU, 32 prompts x 8 x 256 tokens, both sides with vLLM colocated and sleeping while training",
+    )
+    ap.add_argument("--learner", choices=["peft", "unsloth"], default="peft", help="our learner backend on a GPU")
     add_threads_arg(ap)
     args = ap.parse_args()
+    work = GPU if args.device == "cuda" else CPU
+    use_vllm = args.trl_vllm or args.device == "cuda"  # on a GPU TRL generates with vLLM, as its users do
     try:
         from importlib.metadata import version
 
@@ -227,15 +274,15 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="rlft-e2e-") as tmp:
         if args.only != "trl":
-            rows.append(run_ours(args.steps, Path(tmp) / "ours", args.threads))
+            rows.append(run_ours(args.steps, Path(tmp) / "ours", args.threads, work, args.learner))
             print(json.dumps({"bench": "e2e_trl", **rows[-1], "load_avg": machine()["load_avg"]}), flush=True)
         if args.only != "ours":
-            rows.append(run_trl(args.steps, Path(tmp) / "trl", args.trl_vllm, args.threads))
+            rows.append(run_trl(args.steps, Path(tmp) / "trl", use_vllm, args.threads, work))
             print(json.dumps({"bench": "e2e_trl", **rows[-1], "load_avg": machine()["load_avg"]}), flush=True)
     info = machine()
     info["load_avg_before"] = before["load_avg"]
-    work = {"model": "smollm2-135m-instruct", "prompts": PROMPTS, "G": G, "max_new_tokens": MAX_NEW, "rank": RANK}
-    summary = {"bench": "e2e_trl", **work, "trl": trl_version, "steps": args.steps, "machine": info}
+    shape = {"model": "smollm2-135m-instruct", **asdict(work), "rank": RANK}
+    summary = {"bench": "e2e_trl", **shape, "trl": trl_version, "steps": args.steps, "machine": info}
     if len(rows) == 2:
         ours, theirs = rows
         summary["speedup_ours_over_trl"] = round(theirs["steady_step_s"] / ours["steady_step_s"], 2)
@@ -243,9 +290,9 @@ def main() -> None:
         summary["speedup_bounds"] = [round(b["min"] / a["max"], 2), round(b["max"] / a["min"], 2)]
         print(json.dumps(summary))
         print(
-            f"| GRPO step end to end, SmolLM2, {PROMPTS} prompts x {G}, {MAX_NEW} new tokens, LoRA r={RANK} "
-            f"| TRL {trl_version} GRPOTrainer ({'vLLM colocate' if args.trl_vllm else 'HF generate'}) "
-            f"{show_spread(theirs['steady_spread'], ' s/step', 1)} | ours (Ray + vLLM + PEFT) "
+            f"| GRPO step end to end, SmolLM2, {work.prompts} prompts x {work.G}, {work.max_new} new tokens, "
+            f"LoRA r={RANK} | TRL {trl_version} GRPOTrainer ({'vLLM colocate' if use_vllm else 'HF generate'}) "
+            f"{show_spread(theirs['steady_spread'], ' s/step', 1)} | ours (Ray + vLLM + {args.learner}) "
             f"{show_spread(ours['steady_spread'], ' s/step', 1)} | **{summary['speedup_ours_over_trl']:.2f}x** "
             f"({summary['speedup_bounds'][0]:.2f}-{summary['speedup_bounds'][1]:.2f}) | {machine_label(info)} |"
         )

@@ -161,3 +161,63 @@ def sigkill_self_once(marker: str) -> None:
     os.write(fd, str(os.getpid()).encode())
     os.close(fd)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+# --- comparing two runs: metrics without durations, adapters by checksum, rollout and evaluation dumps -------------
+
+TIMING = ("time/", "perf/", "sync/actor_load_s")  # durations differ between any two runs
+
+
+def metric_rows(run_dir: Path, *, timings: bool = False) -> list[dict]:
+    """metrics.jsonl's rows, without the durations unless `timings`."""
+    import json
+
+    out = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return out if timings else [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in out]
+
+
+def sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def jsonl(path: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_same_first_steps(a: Path, b: Path, steps: int = 2) -> None:
+    """Run `a` (more steps) and run `b` (`steps` steps, then maybe resumed) agree up to `steps`: metrics, each
+    step's checkpointed adapter and rollout dump (`save_interval=1`, `rollout_save_interval=1`), and the
+    evaluation before training; and the groups' samples differed (the comparison is not vacuous)."""
+    # b's rows up to `steps` are its first part's (a resume keeps them), less the evaluation that ended it
+    early = [r for r in metric_rows(b) if r["step"] <= steps and not (r["step"] == steps and "eval/n" in r)]
+    assert [r for r in metric_rows(a) if r["step"] <= steps] == early
+    assert len([r for r in early if "train/loss" in r]) == steps
+    assert any(r.get("reward/std", 0) > 0 for r in early)
+    for step in range(1, steps + 1):
+        ckpt = f"checkpoints/step_{step:04d}/adapter/adapter_model.safetensors"
+        assert sha256(a / ckpt) == sha256(b / ckpt), f"adapters differ at step {step}"
+        dump = f"rollouts/step_{step:04d}.jsonl"
+        assert jsonl(a / dump) == jsonl(b / dump), f"rollouts differ at step {step}"
+    assert jsonl(a / "eval" / "step_0000.jsonl") == jsonl(b / "eval" / "step_0000.jsonl")
+
+
+def assert_resume_matches(a: Path, b: Path, resumed_stdout: str, steps: int, prompts_per_step: int) -> None:
+    """Run `b`, stopped after `steps - 1` and resumed (`resume=auto`, staleness 0) to `steps`, equals the
+    uninterrupted run `a`: training rows, the final evaluation, adapter, rollout and evaluation dumps."""
+    k = steps - 1
+    assert "resumed from" in resumed_stdout
+    assert f"step {k}, adapter version {k}, data cursor {k * prompts_per_step}" in resumed_stdout
+    train_a = [r for r in metric_rows(a) if "train/loss" in r]
+    train_b = [r for r in metric_rows(b) if "train/loss" in r]
+    assert [r["step"] for r in train_b] == list(range(1, steps + 1)) and train_b == train_a
+    assert train_b[-1]["actor/adapter_version"] == k and train_b[-1]["sync/version"] == steps
+    final = [r for r in metric_rows(a) if "eval/accuracy" in r and r["step"] == steps]
+    assert final == [r for r in metric_rows(b) if "eval/accuracy" in r and r["step"] == steps]
+    assert sha256(a / "adapter" / "adapter_model.safetensors") == sha256(b / "adapter" / "adapter_model.safetensors")
+    last = f"step_{steps:04d}.jsonl"
+    assert jsonl(a / "rollouts" / last) == jsonl(b / "rollouts" / last)
+    assert jsonl(a / "eval" / last) == jsonl(b / "eval" / last)

@@ -24,9 +24,12 @@ def policy_bytes(model: Any, version: int, *, full_weights: bool, dtype: torch.d
         return Adapter(version=version, config=config, weights=save(state))
     from peft import get_peft_model_state_dict
 
-    state = {k: v.detach().to("cpu").contiguous() for k, v in get_peft_model_state_dict(model).items()}
-    if dtype is not None:
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    state = {}
+    for k, v in get_peft_model_state_dict(model).items():
+        v = v.detach()
+        if dtype is not None and v.is_floating_point():
+            v = v.to(dtype)  # on the learner's device: half the bytes cross to the host, no host-side conversion
+        state[k] = v.to("cpu").contiguous()
     config = model.peft_config["default"].to_dict()
     config["target_modules"] = sorted(config["target_modules"])  # a set in PEFT; JSON needs a list
     return Adapter(version=version, config=config, weights=save(state))

@@ -132,8 +132,11 @@ def actor_vs_learner(model: str, lora_mode: str) -> dict:
 
 def packed_vs_padded(model: str, kind: str, attention: str) -> dict:
     """The fixed batch plus long completions (20-600 tokens), padded and packed (`micro_batch_tokens`, the given
-    `packed_attention`): logprobs, and the loss and gradient norm of one step from the same start. A packed learner
-    that refuses to start (its attention ignores the packed layout: Batcher.check_packing) reports why."""
+    `packed_attention`), both in bf16, each against the padded layout in fp32 (where no attention kernel's bf16
+    rounding enters): logprob errors, and the loss and gradient norm of one step, each learner from its own
+    logprobs as the old policy's (ratio 1 on both sides: the step compares the layouts' gradients, not how their
+    rounding moves ratios across the clip). A packed learner that refuses to start (its attention ignores the
+    packed layout: Batcher.check_packing) reports why."""
     import torch
     from transformers import AutoTokenizer
 
@@ -146,13 +149,21 @@ def packed_vs_padded(model: str, kind: str, attention: str) -> dict:
     text = tokenizer(" ".join(PROMPTS + COMPLETIONS) * 12, add_special_tokens=False)["input_ids"]
     for i, n in enumerate((20, 150, 600, 333)):  # the spread a real step has
         samples.append(TrainSample(samples[4 * i].prompt_ids, text[:n], [0.0] * n, 1.0 if i % 2 else -1.0))
-    keys = [*COMMON, *LEARNER[kind], "model.max_new_tokens=600", "algorithm.max_grad_norm=0"]
-    padded = Learner(build_from_overrides(model, *keys, "micro_batch_size=4").learner)
     prompts, comps = [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
-    want = padded.sequence_logprobs(prompts, comps)
-    for s, lp in zip(samples, want):
-        s.old_logprobs = lp
-    m_padded = padded.train_step(samples)
+    keys = [*COMMON, *LEARNER[kind], "model.max_new_tokens=600", "algorithm.max_grad_norm=0"]
+
+    def logprobs_and_step(learner) -> tuple[list[list[float]], dict]:
+        lp = learner.sequence_logprobs(prompts, comps)
+        own = [TrainSample(s.prompt_ids, s.completion_ids, old, s.advantage) for s, old in zip(samples, lp)]
+        return lp, learner.train_step(own)
+
+    fp32 = [k for k in COMMON if not k.startswith("model.learner_dtype")] + ["model.learner_dtype=float32"]
+    fp32 += [*LEARNER["peft_bf16"], "model.max_new_tokens=600", "micro_batch_size=4"]
+    reference = Learner(build_from_overrides(model, *fp32).learner)  # PEFT, fp32 base weights, padded
+    ref = reference.sequence_logprobs(prompts, comps)
+    del reference
+    padded = Learner(build_from_overrides(model, *keys, "micro_batch_size=4").learner)
+    want, m_padded = logprobs_and_step(padded)
     del padded
     torch.cuda.empty_cache()
     try:
@@ -161,15 +172,23 @@ def packed_vs_padded(model: str, kind: str, attention: str) -> dict:
         )
     except RuntimeError as e:
         return {"refused": str(e), "kernel": varlen_kernel()}
-    got = packed.sequence_logprobs(prompts, comps)
-    m_packed = packed.train_step(samples)
-    diffs = [abs(x - y) for a, b in zip(got, want) for x, y in zip(a, b)]
+    got, m_packed = logprobs_and_step(packed)
+
+    def errors(lp: list[list[float]]) -> list[float]:
+        return [abs(x - y) for a, b in zip(lp, ref) for x, y in zip(a, b)]
+
+    e_packed, e_padded = errors(got), errors(want)
+    max_adv = max(abs(s.advantage) for s in samples)
     return {
         "backend": packed.batcher.packed,
         "kernel": varlen_kernel(),
-        "max_abs_diff": max(diffs),
-        "mean_abs_diff": sum(diffs) / len(diffs),
+        "packed_vs_fp32": {"mean": sum(e_packed) / len(e_packed), "max": max(e_packed)},
+        "padded_vs_fp32": {"mean": sum(e_padded) / len(e_padded), "max": max(e_padded)},
+        "packed_vs_padded_max": max(abs(x - y) for a, b in zip(got, want) for x, y in zip(a, b)),
         "loss": [m_padded["train/loss"], m_packed["train/loss"]],
+        # loss = -mean(A * ratio), ratio = exp(logp in the step - logp before it): both near 1, each off by how its
+        # forward with gradients rounds against its own forward without
+        "loss_tol": 1.5 * max_adv * (sum(e_packed) + sum(e_padded)) / len(e_packed),
         "grad_norm": [m_padded["train/grad_norm"], m_packed["train/grad_norm"]],
     }
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, repo_env, run_train
+from tests.helpers import REPO, assert_resume_matches, assert_same_first_steps, metric_rows, repo_env, run_train
 
 pytestmark = pytest.mark.gpu
 
@@ -101,9 +100,11 @@ def test_vllm_actor_runs_the_learners_adapter_after_a_sync(model, lora_mode):
     "kind,attention", [("peft_bf16", "sdpa"), ("peft_bf16", "varlen"), ("peft_bf16", "auto"), ("unsloth", "auto")]
 )
 def test_packed_learner_matches_padded_on_cuda(model, kind, attention):
-    """Packed rows (micro_batch_tokens) give the padded logprobs, loss and gradient norm in bf16 on CUDA, with the
-    per-segment SDPA loop and with a varlen flash kernel; a backend whose attention ignores the packing (Unsloth
-    replaces the attention forward) must refuse at start rather than train on mixed sequences."""
+    """Packed rows (micro_batch_tokens) give the padded layout's logprobs, loss and gradient norm in bf16 on CUDA,
+    with the per-segment SDPA loop and with a varlen flash kernel: measured against the padded layout in fp32, the
+    packed row's error is the padded row's bf16 rounding, not more (a row that mixed sequences is off by nats);
+    a backend whose attention ignores the packing (Unsloth replaces the attention forward) must refuse at start
+    rather than train on mixed sequences."""
     out = job("packed_vs_padded", model=model, kind=kind, attention=attention)
     print(f"{kind} packed_attention={attention}: {out}")
     if "refused" in out:
@@ -112,14 +113,12 @@ def test_packed_learner_matches_padded_on_cuda(model, kind, attention):
             pytest.skip("no varlen flash kernel here (flash-attn, or torch's varlen_attn)")
         return
     assert out["backend"] == ("sdpa" if attention == "sdpa" or out["kernel"] is None else "varlen")
-    # bf16: the two layouts round differently; a row that mixed sequences is off by nats
-    assert out["mean_abs_diff"] < 0.02 and out["max_abs_diff"] < 0.25
-    assert out["loss"][1] == pytest.approx(out["loss"][0], rel=0.02, abs=1e-3)
+    # bf16 kernels round differently (SDPA per segment reproduces the padded row; a varlen kernel does not, 0.017
+    # nats per token on average on the H200), so each is held to the padded row's own error against fp32
+    packed, padded = out["packed_vs_fp32"], out["padded_vs_fp32"]
+    assert packed["mean"] <= 1.5 * padded["mean"] + 0.005 and packed["max"] <= max(2 * padded["max"], 0.5)
+    assert abs(out["loss"][1] - out["loss"][0]) <= out["loss_tol"] + 1e-4
     assert out["grad_norm"][1] == pytest.approx(out["grad_norm"][0], rel=0.05)
-
-
-def rows(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 GPU_RUN = [
@@ -148,7 +147,7 @@ def test_two_step_ray_run_with_unsloth_learner_and_vllm_actor_on_one_gpu(model, 
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    train = [r for r in rows(out) if "train/loss" in r]
+    train = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
     assert [r["step"] for r in train] == [1, 2] and [r["sync/version"] for r in train] == [1.0, 2.0]
     assert all("sync/logprob_abs_diff" in r for r in train)
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
@@ -161,7 +160,7 @@ def test_full_weight_sync_through_cuda_ipc(model, tmp_path):
     args = ["model.full_finetune=true", "model.learner_backend=peft", "cluster.weight_sync=ipc", "algorithm.lr=1e-6"]
     proc = run_train([*GPU_RUN, f"model.path={model}", *args, f"output_dir={out}"], timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    train = [r for r in rows(out) if "train/loss" in r]
+    train = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
     assert [r["sync/version"] for r in train] == [1.0, 2.0]
     summary = json.loads((out / "summary.json").read_text())
     assert all(r["sync/logprob_abs_diff"] < summary["sync/probe_floor"] + 0.2 for r in train)
@@ -180,7 +179,7 @@ def test_colocated_actor_sleeps_while_the_learner_trains(model, tmp_path):
     args += ["cluster.colocate=true", "cluster.gpu_memory_utilization=0.6", "model.learner_backend=unsloth"]
     proc = run_train([*args, "model.load_in_4bit=true", f"model.path={model}", f"output_dir={out}"], timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    train = [r for r in rows(out) if "train/loss" in r]
+    train = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
     assert [r["sync/version"] for r in train] == [1.0, 2.0]
     assert all(r["time/actor_sleep_s"] > 0 and r["time/actor_wake_s"] > 0 for r in train)
     summary = json.loads((out / "summary.json").read_text())
@@ -205,3 +204,36 @@ def test_the_gpu_demo_learns_with_real_weights(tmp_path):
         summary["eval/accuracy_after"] >= 0.65
         and summary["eval/accuracy_after"] > summary["eval/accuracy_before"] + 0.2
     )
+
+
+def test_deterministic_gpu_runs_repeat_and_resume_exactly(model, tmp_path):
+    """`deterministic=true` on the GPU (vLLM's batch-invariant kernels in the actor, deterministic learner kernels,
+    per-request sampling seeds): two runs of one config give the same metrics (timings aside), adapters, rollout
+    and evaluation dumps, and a run stopped after step 2 and resumed (`resume=auto`) equals the uninterrupted
+    one, with the Unsloth learner. Its cost: docs/benchmarks.md."""
+    common = [a for a in GPU_RUN if not a.startswith(("steps=", "cluster.gpu_memory"))]
+    common += [
+        f"model.path={model}",
+        "model.learner_backend=unsloth",
+        "cluster.gpu_memory_utilization=0.15",
+        "rollout_save_interval=1",
+        "keep_last=0",
+        "eval_n_samples=2",  # the sampled evaluation too
+    ]
+    runs = {}
+    for name, folder, extra in [
+        ("a", "a", ["steps=3", "deterministic=true"]),
+        ("b", "b", ["steps=2", "deterministic=true"]),
+        ("b2", "b", ["steps=3", "deterministic=true", "resume=auto"]),
+    ]:
+        out = tmp_path / folder
+        proc = run_train([*common, *extra, f"output_dir={out}", f"hydra.run.dir={tmp_path / name}"], timeout=900)
+        assert proc.returncode == 0, f"run {name}: " + proc.stderr[-4000:]
+        runs[name] = (out, proc)
+    (a, _), (b, _), (_, resumed) = runs["a"], runs["b"], runs["b2"]
+    steps = [r for r in metric_rows(a, timings=True) if "time/step_s" in r]
+    times = {k: [round(r[f"time/{k}_s"], 3) for r in steps] for k in ("step", "rollout", "learn")}
+    print(f"deterministic gpu run a: {times}")
+    assert_same_first_steps(a, b, steps=2)
+    assert_resume_matches(a, b, resumed.stdout, steps=3, prompts_per_step=8)
+    print("deterministic gpu runs: a == b at steps 0-2, resumed b == a at step 3 (metrics, adapters, dumps)")

@@ -7,18 +7,14 @@ engine): a, 3 steps; b, the first 2 of them with verbose=true, then resume=auto 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_train, tiny_args
+from tests.helpers import assert_resume_matches, assert_same_first_steps, run_train, tiny_args
 
 pytestmark = pytest.mark.slow
 
-TIMING = ("time/", "perf/", "sync/actor_load_s")  # durations differ between any two runs
 RUN = [
     "cluster=1a1l",
     "cluster.gpu_memory_utilization=0.1",
@@ -33,21 +29,6 @@ RUN = [
     "keep_last=0",
     "rollout_save_interval=1",
 ]
-
-
-def rows(run_dir: Path) -> list[dict]:
-    return [
-        {k: v for k, v in json.loads(line).items() if not k.startswith(TIMING)}
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -67,31 +48,12 @@ def runs(tiny_model, tmp_path_factory) -> dict:
 
 def test_two_runs_of_one_config_are_identical(runs):
     """Steps 0-2 of a (3 steps) and b (2 steps, verbose): the same computation, so the same bits."""
-    (a, _), (b, _) = runs["a"], runs["b"]
-    # b's rows up to step 2 are its first part's (the resume keeps them), less the evaluation that ended it
-    early = [r for r in rows(b) if r["step"] <= 2 and not (r["step"] == 2 and "eval/n" in r)]
-    assert [r for r in rows(a) if r["step"] <= 2] == early
-    assert len([r for r in early if "train/loss" in r]) == 2
-    assert any(r.get("reward/std", 0) > 0 for r in early)  # the samples differ within groups: not vacuous
-    for step in (1, 2):
-        ckpt = f"checkpoints/step_000{step}/adapter/adapter_model.safetensors"
-        assert sha256(a / ckpt) == sha256(b / ckpt)
-        dump = f"rollouts/step_000{step}.jsonl"
-        assert jsonl(a / dump) == jsonl(b / dump)
-    assert jsonl(a / "eval" / "step_0000.jsonl") == jsonl(b / "eval" / "step_0000.jsonl")
+    assert_same_first_steps(runs["a"][0], runs["b"][0], steps=2)
 
 
 def test_a_resumed_vllm_run_equals_an_uninterrupted_one(runs):
     (a, _), (b, resumed) = runs["a"], runs["b2"]
-    assert "resumed from" in resumed.stdout and "step 2, adapter version 2, data cursor 4" in resumed.stdout
-    train_a, train_b = [r for r in rows(a) if "train/loss" in r], [r for r in rows(b) if "train/loss" in r]
-    assert [r["step"] for r in train_b] == [1, 2, 3] and train_b == train_a
-    assert train_b[-1]["actor/adapter_version"] == 2 and train_b[-1]["sync/version"] == 3
-    final = [r for r in rows(a) if "eval/accuracy" in r and r["step"] == 3]
-    assert final == [r for r in rows(b) if "eval/accuracy" in r and r["step"] == 3]
-    assert sha256(a / "adapter" / "adapter_model.safetensors") == sha256(b / "adapter" / "adapter_model.safetensors")
-    assert jsonl(a / "rollouts" / "step_0003.jsonl") == jsonl(b / "rollouts" / "step_0003.jsonl")
-    assert jsonl(a / "eval" / "step_0003.jsonl") == jsonl(b / "eval" / "step_0003.jsonl")
+    assert_resume_matches(a, b, resumed.stdout, steps=3, prompts_per_step=2)
 
 
 OUR_LINE = re.compile(

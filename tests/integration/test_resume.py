@@ -4,7 +4,6 @@ With Ray + vLLM the same exactness is tested in tests/integration/test_reproduci
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -14,12 +13,9 @@ import pytest
 from safetensors.torch import load_file
 
 from rl import checkpoint
-from tests.helpers import REPO, repo_env, run_train
+from tests.helpers import REPO, metric_rows, repo_env, run_train
 
 pytestmark = pytest.mark.slow
-
-# durations: they differ between any two runs, resumed or not
-TIMING = ("time/", "perf/", "sync/actor_load_s")
 
 
 def args(model, out, *extra: str) -> list[str]:
@@ -38,14 +34,6 @@ def args(model, out, *extra: str) -> list[str]:
         "logger=none",
         *extra,
     ]
-
-
-def rows(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def without_timing(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(TIMING)}
 
 
 def test_resume_is_bitwise_identical(tiny_model, tmp_path):
@@ -69,16 +57,16 @@ def test_resume_is_bitwise_identical(tiny_model, tmp_path):
     mid = load_file(straight / "checkpoints" / "step_0003" / "adapter" / "adapter_model.safetensors")
     assert any(not mid[k].equal(a[k]) for k in a), "steps 4-6 did not move the adapter: the test would be vacuous"
 
-    train_a = [without_timing(r) for r in rows(straight) if "train/loss" in r]
-    train_b = [without_timing(r) for r in rows(split) if "train/loss" in r]
+    train_a = [r for r in metric_rows(straight) if "train/loss" in r]
+    train_b = [r for r in metric_rows(split) if "train/loss" in r]
     assert [r["step"] for r in train_b] == [1, 2, 3, 4, 5, 6]
     assert train_a == train_b
     assert [r["sync/version"] for r in train_b] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     # evaluation before training ran once (not again on resume); the final evaluations agree
-    evals_b = [r for r in rows(split) if "eval/accuracy" in r]
+    evals_b = [r for r in metric_rows(split) if "eval/accuracy" in r]
     assert [r["step"] for r in evals_b] == [0, 3, 6]
-    final_a = [without_timing(r) for r in rows(straight) if "eval/accuracy" in r and r["step"] == 6]
-    assert final_a == [without_timing(evals_b[-1])]
+    final_a = [r for r in metric_rows(straight) if "eval/accuracy" in r and r["step"] == 6]
+    assert final_a == [evals_b[-1]]
 
 
 def test_killed_run_resumes_from_last_checkpoint(tiny_model, tmp_path):
@@ -107,7 +95,7 @@ def test_killed_run_resumes_from_last_checkpoint(tiny_model, tmp_path):
     resumed = run_train(args(tiny_model, out, *common, f"steps={last + 1}", "resume=auto"), timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {out / 'checkpoints' / checkpoint.step_dir_name(last)}: step {last}" in resumed.stdout
-    train_rows = [r for r in rows(out) if "train/loss" in r]
+    train_rows = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
     assert [r["step"] for r in train_rows] == list(range(1, last + 2))  # no step lost, none logged twice
     new = train_rows[-1]
     assert new["data/cursor"] == 2 * (last + 1)  # the data position continues: 2 prompts per step
