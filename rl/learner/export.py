@@ -4,6 +4,7 @@ training state a checkpoint keeps. Plain functions of a model and an optimizer."
 from __future__ import annotations
 
 import io
+import json
 from typing import Any
 
 import torch
@@ -30,9 +31,15 @@ def policy_bytes(model: Any, version: int, *, full_weights: bool, dtype: torch.d
         if dtype is not None and v.is_floating_point():
             v = v.to(dtype)  # on the learner's device: half the bytes cross to the host, no host-side conversion
         state[k] = v.to("cpu").contiguous()
-    config = model.peft_config["default"].to_dict()
-    config["target_modules"] = sorted(config["target_modules"])  # a set in PEFT; JSON needs a list
-    return Adapter(version=version, config=config, weights=save(state))
+    return Adapter(version=version, config=plain_config(model.peft_config["default"].to_dict()), weights=save(state))
+
+
+def plain_config(config: dict) -> dict:
+    """PEFT's adapter config as plain JSON data (what adapter_config.json holds): sets as sorted lists, enums
+    (`peft_type`) as their string values. Whoever unpickles an Adapter (the driver, every actor) then needs no PEFT:
+    a PEFT enum in it imported PEFT and transformers in the driver at the first sync, seconds of that sync
+    (docs/benchmarks.md)."""
+    return json.loads(json.dumps(config, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else str(o)))
 
 
 def load_policy_bytes(model: Any, adapter: Adapter, device: torch.device, *, full_weights: bool) -> None:

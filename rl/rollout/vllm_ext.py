@@ -121,7 +121,10 @@ class LoraMergeExtension:
 
     def rlft_prepare_merge(self) -> dict:
         """Read (and on a GPU pin) the base projections now, at engine start: a missing checkpoint fails here and
-        not at the first adapter sync, and the first sync is as fast as the later ones."""
+        not at the first adapter sync, and the first sync is as fast as the later ones (the reload's modules are
+        imported here too: on the 2-core CPU that import alone takes over a second)."""
+        import vllm.model_executor.model_loader.reload  # noqa: F401 - imported for `_rlft_reload`'s first call
+
         t0 = time.perf_counter()
         base = self._rlft_base()
         return {"tensors": len(base), "seconds": time.perf_counter() - t0}

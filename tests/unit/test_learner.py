@@ -72,6 +72,24 @@ def test_adapter_round_trips_through_bytes(tiny_model):
     assert any("lora_B" in k and float(v.abs().sum()) > 0 for k, v in tensors.items())
 
 
+def test_the_adapter_unpickles_without_peft(tiny_model):
+    """What crosses Ray at every sync is plain data: unpickling it (in the driver, in an actor) imports no PEFT or
+    transformers, whose import would land on the first sync (a PEFT enum in the config did that)."""
+    import pickle
+    import subprocess
+
+    from tests.helpers import REPO, repo_env
+
+    adapter = make_learner(tiny_model).get_adapter(for_sync=True)
+    assert adapter.config["peft_type"] == "LORA" and adapter.config["target_modules"] == ["q_proj", "up_proj", "v_proj"]
+    probe = "import pickle, sys; pickle.loads(sys.stdin.buffer.read()); print(sorted(m for m in ('peft', 'transformers') if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], input=pickle.dumps(adapter), capture_output=True, cwd=REPO, env=repo_env()
+    )
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    assert out.stdout.decode().strip() == "[]"
+
+
 def test_sync_adapter_travels_in_the_engine_dtype_and_saved_adapters_keep_fp32(tiny_model):
     from safetensors.torch import load
 
