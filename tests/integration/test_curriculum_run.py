@@ -8,8 +8,8 @@ import pickle
 
 import pytest
 
-from tests.helpers import run_train
-from tests.integration.test_resume import args, rows, without_timing
+from tests.helpers import metric_rows, run_train
+from tests.integration.test_resume import args
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def test_pass_rate_curriculum_skips_logs_checkpoints_and_resumes_exactly(tiny_mo
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     proc = run_train(args(tiny_model, straight, "steps=6", *CURRICULUM))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    full = rows(straight)
+    full = metric_rows(straight)
     assert all("curriculum/pass_rate_1" in r for r in full if "reward/mean" in r)
     assert sum(r.get("curriculum/skipped", 0) for r in full) > 0  # something was solved and skipped
     state = pickle.loads((straight / "checkpoints" / "step_0006" / "trainer.pkl").read_bytes())
@@ -39,7 +39,7 @@ def test_pass_rate_curriculum_skips_logs_checkpoints_and_resumes_exactly(tiny_mo
     proc = run_train(args(tiny_model, resumed, "steps=6", "resume=auto", *CURRICULUM))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from" in proc.stdout
-    train = lambda run: [without_timing(r) for r in rows(run) if "train/loss" in r]  # noqa: E731
+    train = lambda run: [r for r in metric_rows(run) if "train/loss" in r]  # noqa: E731
     assert [r["step"] for r in train(resumed)] == [1, 2, 3, 4, 5, 6]
     assert train(resumed) == train(straight)  # the same prompts chosen and skipped, the same samples and losses
     adapter = "adapter/adapter_model.safetensors"
