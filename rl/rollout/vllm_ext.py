@@ -122,7 +122,7 @@ class LoraMergeExtension:
     def rlft_prepare_merge(self) -> dict:
         """Read (and on a GPU pin) the base projections now, at engine start: a missing checkpoint fails here and
         not at the first adapter sync, and the first sync is as fast as the later ones (the reload's modules are
-        imported here too: on the 2-core CPU that import alone takes over a second)."""
+        imported here too: their import is slow enough to show in a sync's time, docs/benchmarks.md)."""
         import vllm.model_executor.model_loader.reload  # noqa: F401 - imported for `_rlft_reload`'s first call
 
         t0 = time.perf_counter()
