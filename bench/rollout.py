@@ -8,7 +8,8 @@ CUDA (random Qwen2.5-0.5B shape, no hub needed):  python -m bench.rollout --devi
 Ours: one `generate` call with the whole step's prompts (the driver passes all prompts of a step at once; vLLM
 batches them continuously), with a rank-16 adapter loaded the way the framework loads it (`--lora-mode auto` picks
 what `cluster.lora_mode=auto` does), sampled-token logprobs returned, as training needs them. Raw vLLM: `LLM` with
-the same engine settings and `SamplingParams` without logprobs, on the base weights (what a merged adapter costs).
+the same engine settings and `SamplingParams` without logprobs, on the base weights (what a merged adapter costs);
+`raw_same`: the same with our actor's SamplingParams (sampled-token logprobs, no detokenisation).
 HF: `model.generate` on all prompts x n in one left-padded batch (the strongest plain-HF setting; rows that
 finish early still ride along until the longest finishes), on the base weights. Same temperature 1 sampling,
 top_p 1, no top-k, max_tokens. Tokens/s counts generated tokens up to and including EOS on every side.
@@ -118,16 +119,23 @@ def plain_generate(llm, lora_request=None, **extra):
     return generate
 
 
-def raw_vllm_rate(path: str, prompts: list[list[int]], args) -> dict:
-    """Generated tokens/s of plain vLLM: `LLM` + `SamplingParams` without logprobs, base weights."""
-    from vllm import LLM
+def raw_vllm_rate(path: str, prompts: list[list[int]], args, same_params: bool = False) -> dict:
+    """Generated tokens/s of plain vLLM: `LLM` + `SamplingParams` without logprobs, base weights; `same_params`:
+    the SamplingParams our actor sends (sampled-token logprobs, flat where this vLLM has them, no detokenisation),
+    so that the ratio to ours is our wrapper's cost alone."""
+    from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(model=path, seed=0, **engine_kwargs(path, prompts, args))
     start_s = time.perf_counter() - t0
-    rates, toks = timed_generations(plain_generate(llm), prompts, sampling_of(args), args.repeats)
+    extra = {}
+    if same_params:
+        extra = {"logprobs": 0, "detokenize": False}
+        if "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ()):
+            extra["flat_logprobs"] = True
+    rates, toks = timed_generations(plain_generate(llm, **extra), prompts, sampling_of(args), args.repeats)
     return {
-        "side": "raw_vllm",
+        "side": "raw_vllm_same_params" if same_params else "raw_vllm",
         "tokens_per_s": round(median(rates), 1),
         "tokens": toks,
         "rates": rates,
@@ -203,7 +211,7 @@ def diagnose(r, prompts: list[list[int]], sampling, args) -> dict:
     return {name: round(median(rs), 1) for name, rs in rates.items()}
 
 
-SIDES = {"hf": "hf_generate", "raw": "raw_vllm", "ours": "ours"}
+SIDES = {"hf": "hf_generate", "raw": "raw_vllm", "raw_same": "raw_vllm_same_params", "ours": "ours"}
 
 
 def run_side(args) -> dict:
@@ -221,8 +229,8 @@ def run_side(args) -> dict:
     before = machine()
     if args.side == "hf":
         row = hf_generate_rate(path, prompts, args)
-    elif args.side == "raw":
-        row = raw_vllm_rate(path, prompts, args)
+    elif args.side in ("raw", "raw_same"):
+        row = raw_vllm_rate(path, prompts, args, same_params=args.side == "raw_same")
     else:
         row = ours_rate(path, prompts, args)
     info = machine()
@@ -262,7 +270,7 @@ def compare(args) -> None:
         row["tokens_per_s"] = round(row["spread"]["median"], 1)
     rate = {side: row["tokens_per_s"] for side, row in rows.items()}
     sp = {side: row["spread"] for side, row in rows.items()}
-    pairs = [("ours", "hf"), ("ours", "raw"), ("raw", "hf")]
+    pairs = [("ours", "hf"), ("ours", "raw"), ("ours", "raw_same"), ("raw", "hf")]
     ratios, bounds = {}, {}
     for a, b in pairs:
         if a in rate and b in rate:
@@ -270,7 +278,7 @@ def compare(args) -> None:
             bounds[f"{a}_over_{b}"] = [round(sp[a]["min"] / sp[b]["max"], 2), round(sp[a]["max"] / sp[b]["min"], 2)]
     print(json.dumps({"bench": "rollout", "ratios": ratios, "ratio_bounds": bounds}), flush=True)
     first = next(iter(rows.values()))
-    names = {"hf": "HF generate", "raw": "raw vLLM"}
+    names = {"hf": "HF generate", "raw": "raw vLLM", "raw_same": "raw vLLM with our SamplingParams"}
     if "ours" in rows:
         names["ours"] = f"ours (vLLM, {rows['ours']['side'].rsplit('_', 1)[1]} LoRA)"
     cells = [f"{names[side]} {show_spread(sp[side], ' tok/s')}" for side in rows]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import weakref
 from typing import Any
 
 import torch
@@ -23,15 +24,50 @@ def policy_bytes(model: Any, version: int, *, full_weights: bool, dtype: torch.d
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.named_parameters()}
         config = {"full_weights": True, "dtype": str(next(iter(state.values())).dtype).removeprefix("torch.")}
         return Adapter(version=version, config=config, weights=save(state))
-    from peft import get_peft_model_state_dict
-
-    state = {}
-    for k, v in get_peft_model_state_dict(model).items():
+    tensors = []
+    for k, v in lora_tensors(model):
         v = v.detach()
         if dtype is not None and v.is_floating_point():
             v = v.to(dtype)  # on the learner's device: half the bytes cross to the host, no host-side conversion
-        state[k] = v.to("cpu").contiguous()
-    return Adapter(version=version, config=plain_config(model.peft_config["default"].to_dict()), weights=save(state))
+        tensors.append((k, v))
+    return Adapter(
+        version=version, config=plain_config(model.peft_config["default"].to_dict()), weights=save(to_host(tensors))
+    )
+
+
+_LORA_TENSORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def lora_tensors(model: Any) -> list[tuple[str, torch.Tensor]]:
+    """(PEFT state-dict key, parameter) for every tensor of the adapter, found once per model: PEFT's
+    `get_peft_model_state_dict` walks the whole model's state dict (the 4-bit base too), 0.07 s per sync on
+    SmolLM2. The parameters are the live ones (training and `load_policy_bytes` update them in place); a key that
+    is not a parameter (a buffer) makes every call ask PEFT again."""
+    cached = _LORA_TENSORS.get(model)
+    if cached is not None:
+        return cached
+    from peft import get_peft_model_state_dict
+
+    state = get_peft_model_state_dict(model)
+    by_storage = {(p.data_ptr(), p.shape): p for _, p in model.named_parameters()}
+    params = [(k, by_storage.get((v.data_ptr(), v.shape))) for k, v in state.items()]
+    if any(p is None for _, p in params):
+        return list(state.items())
+    _LORA_TENSORS[model] = params
+    return params
+
+
+def to_host(tensors: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The tensors on the host in one device-to-host copy where they share a dtype (views of one flat buffer;
+    hundreds of small copies, each a synchronisation, otherwise)."""
+    if len({t.dtype for _, t in tensors}) != 1:
+        return {k: t.to("cpu").contiguous() for k, t in tensors}
+    flat = torch.cat([t.reshape(-1) for _, t in tensors]).to("cpu")
+    out, start = {}, 0
+    for k, t in tensors:
+        out[k] = flat[start : start + t.numel()].view(t.shape)
+        start += t.numel()
+    return out
 
 
 def plain_config(config: dict) -> dict:

@@ -1,11 +1,16 @@
 """vLLM worker extension: load a LoRA adapter version by merging it into the engine's base weights.
 
 `cluster.lora_mode=merged` (what `auto` picks): the actor receives the adapter bytes and computes
-W = W0 + (alpha / r) * B @ A for every targeted projection (on the engine's GPU when it has one), then reloads those
-weights through vLLM's layerwise reload (which re-runs the kernels' weight packing and keeps the tensors CUDA graphs
-point to). Untargeted siblings of a fused layer (q/k/v in qkv_proj, gate/up in gate_up_proj) are sent with their
-base values so that every fused layer is complete. vLLM's native LoRA path (`LoRARequest`, `lora_mode=native`)
-applies the adapter at every decode step instead, which decodes slower on both CPU and GPU (docs/benchmarks.md).
+W = W0 + (alpha / r) * B @ A for every targeted projection. Two ways to write W:
+- in place (`InPlaceMerge`), where the engine's weights are what its kernels read: a CUDA engine on one GPU with
+  unquantized linear layers (their post-load processing does nothing there). Each touched parameter (a fused qkv_proj
+  or gate_up_proj whole) is copied back from a pinned host snapshot of the engine's own start-up weights, then each
+  projection's rows get `addmm_(B, A)`: no allocation, no reload, the tensors CUDA graphs point to stay.
+- otherwise through vLLM's layerwise reload (`merged_payload`: CPU, where the weights are repacked into GEMM handles;
+  tensor parallel; quantized layers), which re-runs the kernels' weight packing; untargeted siblings of a fused layer
+  (q/k/v in qkv_proj, gate/up in gate_up_proj) are sent with their base values so every fused layer is complete.
+vLLM's native LoRA path (`LoRARequest`, `lora_mode=native`) applies the adapter at every decode step instead, which
+decodes slower on both CPU and GPU (docs/benchmarks.md).
 
 Loaded by vLLM inside its worker process (`LLM(worker_extension_cls="rl.rollout.vllm_ext.LoraMergeExtension")`) and
 called through `llm.collective_rpc("rlft_merge_adapter", args=(...))`; method names carry an `rlft_` prefix so
@@ -86,6 +91,67 @@ def merged_payload(
     return merged()
 
 
+class InPlaceMerge:
+    """W0 + scale * B @ A written straight into the engine's parameters, for engines whose kernels read the
+    parameters as loaded (`kernel_slices` says which). `slices`: HF weight name -> (the engine's parameter, first
+    row, rows) — a fused parameter holds several projections' rows. W0 is a snapshot of the parameters taken at
+    construction, before any adapter (pinned host memory on a GPU: asynchronous copies back, no GPU memory)."""
+
+    def __init__(self, slices: dict[str, tuple[torch.Tensor, int, int]]):
+        self.slices = slices
+        self.params = {id(p): p for p, _, _ in slices.values()}
+        pin = any(p.is_cuda for p in self.params.values())
+        self.base = {
+            k: (p.detach().to("cpu", copy=True).pin_memory() if pin else p.detach().clone())
+            for k, p in self.params.items()
+        }
+        self.dirty: set[int] = set()  # parameters that hold a delta now
+
+    def write(self, factors: dict[str, tuple], scale: float) -> int:
+        """Set every parameter the adapter (or the previous one) touches to W0 + its delta; returns their number."""
+        names = {f"{module}.weight": ba for module, ba in factors.items()}
+        missing = sorted(set(names) - set(self.slices))
+        if missing:
+            raise KeyError(f"adapter targets {missing[0]}, which the engine has no unquantized projection for")
+        touched = {id(self.slices[n][0]) for n in names}
+        with torch.no_grad():
+            for k in touched | self.dirty:
+                self.params[k].copy_(self.base[k], non_blocking=True)
+            for name, (b, a) in names.items():
+                p, row, rows = self.slices[name]
+                p[row : row + rows].addmm_(b.to(p.device, p.dtype), a.to(p.device, p.dtype), alpha=scale)
+        written, self.dirty = touched | self.dirty, touched
+        return len(written)
+
+
+def kernel_slices(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, int, int]] | None:
+    """HF projection weight name -> (vLLM parameter, first row, rows) for every `*_proj` linear layer of a vLLM
+    model on one tensor-parallel rank, using the model's `packed_modules_mapping` and the fused layers'
+    `output_sizes` (qkv_proj = q, k, v rows in that order). None when a projection is quantized or has no plain
+    weight (then only the layerwise reload knows the kernels' layout)."""
+    from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+
+    packed = getattr(model, "packed_modules_mapping", None) or {}
+    out: dict[str, tuple[torch.Tensor, int, int]] = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, LinearBase) or not name.endswith("_proj"):
+            continue
+        weight = getattr(module, "weight", None)
+        if not isinstance(module.quant_method, UnquantizedLinearMethod) or not isinstance(weight, torch.Tensor):
+            return None
+        prefix, _, leaf = name.rpartition(".")
+        subs, sizes = packed.get(leaf), getattr(module, "output_sizes", None)
+        if not subs:
+            subs, sizes = [leaf], [weight.shape[0]]
+        if sizes is None or len(subs) != len(sizes) or sum(sizes) != weight.shape[0]:
+            return None
+        row = 0
+        for sub, size in zip(subs, sizes):
+            out[f"{prefix}.{sub}.weight" if prefix else f"{sub}.weight"] = (weight, row, size)
+            row += size
+    return out or None
+
+
 class LoraMergeExtension:
     """Mixed into vLLM's worker class; `self` is the worker (has `model_runner`, `vllm_config`)."""
 
@@ -120,14 +186,39 @@ class LoraMergeExtension:
         return base
 
     def rlft_prepare_merge(self) -> dict:
-        """Read (and on a GPU pin) the base projections now, at engine start: a missing checkpoint fails here and
-        not at the first adapter sync, and the first sync is as fast as the later ones (the reload's modules are
-        imported here too: their import is slow enough to show in a sync's time, docs/benchmarks.md)."""
+        """Take the base projections now, at engine start: a snapshot of the engine's own weights where merges
+        write in place (`_rlft_in_place_slices`), else read from the checkpoint (pinned on a GPU). A missing
+        checkpoint fails here and not at the first adapter sync, and the first sync is as fast as the later ones
+        (the reload's modules are imported here too: their import is slow enough to show in a sync's time,
+        docs/benchmarks.md)."""
         import vllm.model_executor.model_loader.reload  # noqa: F401 - imported for `_rlft_reload`'s first call
 
         t0 = time.perf_counter()
+        slices = self._rlft_in_place_slices()
+        self._rlft_in_place = InPlaceMerge(slices) if slices is not None else None
+        if slices is not None:
+            return {"tensors": len(slices), "seconds": time.perf_counter() - t0, "in_place": True}
         base = self._rlft_base()
-        return {"tensors": len(base), "seconds": time.perf_counter() - t0}
+        return {"tensors": len(base), "seconds": time.perf_counter() - t0, "in_place": False}
+
+    def _rlft_in_place_slices(self) -> dict[str, tuple[torch.Tensor, int, int]] | None:
+        """`kernel_slices` where an in-place merge is right: a CUDA engine on one GPU whose projections are exactly
+        the checkpoint's (names and shapes, read from the safetensors headers: no remapped or padded layer)."""
+        device = self._rlft_device()
+        parallel = self.vllm_config.parallel_config
+        if device is None or device.type != "cuda" or parallel.world_size != 1:
+            return None
+        slices = kernel_slices(self.model_runner.model)
+        if slices is None:
+            return None
+        from safetensors import safe_open
+
+        shapes = {}
+        for f in self._rlft_base_files():
+            with safe_open(str(f), framework="pt") as st:
+                shapes |= {k: list(st.get_slice(k).get_shape()) for k in st.keys() if k.endswith("_proj.weight")}
+        mine = {name: [rows, p.shape[1]] for name, (p, _, rows) in slices.items()}
+        return slices if mine == shapes else None
 
     def _rlft_device(self) -> torch.device | None:
         """The engine's accelerator, where merges run; None on CPU (merge in place on the host tensors)."""
@@ -141,6 +232,11 @@ class LoraMergeExtension:
         t0 = time.perf_counter()
         factors = lora_factors(config, load_safetensors(weights)) if weights else ({}, 1.0)
         device = self._rlft_device()
+        in_place = getattr(self, "_rlft_in_place", None)
+        if in_place is not None:
+            n = in_place.write(*factors)
+            torch.cuda.synchronize(device)  # the copies and addmms are asynchronous: time them whole
+            return {"tensors": n, "seconds": time.perf_counter() - t0, "in_place": True}
         counted = _Counted(merged_payload(self._rlft_base(), *factors, device=device))
         self._rlft_reload(counted)
         if device is not None and device.type == "cuda":

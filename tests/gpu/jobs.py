@@ -116,8 +116,9 @@ def actor_vs_learner(model: str, lora_mode: str) -> dict:
     learner_greedy = [r.completions[0].token_ids for r in lrn.generate(prompts, greedy)]
     rescored = lrn.sequence_logprobs(prompts, ours)
     diffs = [abs(a - b) for r, lp in zip(rollouts, rescored) for a, b in zip(r.completions[0].logprobs, lp)]
+    merges = in_place_vs_layerwise(actor, lrn.get_adapter(for_sync=True)) if lora_mode == "merged" else {}
     actor.close()
-    return {
+    return merges | {
         "floor": floor,
         "probe": probe_diff,
         "limit": probe.limit,
@@ -127,6 +128,34 @@ def actor_vs_learner(model: str, lora_mode: str) -> dict:
         "actor": ours,
         "learner": learner_greedy,
         "logprob_abs_diff": sum(diffs) / max(len(diffs), 1),
+    }
+
+
+def in_place_vs_layerwise(actor, adapter) -> dict:
+    """The merged adapter written in place into the engine's parameters (the CUDA path) against the same adapter
+    through vLLM's layerwise reload: every projection weight, and the merge's time (median of 3) each way."""
+    import statistics
+
+    def merge(worker, in_place: bool):
+        saved = worker._rlft_in_place
+        worker._rlft_in_place = saved if in_place else None
+        try:
+            times = [worker.rlft_merge_adapter(adapter.config, adapter.weights)["seconds"] for _ in range(3)]
+        finally:
+            worker._rlft_in_place = saved
+        weights = {n: p.detach().clone() for n, p in worker.model_runner.model.named_parameters() if "_proj" in n}
+        return saved is not None, statistics.median(times), weights
+
+    used, fast_s, fast = actor.llm.collective_rpc(merge, args=(True,))[0]
+    _, slow_s, slow = actor.llm.collective_rpc(merge, args=(False,))[0]
+    diff = max(float((fast[n].float() - slow[n].float()).abs().max()) for n in slow)
+    return {
+        "in_place": used,
+        "in_place_s": fast_s,
+        "layerwise_s": slow_s,
+        "in_place_vs_layerwise": diff,
+        "weights_compared": len(slow),
+        "same_names": sorted(fast) == sorted(slow),
     }
 
 

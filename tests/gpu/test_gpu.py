@@ -94,6 +94,13 @@ def test_vllm_actor_runs_the_learners_adapter_after_a_sync(model, lora_mode):
     assert [a[:8] for a in out["actor"]] == [b[:8] for b in out["learner"]]
     assert sum(a == b for a, b in zip(out["actor"], out["learner"])) >= 3
     assert out["logprob_abs_diff"] < 0.1
+    if lora_mode == "merged":  # a CUDA engine on one GPU merges in place: the weights the layerwise reload loads
+        print(
+            f"merged in place {out['in_place_s'] * 1e3:.1f} ms vs layerwise reload {out['layerwise_s'] * 1e3:.1f} ms, "
+            f"max |dW| {out['in_place_vs_layerwise']} over {out['weights_compared']} weights"
+        )
+        assert out["in_place"] and out["same_names"] and out["weights_compared"] > 0
+        assert out["in_place_vs_layerwise"] == 0.0
 
 
 @pytest.mark.parametrize(

@@ -99,6 +99,25 @@ def test_sync_adapter_travels_in_the_engine_dtype_and_saved_adapters_keep_fp32(t
     assert all(torch.equal(wire[k], full[k].to(torch.bfloat16)) for k in full)
 
 
+def test_the_exported_adapter_is_pefts_state_dict_after_steps_and_loads(tiny_model):
+    """The export finds the adapter's parameters once and then reads the live tensors: after a training step and
+    after `load_state` (an in-place copy) the bytes still hold exactly what PEFT's state dict holds."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load
+
+    def assert_exported_is_peft(learner):
+        wire = load(learner.get_adapter().weights)
+        peft = get_peft_model_state_dict(learner.model)
+        assert wire.keys() == peft.keys() and all(torch.equal(wire[k], peft[k].cpu()) for k in peft)
+
+    learner = make_learner(tiny_model)
+    assert_exported_is_peft(learner)
+    learner.train_step(make_samples())
+    assert_exported_is_peft(learner)
+    learner.load_state(make_learner(tiny_model, "seed=1").state_dict())
+    assert_exported_is_peft(learner)
+
+
 def test_full_finetune_trains_every_parameter_against_a_frozen_reference(tiny_model):
     """Full fine-tuning: no LoRA, every parameter moves; the KL reference is a frozen copy of the initial weights
     (not the live model), and the weights round-trip through get_adapter / load_state."""

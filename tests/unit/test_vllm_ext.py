@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bench.common import lora_deltas
-from rl.rollout.vllm_ext import lora_factors, merge_lora, merged_payload
+from rl.rollout.vllm_ext import InPlaceMerge, lora_factors, merge_lora, merged_payload
 
 
 def peft_weights(rank: int = 4) -> dict[str, torch.Tensor]:
@@ -93,6 +93,43 @@ def test_merged_payload_rejects_a_target_the_base_lacks_before_yielding_anything
     base = {k: v for k, v in base_weights().items() if "layers.0.self_attn.v_proj" not in k}
     with pytest.raises(KeyError, match="layers.0.self_attn.v_proj"):
         merged_payload(base, factors, scale)  # raised at the call, not at the first next()
+
+
+def fused_engine(base: dict[str, torch.Tensor]) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The base as a vLLM engine holds it (q, k, v rows of one qkv_proj per layer, o_proj alone) and the slices
+    `kernel_slices` would give for it."""
+    slices, params = {}, {}
+    for layer in (0, 1, 10):
+        prefix = f"model.layers.{layer}.self_attn."
+        qkv = torch.cat([base[prefix + p + ".weight"] for p in ("q_proj", "k_proj", "v_proj")])
+        params[prefix + "qkv_proj"], params[prefix + "o_proj"] = qkv, base[prefix + "o_proj.weight"].clone()
+        for i, p in enumerate(("q_proj", "k_proj", "v_proj")):
+            slices[prefix + p + ".weight"] = (qkv, 8 * i, 8)
+        slices[prefix + "o_proj.weight"] = (params[prefix + "o_proj"], 0, 8)
+    return slices, params
+
+
+def test_in_place_merge_writes_what_the_layerwise_payload_would_load():
+    """The GPU path writes W0 + s * B @ A into the fused parameters' rows: the same values, bit for bit, as the
+    payload the layerwise reload loads; the next adapter starts again from W0 (no delta accumulates), and an
+    adapter that touches nothing any more puts the base back."""
+    base = base_weights()
+    slices, params = fused_engine(base)
+    merge = InPlaceMerge(slices)
+    factors, scale = lora_factors({"r": 4, "lora_alpha": 8}, peft_weights())
+    for step in range(2):  # twice: the second write must not add to the first
+        assert merge.write(factors, scale) == 1  # q and v live in layer 0's qkv_proj
+        expected = dict(merged_payload(base, factors, scale))
+        prefix = "model.layers.0.self_attn."
+        want = torch.cat([expected[prefix + p + ".weight"] for p in ("q_proj", "k_proj", "v_proj")])
+        assert torch.equal(params[prefix + "qkv_proj"], want)
+        assert torch.equal(
+            params["model.layers.1.self_attn.qkv_proj"][8:16], base["model.layers.1.self_attn.k_proj.weight"]
+        )
+    assert merge.write({}, 1.0) == 1  # back to the base: the parameter the last adapter changed
+    assert torch.equal(params["model.layers.0.self_attn.qkv_proj"][:8], base["model.layers.0.self_attn.q_proj.weight"])
+    with pytest.raises(KeyError, match="mlp.up_proj"):
+        merge.write({"model.layers.0.mlp.up_proj": factors["model.layers.0.self_attn.q_proj"]}, scale)
 
 
 def fake_worker(model: str):
