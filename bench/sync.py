@@ -85,7 +85,8 @@ def timed_merge(worker, config: dict, weights: bytes) -> dict:
     timer around each part; the reload is the extension's own (runs in the worker)."""
     from safetensors.torch import load as load_safetensors
 
-    from rl.rollout.vllm_ext import _FUSED, _SIBLINGS, lora_deltas
+    from bench.common import lora_deltas
+    from rl.rollout.vllm_ext import _FUSED, _SIBLINGS
 
     t = [time.perf_counter()]
     base = worker._rlft_base()
@@ -244,7 +245,8 @@ def merge_math_micro(path: str, rank: int, repeats: int) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    from rl.rollout.vllm_ext import lora_deltas, merge_lora
+    from bench.common import lora_deltas
+    from rl.rollout.vllm_ext import merge_lora
 
     base = {}
     for f in sorted(__import__("pathlib").Path(path).glob("*.safetensors")):

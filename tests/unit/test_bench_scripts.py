@@ -125,3 +125,11 @@ def test_sampling_budget_compares_runs_at_the_smallest_token_total(tmp_path, mon
     assert "token budget: 400 generated tokens" in out
     assert "| a | 4 | 400 | 0.750 | 0.750 (4) | 0 | 60 |" in out
     assert "| b | 4 | 800 | 0.750 | 0.500 (2) | 12 | 60 |" in out  # b's 400 tokens were spent by step 2
+
+
+def test_sync_merge_arithmetic_runs_on_a_real_checkpoint(tiny_model):
+    """`bench.sync --micro-only`'s measurement: the fp32 merge forms agree bit for bit on the model's projections."""
+    from bench import sync
+
+    row = sync.merge_math_micro(str(tiny_model), 4, 1)
+    assert row["bit_identical"] and row["rank"] == 4 and row["actor_s"] > 0
