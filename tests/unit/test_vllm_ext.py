@@ -117,7 +117,7 @@ def test_in_place_merge_writes_what_the_layerwise_payload_would_load():
     slices, params = fused_engine(base)
     merge = InPlaceMerge(slices)
     factors, scale = lora_factors({"r": 4, "lora_alpha": 8}, peft_weights())
-    for step in range(2):  # twice: the second write must not add to the first
+    for _ in range(2):  # twice: the second write must not add to the first
         assert merge.write(factors, scale) == 1  # q and v live in layer 0's qkv_proj
         expected = dict(merged_payload(base, factors, scale))
         prefix = "model.layers.0.self_attn."
