@@ -106,7 +106,13 @@ def run_ours(steps: int, out: Path, threads: int | None, work: Work = CPU, learn
     """train.py with `ours_args`; step times from metrics.jsonl."""
     cmd = [sys.executable, str(REPO / "train.py"), *ours_args(steps, out, threads, work, learner)]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))))
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))),
+    )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"train.py failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
