@@ -170,9 +170,7 @@ TIMING = ("time/", "perf/", "sync/actor_load_s")  # durations differ between any
 
 def metric_rows(run_dir: Path, *, timings: bool = False) -> list[dict]:
     """metrics.jsonl's rows, without the durations unless `timings`."""
-    import json
-
-    out = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    out = jsonl(run_dir / "metrics.jsonl")
     return out if timings else [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in out]
 
 

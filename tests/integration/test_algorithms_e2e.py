@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.helpers import REPO, run_train, tiny_args
+from tests.helpers import REPO, metric_rows, run_train, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +33,7 @@ def test_bundle_runs_two_steps(bundle, tiny_model, tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(out, timings=True)
     steps = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
@@ -65,7 +63,7 @@ def test_kl_folded_into_the_reward(tiny_model, tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = metric_rows(out, timings=True)
     # step 1 samples come from the base model: KL to the reference is 0; after one update it is positive
     assert steps[0]["reward/kl_penalty_mean"] == pytest.approx(0.0, abs=1e-4)
     assert steps[1]["reward/kl_penalty_mean"] > 0

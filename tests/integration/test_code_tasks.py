@@ -3,11 +3,9 @@ sandbox (one process, HF generation, the tiny random model: cheap)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.helpers import run_train
+from tests.helpers import metric_rows, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +33,7 @@ def test_two_steps_on_code_tasks_scored_in_the_sandbox(tiny_model, tmp_path):
         ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(out, timings=True)
     steps = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in steps] == [1, 2]
     # every completion went through the sandbox (a random model writes no working code: reward 0, no errors)

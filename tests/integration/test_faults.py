@@ -4,13 +4,12 @@ is trained exactly once and the log says what happened; and staleness 1 with rea
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from rl.rollout.hf import HFRollout
-from tests.helpers import LengthReward, run_train, sigkill_self_once
+from tests.helpers import LengthReward, metric_rows, run_train, sigkill_self_once
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +92,7 @@ def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, 
     data = PromptData(Env().train_items(), tokenizer, spec.data)
     expected = [[tuple(data.prompt_ids[i]) for i in data.next_batch(4)] for _ in range(cfg.steps)]
     assert trained == expected  # every prompt of every step, once, in order
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(tmp_path / "run", timings=True)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert sum(r["fault/actor_restarts"] for r in rows) == 1.0
     assert all(r["data/kept_groups"] == 4 for r in rows)
@@ -129,7 +128,7 @@ def test_staleness_one_with_vllm_engines(tiny_model, tmp_path):
         ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(Path(out), timings=True)
     # step 3 trains on samples of the adapter published after step 1 while the learner holds step 2's
     assert [r["actor/adapter_version"] for r in rows] == [0.0, 0.0, 1.0]
     assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
@@ -161,7 +160,7 @@ def test_learner_generation_with_staleness_on_ray(tiny_model, tmp_path):
         ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(Path(out), timings=True)
     steps = [r for r in rows if "reward/mean" in r]
     assert [r["data/learner_generated_frac"] for r in steps] == [0.25] * 3  # 1 of 4 prompts on the learner
     assert [r["async/staleness_max"] for r in steps] == [0.0, 1.0, 1.0]

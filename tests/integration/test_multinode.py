@@ -27,7 +27,7 @@ import pytest
 
 from rl import checkpoint
 from rl.rollout.vllm import VLLMRollout
-from tests.helpers import REPO, LengthReward, repo_env, run_train, sigkill_self_once, tiny_args
+from tests.helpers import REPO, LengthReward, metric_rows, repo_env, run_train, sigkill_self_once, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -157,10 +157,6 @@ def placements(text: str) -> dict[tuple[str, int], str]:
     return {(role, int(i)): node for role, i, node in PLACED.findall(text)}
 
 
-def rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_roles_on_two_nodes_train_checkpoint_and_resume_with_two_learners(two_nodes, tiny_model, tmp_path, monkeypatch):
     """One vLLM actor (a whole CPU: a node of its own) and two learners (half a CPU each: together on the other
     node) train 2 steps with a checkpoint after each; resume=auto continues at step 3 with the data cursor and
@@ -201,7 +197,7 @@ def test_roles_on_two_nodes_train_checkpoint_and_resume_with_two_learners(two_no
         resumed.stdout
     )
     assert set(placements(log_of(out)).values()) == nodes
-    train_rows = [r for r in rows(out) if "train/loss" in r]
+    train_rows = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
     assert [r["step"] for r in train_rows] == [1, 2, 3]  # each step once, none repeated after the resume
     step3 = train_rows[-1]
     assert step3["data/cursor"] == 6 and step3["sync/version"] == 3
@@ -248,7 +244,7 @@ def test_ray_launcher_sweep_joins_the_running_cluster(two_nodes, tiny_model, tmp
     assert len(placed) == 4, text[-3000:]  # 2 jobs x (actor, learner)
     assert set(placed.values()) <= {two_nodes.head[:12], two_nodes.worker[:12]}
     for job in ("0", "1"):
-        assert [r["step"] for r in rows(sweep / job) if "train/loss" in r] == [1]
+        assert [r["step"] for r in metric_rows(sweep / job, timings=True) if "train/loss" in r] == [1]
     with (sweep / "sweep_summary.csv").open() as f:
         assert [(r["overrides"], r["status"]) for r in csv.DictReader(f)] == [
             ("algorithm=grpo", "done"),
@@ -353,7 +349,7 @@ def test_killed_vllm_actor_is_restarted_and_every_prompt_is_trained_once(two_nod
     result = json.loads((run_dir / "trained.json").read_text())
     assert result["trained"] == result["expected"]  # every prompt of every step, once, in order
     assert (run_dir / "killed.pid").is_file()  # it really was killed
-    metrics = rows(run_dir)
+    metrics = metric_rows(run_dir, timings=True)
     assert [r["fault/actor_restarts"] for r in metrics] == [0.0, 1.0, 0.0]
     # the restarted engine got the adapter before its first work: steps 2 and 3 sample versions 1 and 2
     assert [r["actor/adapter_version"] for r in metrics] == [0.0, 1.0, 2.0]

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from tests.helpers import run_train
-from tests.integration.test_train_ray import TINY_RUN, check_trained, read_metrics
+from tests.helpers import metric_rows, run_train
+from tests.integration.test_train_ray import TINY_RUN, check_trained
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def check_episodes(out) -> None:
         assert r["env/turns_mean"] > 1 and r["env/turns_max"] <= 3
         assert 0 < r["env/env_token_frac"] < 1
         assert r["env/tool_calls_per_episode"] == 0
-    evals = [r for r in read_metrics(out) if "eval/accuracy" in r]
+    evals = [r for r in metric_rows(out, timings=True) if "eval/accuracy" in r]
     assert evals and all(r["eval/turns_mean"] >= 1 for r in evals)  # evaluation runs episodes too
     rows = [json.loads(line) for line in (out / "rollouts" / "step_0001.jsonl").read_text().splitlines()]
     assert len(rows) == 8

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import csv
-import json
 
 import pytest
 
-from tests.helpers import run_train, tiny_args
+from tests.helpers import metric_rows, run_train, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +31,7 @@ def test_multirun_sweeps_algorithms_on_ray(tiny_model, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for job, algo in (("0", "grpo"), ("1", "pg")):
-        rows = [json.loads(line) for line in (sweep / job / "metrics.jsonl").read_text().splitlines()]
+        rows = metric_rows(sweep / job, timings=True)
         assert [r["step"] for r in rows if "train/loss" in r] == [1]
         assert (sweep / job / "adapter" / "adapter_model.safetensors").is_file()
         assert f"algorithm {algo};" in proc.stdout
@@ -122,7 +121,7 @@ def test_ray_launcher_runs_the_sweep_as_ray_tasks(tiny_model, tmp_path):
     assert "Ray Launcher is launching 2 jobs" in proc.stdout + proc.stderr
     assert "(_run_job pid=" in proc.stdout + proc.stderr  # the jobs ran inside Ray tasks, not in this process
     for job in ("0", "1"):
-        steps = [json.loads(line)["step"] for line in (sweep / job / "metrics.jsonl").read_text().splitlines()]
+        steps = [r["step"] for r in metric_rows(sweep / job, timings=True)]
         assert steps == [0, 1, 1]  # eval before, the training step, eval after
         assert (sweep / job / "summary.json").is_file()
     with (sweep / "sweep_summary.csv").open() as f:

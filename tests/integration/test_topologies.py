@@ -3,7 +3,6 @@ match one learner on the whole batch; a rollout actor left on an old adapter ver
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import torch
 from safetensors.torch import load
 
 from rl.config import AlgorithmConfig, ClusterConfig, ClusterMode, DType, ModelConfig, RolloutBackend, TrainConfig
-from tests.helpers import REPO, make_samples, run_train, scratch_run_dir
+from tests.helpers import REPO, make_samples, metric_rows, run_train, scratch_run_dir
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +52,7 @@ def test_topology_trains_two_steps(topology, extra, tiny_model, tmp_path):
     out = tmp_path / "run"
     proc = run_train([f"model.path={tiny_model}", f"output_dir={out}", f"cluster={topology}", *TINY_RUN, *extra])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(out, timings=True)
     steps = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in steps] == [1, 2]
     # every actor generated with the adapter published by the step before, and the probe agrees with learner 0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.helpers import run_train
+from tests.helpers import metric_rows, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -27,12 +27,8 @@ TINY_RUN = [
 ]
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def check_trained(run_dir: Path) -> list[dict]:
-    rows = read_metrics(run_dir)
+    rows = metric_rows(run_dir, timings=True)
     steps = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in steps] == [1, 2]
     # step 1 samples came from the base model (version 0), step 2 from the adapter published after step 1
@@ -83,7 +79,7 @@ def test_full_finetune_syncs_every_weight_to_vllm(tiny_model, tmp_path):
         ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    steps = [r for r in read_metrics(out) if "reward/mean" in r]
+    steps = [r for r in metric_rows(out, timings=True) if "reward/mean" in r]
     assert [r["actor/adapter_version"] for r in steps] == [0.0, 1.0]
     # fp32 on both sides and every weight synced: the actor's logprobs equal the learner's to rounding (a stale
     # LM head in vLLM's CPU backend, tied to the embedding, once left 0.004-0.011 here)

@@ -3,11 +3,9 @@ run's history, beside metrics.jsonl (tiny model, in-process HF rollout, 1 step).
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.helpers import run_train, tiny_args
+from tests.helpers import metric_rows, run_train, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -37,5 +35,5 @@ def test_wandb_offline_run_directory(tiny_model, tmp_path):
     history = list(runs[0].glob("run-*.wandb"))
     assert history and history[0].stat().st_size > 0  # the binary history file wandb sync would upload
     assert not (out / "checkpoints").exists()  # save_interval=0: no checkpoints
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in metric_rows(out, timings=True)]
     assert steps == [1]

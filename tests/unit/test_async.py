@@ -3,7 +3,6 @@ actor's prompts going to a live one, batches sent ahead, and the driver loop's s
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -19,6 +18,7 @@ from rl.runtime import Runtime, VersionMismatch
 from rl.sampler import Sampler
 from rl.specs import DataSpec, RuntimeSpec, SamplerSpec
 from rl.types import Adapter, Completion, PromptRollout, Sampling
+from tests.helpers import metric_rows
 
 
 class FakeActor:
@@ -128,7 +128,7 @@ def run_loop(tmp_path, runtime, *, steps=4, staleness=0, max_nonfinite_steps=3, 
         train(spec, runtime, NumberTokenizer(), Env(5), length_reward, logger, resolved={})
     finally:
         logger.close()
-    return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return metric_rows(tmp_path, timings=True)
 
 
 def expected_batches(steps: int) -> list[list[int]]:
@@ -230,7 +230,7 @@ def test_nonfinite_losses_are_skipped_and_logged_and_too_many_in_a_row_stop_the_
     learner = FakeLearner(losses=[float("nan"), 0.5, float("inf"), float("nan")])
     with pytest.raises(RunStopped) as stop:
         run_loop(tmp_path, fake_runtime([FakeActor()], learner), steps=6, max_nonfinite_steps=2)
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(tmp_path, timings=True)
     assert [r["train/skipped_nonfinite"] for r in rows] == [1.0, 0.0, 1.0, 1.0]  # step 2 reset the count
     out = capsys.readouterr().out
     assert "step 1: non-finite loss (nan), optimizer step skipped (1 in a row" in out

@@ -16,7 +16,7 @@ from rl.data import PromptData
 from rl.metrics import MetricsLogger
 from rl.specs import DataSpec
 from rl.types import Adapter, Sampling
-from tests.helpers import make_learner, make_samples, run_spec
+from tests.helpers import make_learner, make_samples, metric_rows, run_spec
 
 
 def fake_learner_state(version: int) -> dict:
@@ -154,7 +154,7 @@ def test_metrics_rows_after_the_checkpoint_are_dropped(tmp_path):
     assert logger.drop_after(2) == 2
     logger.log(3, {"reward/mean": 30.0})
     logger.close()
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_rows(tmp_path, timings=True)
     assert [(r["step"], r["reward/mean"]) for r in rows] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 30.0)]
 
 
