@@ -353,6 +353,7 @@ class Runtime:
             "time/sync_s": time.perf_counter() - t0,
             "sync/adapter_mb": adapter.nbytes / 2**20,
             "time/sync_export_s": exported_s,
+            "time/sync_learner_export_s": adapter.export_s,
             "sync/version": float(adapter.version),
         }
         if loaded:

@@ -60,6 +60,7 @@ class Adapter:
     version: int
     config: dict[str, Any]  # adapter_config.json contents
     weights: bytes  # adapter_model.safetensors contents
+    export_s: float = 0.0  # seconds the learner took to make these bytes (a sync's metrics split its time by it)
 
     @property
     def nbytes(self) -> int:

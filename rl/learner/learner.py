@@ -222,7 +222,10 @@ class Learner:
         """The current policy update as bytes; `for_sync`: in the precision the actors load it at (saved adapters
         and checkpoints keep the training precision)."""
         dtype = self.sync_dtype if for_sync else None
-        return export.policy_bytes(self.model, self.version, full_weights=self.spec.full_finetune, dtype=dtype)
+        t0 = time.perf_counter()
+        adapter = export.policy_bytes(self.model, self.version, full_weights=self.spec.full_finetune, dtype=dtype)
+        adapter.export_s = time.perf_counter() - t0  # includes waiting for this learner's queued GPU work
+        return adapter
 
     def get_version(self) -> int:
         return self.version
