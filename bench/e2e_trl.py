@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from bench.common import (
     add_threads_arg,
     machine,
     machine_label,
+    repo_env,
     set_threads,
     show_spread,
     spread,
@@ -106,13 +106,7 @@ def run_ours(steps: int, out: Path, threads: int | None, work: Work = CPU, learn
     """train.py with `ours_args`; step times from metrics.jsonl."""
     cmd = [sys.executable, str(REPO / "train.py"), *ours_args(steps, out, threads, work, learner)]
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        cmd,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))),
-    )
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=repo_env())
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"train.py failed ({proc.returncode}):\n{proc.stderr[-3000:]}")

@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.common import REPO, repo_env
 
 
 def train_args(staleness: int, model: Path, run_dir: Path, args: argparse.Namespace) -> list[str]:
@@ -60,8 +59,7 @@ def train_args(staleness: int, model: Path, run_dir: Path, args: argparse.Namesp
 def run(staleness: int, model: Path, out: Path, args: argparse.Namespace) -> dict:
     run_dir = out / f"staleness{staleness}"
     cmd = [sys.executable, str(REPO / "train.py"), *train_args(staleness, model, run_dir, args)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=repo_env())
     if proc.returncode != 0:
         raise SystemExit(f"staleness={staleness} failed:\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -8,6 +8,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.common import repo_env  # noqa: F401 - the tests start children with it too
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -86,13 +88,6 @@ def make_samples(groups: int = 3, group_size: int = 4, seed: int = 0, old_logpro
                 TrainSample(prompt, [rng.randrange(10, 4000) for _ in range(n)], [old_logprob] * n, rng.gauss(0, 1))
             )
     return out
-
-
-def repo_env(**extra: str) -> dict[str, str]:
-    """This process's environment for a child that imports the repo: the repo first on PYTHONPATH, the caller's
-    entries kept behind it (packages installed with `pip --target`, as on the GPU machine), plus `extra`."""
-    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, PYTHONPATH=pythonpath, **extra)
 
 
 def run_train(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
