@@ -235,13 +235,13 @@ class LoraMergeExtension:
         in_place = getattr(self, "_rlft_in_place", None)
         if in_place is not None:
             n = in_place.write(*factors)
-            torch.cuda.synchronize(device)  # the copies and addmms are asynchronous: time them whole
-            return {"tensors": n, "seconds": time.perf_counter() - t0, "in_place": True}
-        counted = _Counted(merged_payload(self._rlft_base(), *factors, device=device))
-        self._rlft_reload(counted)
+        else:
+            counted = _Counted(merged_payload(self._rlft_base(), *factors, device=device))
+            self._rlft_reload(counted)
+            n = counted.n
         if device is not None and device.type == "cuda":
             torch.cuda.synchronize(device)  # the merge and copies are asynchronous: time them whole
-        return {"tensors": counted.n, "seconds": time.perf_counter() - t0}
+        return {"tensors": n, "seconds": time.perf_counter() - t0, "in_place": in_place is not None}
 
     def rlft_load_weights(self, weights: bytes) -> dict:
         """Load full weights (HF names, safetensors bytes) in place: a full fine-tuning learner's sync.
