@@ -57,7 +57,7 @@ class PackedAttention(str, Enum):
 
 class WeightSync(str, Enum):
     object_store = "object_store"  # adapter or weights as bytes through Ray's object store (any device)
-    ipc = "ipc"  # full weights as CUDA IPC handles (full fine-tuning, actors on the learner's GPU)
+    ipc = "ipc"  # the policy (full weights or LoRA factors) as CUDA IPC handles, actors on the learner's GPU
 
 
 class PlacementStrategy(str, Enum):
@@ -250,7 +250,7 @@ class ClusterConfig:
     gpu_memory_utilization: float = 0.2  # vLLM memory fraction (CPU: of a NUMA node, for the engine's whole process)
     enforce_eager: bool = True  # vLLM: no CUDA graphs / compilation (faster start; set false for long GPU runs)
     ray_num_cpus: int | None = None  # CPUs a local Ray advertises (null: what Ray detects)
-    weight_sync: WeightSync = WeightSync.object_store  # full fine-tuning sync: object_store (any device) | ipc (CUDA)
+    weight_sync: WeightSync = WeightSync.object_store  # object_store (bytes, any device) | ipc (CUDA, learner's GPU)
     staleness: int = 0  # steps actors may run ahead of learners (0: synchronous; k: generate step t+k while training t)
     actor_max_restarts: int = 2  # times Ray restarts a dead rollout actor (its prompts go to a live one meanwhile)
     learner_chunk_size: int = 0  # prompts each learner generates per generate call, HF generate (0: actors only)
@@ -267,6 +267,10 @@ class ClusterConfig:
         _check(
             self.weight_sync == WeightSync.object_store or self.mode == ClusterMode.ray,
             "cluster.weight_sync=ipc connects separate processes: use cluster.mode=ray",
+        )
+        _check(
+            self.weight_sync == WeightSync.object_store or self.rollout_backend == RolloutBackend.vllm,
+            "cluster.weight_sync=ipc loads into vLLM engines: set cluster.rollout_backend=vllm",
         )
         _check(self.staleness >= 0, f"cluster.staleness must be >= 0 (0: synchronous; got {self.staleness})")
         _check(
@@ -454,9 +458,11 @@ class TrainConfig:
             "resume=auto looks for checkpoints in output_dir: set output_dir=<the run directory to continue>",
         )
         _check(
-            self.cluster.weight_sync == WeightSync.object_store or self.model.full_finetune,
-            "cluster.weight_sync=ipc sends full weights: set model.full_finetune=true (LoRA adapters always go "
-            "through the object store)",
+            self.cluster.weight_sync == WeightSync.object_store
+            or self.model.full_finetune
+            or self.cluster.lora_mode != LoraMode.native,
+            "cluster.weight_sync=ipc merges the adapter into the engine's weights, which cluster.lora_mode=native "
+            "does not: set cluster.lora_mode=merged (or auto)",
         )
         m, a, c = self.model, self.algorithm, self.cluster
         if not c.use_gpu and (m.learner_backend == LearnerBackend.unsloth or m.load_in_4bit):

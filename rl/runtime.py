@@ -63,7 +63,7 @@ class Runtime:
     def __init__(self, actors: Group, learners: Group, spec: RuntimeSpec | None = None):
         spec = spec or RuntimeSpec()
         self.actors, self.learners = actors, learners
-        self.weight_sync = spec.weight_sync  # object_store (adapter/weights as bytes) | ipc (full weights, CUDA)
+        self.weight_sync = spec.weight_sync  # object_store (adapter/weights as bytes) | ipc (CUDA IPC handles)
         self.learner_chunk_size = spec.learner_chunk_size  # prompts each learner generates per call (0: actors only)
         self.episodes = spec.episodes  # a multi-turn env: the actors get each prompt's item and run episodes
         self.staleness, self.actor_max_restarts = spec.staleness, spec.actor_max_restarts
@@ -361,13 +361,14 @@ class Runtime:
         return out | woke
 
     def _sync_ipc(self) -> dict[str, float]:
-        """Full weights from learner 0 to every live actor through CUDA IPC handles (vLLM's weight-transfer API),
-        synchronously whatever the staleness: the learner keeps the tensors alive until every actor loaded them.
-        A restarted actor is not re-sent these (it rejoins at the next sync)."""
+        """Learner 0's policy (full weights, or the adapter's packed factors) to every live actor through CUDA IPC
+        handles, synchronously whatever the staleness: the learner keeps the tensors alive until every actor loaded
+        them. A restarted actor is not re-sent these (it rejoins at the next sync)."""
         t0 = time.perf_counter()
         self._collect_loads()
         version = self.learners.call("get_version", [()])[0]
         info = self.learners.call("ipc_weights", [()])[0]
+        exported_s = time.perf_counter() - t0
         try:
             calls = [self._submit(i, "load_weights_ipc", info, version) for i in self.live_actors()]
             loads = [self.actors.result(c.handle) for c in calls]
@@ -376,6 +377,7 @@ class Runtime:
         self.version = version
         return {
             "time/sync_s": time.perf_counter() - t0,
+            "time/sync_export_s": exported_s,
             "sync/actor_load_s": max(x["seconds"] for x in loads),
             "sync/version": float(version),
         }

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from rl.flat import pack, unpack
 from rl.types import Adapter
 
 
@@ -24,15 +25,18 @@ def policy_bytes(model: Any, version: int, *, full_weights: bool, dtype: torch.d
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.named_parameters()}
         config = {"full_weights": True, "dtype": str(next(iter(state.values())).dtype).removeprefix("torch.")}
         return Adapter(version=version, config=config, weights=save(state))
-    tensors = []
-    for k, v in lora_tensors(model):
-        v = v.detach()
-        if dtype is not None and v.is_floating_point():
-            v = v.to(dtype)  # on the learner's device: half the bytes cross to the host, no host-side conversion
-        tensors.append((k, v))
-    return Adapter(
-        version=version, config=plain_config(model.peft_config["default"].to_dict()), weights=save(to_host(tensors))
-    )
+    tensors = adapter_tensors(model, dtype)
+    return Adapter(version=version, config=adapter_config(model), weights=save(to_host(tensors)))
+
+
+def adapter_tensors(model: Any, dtype: torch.dtype | None) -> list[tuple[str, torch.Tensor]]:
+    """The adapter's tensors under their PEFT keys, on the learner's device, rounded to `dtype` there (half the
+    bytes cross to the host or to the engine, no conversion on the other side)."""
+    return [(k, v.detach().to(dtype) if dtype is not None else v.detach()) for k, v in lora_tensors(model)]
+
+
+def adapter_config(model: Any) -> dict:
+    return plain_config(model.peft_config["default"].to_dict())
 
 
 _LORA_TENSORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -62,12 +66,8 @@ def to_host(tensors: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     hundreds of small copies, each a synchronisation, otherwise)."""
     if len({t.dtype for _, t in tensors}) != 1:
         return {k: t.to("cpu").contiguous() for k, t in tensors}
-    flat = torch.cat([t.reshape(-1) for _, t in tensors]).to("cpu")
-    out, start = {}, 0
-    for k, t in tensors:
-        out[k] = flat[start : start + t.numel()].view(t.shape)
-        start += t.numel()
-    return out
+    flat, names, shapes = pack(tensors)
+    return unpack(flat.to("cpu"), names, shapes)
 
 
 def plain_config(config: dict) -> dict:
@@ -107,9 +107,11 @@ def load_optimizer_bytes(optimizer: torch.optim.Optimizer, data: bytes, device: 
 
 
 class IpcExport:
-    """Every parameter as a CUDA IPC handle, in the update format of vLLM's IPC weight-transfer engine (names,
-    dtype names, shapes, {GPU uuid: rebuild args}); the tensors stay referenced, hence valid, until `release`.
-    For full fine-tuning with actors on the same GPU (cluster.weight_sync=ipc)."""
+    """The policy as CUDA IPC handles for actors on the learner's GPU (`cluster.weight_sync=ipc`); the tensors stay
+    referenced, hence valid, until `release`. Full fine-tuning: every parameter, in the update format of vLLM's IPC
+    weight-transfer engine (names, dtype names, shapes, {GPU uuid: rebuild args}). LoRA: the adapter's factors
+    packed into one buffer (rl/flat.py) behind one handle, which the engine's worker merges
+    (`rlft_merge_adapter_ipc` in rl/rollout/vllm_ext.py): no host copy, no serialisation, no object store."""
 
     def __init__(self):
         self._refs: list[torch.Tensor] = []
@@ -117,9 +119,7 @@ class IpcExport:
     def handles(self, model: Any, device: torch.device) -> dict:
         from torch.multiprocessing.reductions import reduce_tensor
 
-        if device.type != "cuda":
-            raise RuntimeError("cluster.weight_sync=ipc needs the learner on a CUDA GPU")
-        uuid = str(torch.cuda.get_device_properties(device.index or torch.cuda.current_device()).uuid)
+        uuid = _gpu_uuid(device)
         self._refs = []
         info: dict = {"names": [], "dtype_names": [], "shapes": [], "ipc_handles": []}
         for name, p in model.named_parameters():
@@ -131,6 +131,27 @@ class IpcExport:
             info["ipc_handles"].append({uuid: reduce_tensor(t)[1]})
         return info
 
+    def adapter_handles(self, model: Any, device: torch.device, dtype: torch.dtype | None) -> dict:
+        """The adapter's factors packed (a copy: the learner may step again while the actors read it)."""
+        return self.packed_handles(adapter_tensors(model, dtype), adapter_config(model), device)
+
+    def packed_handles(self, tensors: list[tuple[str, torch.Tensor]], config: dict, device: torch.device) -> dict:
+        """{"lora_config", "names", "shapes", "ipc_handle": {GPU uuid: rebuild args}} of `tensors` (PEFT keys, on
+        `device`) packed into one buffer."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        uuid = _gpu_uuid(device)
+        flat, names, shapes = pack(tensors)
+        torch.cuda.synchronize(device)  # another process reads the buffer: the copy into it must have finished
+        self._refs = [flat]
+        return {"lora_config": config, "names": names, "shapes": shapes, "ipc_handle": {uuid: reduce_tensor(flat)[1]}}
+
     def release(self) -> None:
         self._refs = []
         torch.cuda.ipc_collect()
+
+
+def _gpu_uuid(device: torch.device) -> str:
+    if device.type != "cuda":
+        raise RuntimeError("cluster.weight_sync=ipc needs the learner on a CUDA GPU")
+    return str(torch.cuda.get_device_properties(device.index or torch.cuda.current_device()).uuid)

@@ -231,7 +231,11 @@ class Learner:
         return self.version
 
     def ipc_weights(self) -> dict:
-        return self._ipc.handles(self.model, self.device)
+        """The policy as CUDA IPC handles (`cluster.weight_sync=ipc`): full weights, or the adapter in the actors'
+        precision; valid until `release_ipc_weights`."""
+        if self.spec.full_finetune:
+            return self._ipc.handles(self.model, self.device)
+        return self._ipc.adapter_handles(self.model, self.device, self.sync_dtype)
 
     def release_ipc_weights(self) -> None:
         self._ipc.release()

@@ -26,7 +26,8 @@ class VLLMRollout(EpisodeEngine):
     extension in rl/rollout/vllm_ext.py (base-model decode speed; what `cluster.lora_mode=auto` picks, see
     rl/specs.py); the base projections are read at start. Full weights (a full fine-tuning learner,
     `spec.full_weights`: no base copy is read) are loaded in place by the same extension, in either mode.
-    Either way the adapter arrives as bytes (no shared filesystem) and every sample records its version.
+    The adapter arrives as bytes (no shared filesystem) or, on the learner's GPU (`cluster.weight_sync=ipc`), as a
+    CUDA IPC handle to its factors; every sample records its version.
     """
 
     def __init__(self, spec: RolloutSpec):
@@ -48,7 +49,9 @@ class VLLMRollout(EpisodeEngine):
         kwargs.update(worker_extension_cls="rl.rollout.vllm_ext.LoraMergeExtension")
         if self.lora_mode == "native":
             kwargs.update(enable_lora=True, max_lora_rank=spec.max_lora_rank, max_loras=1)
-        if spec.weight_sync == "ipc":  # vLLM's weight-transfer engine: full weights arrive as CUDA IPC handles
+        if (
+            spec.weight_sync == "ipc" and spec.full_weights
+        ):  # vLLM's weight-transfer engine: full weights as IPC handles
             kwargs.update(weight_transfer_config={"backend": "ipc"})
         if spec.sleep_mode:  # cluster.colocate: the engine's memory comes from vLLM's allocator that can release it
             kwargs.update(enable_sleep_mode=True)
@@ -136,12 +139,17 @@ class VLLMRollout(EpisodeEngine):
             shutil.rmtree(old.lora_path, ignore_errors=True)
 
     def load_weights_ipc(self, update_info: dict, version: int) -> dict:
-        """Full weights through vLLM's native weight-transfer API (IPC engine, CUDA only): the learner's
-        parameters are opened in place from their CUDA IPC handles (`Learner.ipc_weights`), no host copy."""
+        """The learner's policy opened in place from its CUDA IPC handles (`Learner.ipc_weights`), no host copy:
+        full weights through vLLM's weight-transfer API (IPC engine), an adapter's packed factors merged by the
+        worker extension (`rlft_merge_adapter_ipc`)."""
+        self.wake_up()
         t0 = time.perf_counter()
-        self.llm.start_weight_update()
-        self.llm.update_weights({"update_info": update_info})
-        self.llm.finish_weight_update()
+        if "lora_config" in update_info:
+            self.llm.collective_rpc("rlft_merge_adapter_ipc", args=(update_info,))
+        else:
+            self.llm.start_weight_update()
+            self.llm.update_weights({"update_info": update_info})
+            self.llm.finish_weight_update()
         self.llm.reset_prefix_cache()
         self.version = version
         return {"seconds": time.perf_counter() - t0, "bytes": 0}

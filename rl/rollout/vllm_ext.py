@@ -14,7 +14,8 @@ decodes slower on both CPU and GPU (docs/benchmarks.md).
 
 Loaded by vLLM inside its worker process (`LLM(worker_extension_cls="rl.rollout.vllm_ext.LoraMergeExtension")`) and
 called through `llm.collective_rpc("rlft_merge_adapter", args=(...))`; method names carry an `rlft_` prefix so
-they cannot clash with the worker's own. `rlft_load_weights` loads a full fine-tuning learner's weights.
+they cannot clash with the worker's own. `rlft_merge_adapter_ipc` merges factors read from the learner's GPU memory
+(one GPU, `cluster.weight_sync=ipc`); `rlft_load_weights` loads a full fine-tuning learner's weights.
 """
 
 from __future__ import annotations
@@ -231,17 +232,47 @@ class LoraMergeExtension:
 
         t0 = time.perf_counter()
         factors = lora_factors(config, load_safetensors(weights)) if weights else ({}, 1.0)
+        return self._rlft_merge(*factors) | {"seconds": time.perf_counter() - t0}
+
+    def rlft_merge_adapter_ipc(self, info: dict) -> dict:
+        """Merge an adapter whose factors stay in the learner's GPU memory (`cluster.weight_sync=ipc`): open its
+        packed buffer from the CUDA IPC handle (`IpcExport.adapter_handles`) and merge from it. The buffer is not
+        referenced after this returns, so the learner may free it."""
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+        from rl.flat import unpack
+
+        t0 = time.perf_counter()
+        device = self._rlft_device()
+        if device is None or device.type != "cuda":
+            raise RuntimeError("cluster.weight_sync=ipc needs the rollout engine on a CUDA GPU")
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        args = info["ipc_handle"].get(uuid)
+        if args is None:
+            raise RuntimeError(
+                f"cluster.weight_sync=ipc: the learner's adapter is on GPU {sorted(info['ipc_handle'])}, this rollout "
+                f"engine on {uuid}: put the actor on its learner's GPU (cluster.colocate=true) or use "
+                "cluster.weight_sync=object_store"
+            )
+        args = list(args)
+        args[6] = device.index  # the rebuild's device index is the learner process's numbering: use this one's
+        flat = rebuild_cuda_tensor(*args)
+        factors = lora_factors(info["lora_config"], unpack(flat, info["names"], info["shapes"]))
+        return self._rlft_merge(*factors) | {"seconds": time.perf_counter() - t0}
+
+    def _rlft_merge(self, factors: dict[str, tuple], scale: float) -> dict:
+        """Write base + scale * B @ A for `factors` (in place or through the layerwise reload), waiting for the GPU."""
         device = self._rlft_device()
         in_place = getattr(self, "_rlft_in_place", None)
         if in_place is not None:
-            n = in_place.write(*factors)
+            n = in_place.write(factors, scale)
         else:
-            counted = _Counted(merged_payload(self._rlft_base(), *factors, device=device))
+            counted = _Counted(merged_payload(self._rlft_base(), factors, scale, device=device))
             self._rlft_reload(counted)
             n = counted.n
         if device is not None and device.type == "cuda":
             torch.cuda.synchronize(device)  # the merge and copies are asynchronous: time them whole
-        return {"tensors": n, "seconds": time.perf_counter() - t0, "in_place": in_place is not None}
+        return {"tensors": n, "in_place": in_place is not None}
 
     def rlft_load_weights(self, weights: bytes) -> dict:
         """Load full weights (HF names, safetensors bytes) in place: a full fine-tuning learner's sync.

@@ -116,7 +116,9 @@ def actor_vs_learner(model: str, lora_mode: str) -> dict:
     learner_greedy = [r.completions[0].token_ids for r in lrn.generate(prompts, greedy)]
     rescored = lrn.sequence_logprobs(prompts, ours)
     diffs = [abs(a - b) for r, lp in zip(rollouts, rescored) for a, b in zip(r.completions[0].logprobs, lp)]
-    merges = in_place_vs_layerwise(actor, lrn.get_adapter(for_sync=True)) if lora_mode == "merged" else {}
+    merges = {}
+    if lora_mode == "merged":
+        merges = in_place_vs_layerwise(actor, lrn.get_adapter(for_sync=True)) | ipc_vs_bytes(actor, lrn)
     actor.close()
     return merges | {
         "floor": floor,
@@ -157,6 +159,58 @@ def in_place_vs_layerwise(actor, adapter) -> dict:
         "weights_compared": len(slow),
         "same_names": sorted(fast) == sorted(slow),
     }
+
+
+def ipc_vs_bytes(actor, lrn) -> dict:
+    """The same adapter merged from its bytes and through a CUDA IPC handle (`cluster.weight_sync=ipc`): every
+    projection weight after each, with a return to the base model between them so that the IPC merge has to write
+    them. CUDA IPC memory opens only in another process, and this job's engine runs in this one: the handle comes
+    from a child process that packs the adapter's factors on the GPU as the learner does (`IpcExport`)."""
+    import multiprocessing
+
+    def weights(worker):
+        return {n: p.detach().clone() for n, p in worker.model_runner.model.named_parameters() if "_proj" in n}
+
+    adapter = lrn.get_adapter(for_sync=True)
+    actor.load_adapter(adapter)
+    by_bytes = actor.llm.collective_rpc(weights)[0]
+    actor.llm.collective_rpc("rlft_merge_adapter", args=({}, b""))  # back to the base model
+    base = actor.llm.collective_rpc(weights)[0]
+    ctx = multiprocessing.get_context("spawn")
+    conn, child_conn = ctx.Pipe()
+    producer = ctx.Process(target=ipc_producer, args=(child_conn, adapter.config, adapter.weights))
+    producer.start()
+    try:
+        load = actor.load_weights_ipc(conn.recv(), adapter.version)
+    finally:
+        conn.send("merged")
+        producer.join(120)
+    by_ipc = actor.llm.collective_rpc(weights)[0]
+
+    def max_diff(x, y):
+        return max(float((x[n].float() - y[n].float()).abs().max()) for n in y)
+
+    return {
+        "ipc_vs_bytes": max_diff(by_ipc, by_bytes),
+        "base_vs_bytes": max_diff(base, by_bytes),
+        "ipc_load_s": load["seconds"],
+        "ipc_version": actor.version,
+    }
+
+
+def ipc_producer(conn, config: dict, weights: bytes) -> None:
+    """The learner's half of the IPC sync in a process of its own: the adapter's tensors on the GPU, packed behind
+    one handle by `IpcExport.packed_handles`, kept alive until the engine says it merged them."""
+    import torch
+    from safetensors.torch import load
+
+    from rl.learner.export import IpcExport
+
+    device = torch.device("cuda", 0)
+    ipc = IpcExport()
+    conn.send(ipc.packed_handles([(k, v.to(device)) for k, v in load(weights).items()], config, device))
+    conn.recv()
+    ipc.release()
 
 
 def packed_vs_padded(model: str, kind: str, attention: str) -> dict:

@@ -1,7 +1,7 @@
 """The GPU half, on one CUDA GPU (`make test-gpu`; skipped without one, so CI never runs them): the 4-bit learners
 (Unsloth, PEFT + bitsandbytes NF4) against the bf16 PEFT learner, a CUDA vLLM actor in merged and native LoRA
 modes against the learner after a sync, the sync probe against its floor, and two-step runs through train.py
-with both roles on the GPU (LoRA with the Unsloth learner; full fine-tuning through CUDA IPC).
+with both roles on the GPU (LoRA with the Unsloth learner; full fine-tuning and a LoRA adapter through CUDA IPC).
 
 The model is SmolLM2-135M-Instruct, the embedded model (real weights: logprobs that vary, answers that change
 when the adapter does). docs/gpus-and-clusters.md says how to bring what these need to a GPU machine.
@@ -101,6 +101,9 @@ def test_vllm_actor_runs_the_learners_adapter_after_a_sync(model, lora_mode):
         )
         assert out["in_place"] and out["same_names"] and out["weights_compared"] > 0
         assert out["in_place_vs_layerwise"] == 0.0
+        # cluster.weight_sync=ipc: the factors opened from the learner's GPU memory merge to the same weights
+        print(f"ipc merge {out['ipc_load_s'] * 1e3:.1f} ms, max |dW| vs bytes {out['ipc_vs_bytes']}")
+        assert out["base_vs_bytes"] > 0 and out["ipc_vs_bytes"] == 0.0 and out["ipc_version"] == 1
 
 
 @pytest.mark.parametrize(
@@ -175,6 +178,26 @@ def test_full_weight_sync_through_cuda_ipc(model, tmp_path):
         f"ipc sync: {[round(r['time/sync_s'], 3) for r in train]} s, probe {[r['sync/logprob_abs_diff'] for r in train]}"
     )
     assert (out / "model" / "model.safetensors").is_file()
+
+
+def test_lora_sync_through_cuda_ipc_on_a_shared_gpu(model, tmp_path):
+    """`cluster.weight_sync=ipc` with a LoRA adapter, actor and learner colocated: the engine merges the factors
+    straight from the learner's GPU memory, and serves the learner's policy (the probe within its floor)."""
+    out = tmp_path / "run"
+    args = [a for a in GPU_RUN if not a.startswith(("cluster.gpus_per", "cluster.gpu_memory"))]
+    args += ["cluster.colocate=true", "cluster.gpu_memory_utilization=0.6", "cluster.weight_sync=ipc"]
+    args += ["model.learner_backend=unsloth", "model.load_in_4bit=true"]
+    proc = run_train([*args, f"model.path={model}", f"output_dir={out}"], timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    train = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
+    assert [r["sync/version"] for r in train] == [1.0, 2.0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert all(r["sync/logprob_abs_diff"] < summary["sync/probe_floor"] + 0.2 for r in train)
+    print(
+        f"lora ipc sync: {[round(r['time/sync_s'], 3) for r in train]} s (load "
+        f"{[round(r['sync/actor_load_s'], 3) for r in train]}), probe {[r['sync/logprob_abs_diff'] for r in train]}"
+    )
+    assert (out / "adapter" / "adapter_model.safetensors").is_file()
 
 
 def test_colocated_actor_sleeps_while_the_learner_trains(model, tmp_path):

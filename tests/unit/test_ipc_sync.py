@@ -1,0 +1,110 @@
+"""`cluster.weight_sync=ipc` with a LoRA adapter: the config rules, the packed layout the factors leave the learner
+in (the same tensors as the bytes sync), and the runtime's order of calls. Opening the handle and merging from it
+is CUDA-only: tests/gpu (jobs.ipc_vs_bytes and the colocated IPC run) does that on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from rl.config import ConfigError, TrainConfig
+from rl.flat import pack, unpack
+from rl.groups import LocalGroup
+from rl.learner.export import adapter_tensors
+from rl.rollout.vllm_ext import lora_factors
+from rl.runtime import Runtime
+from rl.specs import RuntimeSpec, build
+from tests.helpers import make_learner
+
+GPU = {"cluster.use_gpu": True, "cluster.weight_sync": "ipc"}
+
+
+def typed(**overrides) -> TrainConfig:
+    dotlist = [f"{k}={v}" for k, v in overrides.items()]
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(dotlist)))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({**GPU, "cluster.lora_mode": "native"}, "set cluster.lora_mode=merged"),
+        ({**GPU, "cluster.rollout_backend": "hf"}, "set cluster.rollout_backend=vllm"),
+        ({"cluster.weight_sync": "ipc"}, "set cluster.use_gpu=true"),
+    ],
+)
+def test_ipc_rules_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        typed(**overrides)
+
+
+def test_a_lora_run_may_sync_through_ipc(tmp_path):
+    spec = build(typed(**GPU), tmp_path, model_path=str(tmp_path))
+    assert spec.rollout.weight_sync == "ipc" and not spec.rollout.full_weights and spec.runtime.weight_sync == "ipc"
+    assert spec.rollout.lora_mode == "merged"
+
+
+def test_packed_factors_are_the_bytes_adapter(tiny_model):
+    """What the engine opens from the handle (the packed buffer, unpacked) is exactly what it would load from the
+    bytes: the same keys, values and dtype, hence the same factors and scale for the merge."""
+    from safetensors.torch import load
+
+    learner = make_learner(tiny_model, "model.dtype=bfloat16")
+    flat, names, shapes = pack(adapter_tensors(learner.model, learner.sync_dtype))
+    assert flat.dim() == 1 and flat.dtype == torch.bfloat16
+    opened = unpack(flat.clone(), names, shapes)  # the engine's side: views of one buffer
+    wire = load(learner.get_adapter(for_sync=True).weights)
+    assert opened.keys() == wire.keys() and all(torch.equal(opened[k], wire[k]) for k in wire)
+    config = learner.get_adapter().config
+    (ours, s1), (theirs, s2) = lora_factors(config, opened), lora_factors(config, wire)
+    assert s1 == s2 and ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[m][i], theirs[m][i]) for m in ours for i in (0, 1))
+
+
+def test_pack_refuses_what_it_cannot_lay_out():
+    with pytest.raises(ValueError, match="one dtype"):
+        pack([("a", torch.zeros(2)), ("b", torch.zeros(2, dtype=torch.float64))])
+    flat, names, shapes = pack([("a", torch.zeros(2, 3))])
+    with pytest.raises(ValueError, match="covers 6 elements of a 7-element buffer"):
+        unpack(torch.zeros(7), names, shapes)
+
+
+def test_ipc_needs_a_cuda_learner(tiny_model):
+    with pytest.raises(RuntimeError, match="needs the learner on a CUDA GPU"):
+        make_learner(tiny_model).ipc_weights()
+
+
+class Recorder:
+    def __init__(self, name: str, log: list[str]):
+        self.name, self.log = name, log
+
+    def wake_up(self):
+        self.log.append(f"{self.name}.wake_up")
+        return {"seconds": 0.0}
+
+    def get_version(self):
+        return 3
+
+    def ipc_weights(self):
+        self.log.append(f"{self.name}.ipc_weights")
+        return {"lora_config": {}, "names": [], "shapes": [], "ipc_handle": {}}
+
+    def release_ipc_weights(self):
+        self.log.append(f"{self.name}.release_ipc_weights")
+
+    def load_weights_ipc(self, info, version):
+        self.log.append(f"{self.name}.load_weights_ipc v{version} {sorted(info)}")
+        return {"seconds": 0.01, "bytes": 0}
+
+
+@pytest.mark.parametrize("colocate", [True, False])
+def test_the_ipc_sync_hands_the_learners_handles_to_every_actor_then_releases_them(colocate):
+    log: list[str] = []
+    actors = LocalGroup([Recorder("actor0", log), Recorder("actor1", log)])
+    runtime = Runtime(actors, LocalGroup([Recorder("learner", log)]), RuntimeSpec(weight_sync="ipc", colocate=colocate))
+    metrics = runtime.sync()
+    loads = [f"actor{i}.load_weights_ipc v3 ['ipc_handle', 'lora_config', 'names', 'shapes']" for i in (0, 1)]
+    woke = ["actor0.wake_up", "actor1.wake_up"] if colocate else []
+    assert log == [*woke, "learner.ipc_weights", *loads, "learner.release_ipc_weights"]
+    assert runtime.version == 3 and metrics["sync/version"] == 3.0 and metrics["sync/actor_load_s"] == 0.01
+    assert 0 <= metrics["time/sync_export_s"] <= metrics["time/sync_s"]
