@@ -2,7 +2,7 @@
 `GRPOTrainer` on the same model, prompts, group size, lengths, LoRA, KL and reward; one optimizer step per batch.
 
 CPU (5-14 min on the shared 2-core machine, depending on its load):  python -m bench.e2e_trl [--steps 3] [--trl-vllm]
-One GPU:  python -m bench.e2e_trl --device cuda [--learner unsloth]  (32 prompts x 8 x 256 tokens; TRL generates
+One GPU:  python -m bench.e2e_trl --device cuda [--learner unsloth] [--sync ipc]  (32 prompts x 8 x 256 tokens; TRL generates
 with vLLM in colocate mode with sleep mode on, ours runs cluster.colocate: both engines sleep while their learner
 trains; our learner is PEFT bf16 like TRL's unless --learner unsloth).
 TRL is not in the core install: `.venv/bin/python -m pip install -r requirements-bench.txt` first.
@@ -69,10 +69,12 @@ GPU = Work("cuda", prompts=32, G=8, max_new=256, micro=32)
 GPU_MEMORY = 0.3
 
 
-def ours_args(steps: int, out: Path, threads: int | None, work: Work = CPU, learner: str = "peft") -> list[str]:
+def ours_args(
+    steps: int, out: Path, threads: int | None, work: Work = CPU, learner: str = "peft", sync: str = "object_store"
+) -> list[str]:
     """train.py's overrides for our side: the demo's settings (on CPU its memory settings too, which fit any
     machine the README supports) with `steps` steps, no eval and no checkpoints; on a GPU one vLLM actor and the
-    `learner` backend (16-bit) taking turns on it."""
+    `learner` backend (16-bit) taking turns on it, the adapter synced by `sync` (cluster.weight_sync)."""
     args = [
         f"steps={steps}",
         "eval_size=0",
@@ -96,15 +98,18 @@ def ours_args(steps: int, out: Path, threads: int | None, work: Work = CPU, lear
             "cluster.enforce_eager=false",
             f"model.learner_backend={learner}",
             "model.load_in_4bit=false",
+            f"cluster.weight_sync={sync}",
         ]
     if threads:
         args += [f"cluster.actor_threads={threads}", f"cluster.learner_threads={threads}"]
     return args
 
 
-def run_ours(steps: int, out: Path, threads: int | None, work: Work = CPU, learner: str = "peft") -> dict:
+def run_ours(
+    steps: int, out: Path, threads: int | None, work: Work = CPU, learner: str = "peft", sync: str = "object_store"
+) -> dict:
     """train.py with `ours_args`; step times from metrics.jsonl."""
-    cmd = [sys.executable, str(REPO / "train.py"), *ours_args(steps, out, threads, work, learner)]
+    cmd = [sys.executable, str(REPO / "train.py"), *ours_args(steps, out, threads, work, learner, sync)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=repo_env())
     wall = time.perf_counter() - t0
@@ -114,7 +119,7 @@ def run_ours(steps: int, out: Path, threads: int | None, work: Work = CPU, learn
     rows = [r for r in rows if "time/step_s" in r]
     times = [r["time/step_s"] for r in rows]
     return {
-        "side": f"ours_{learner}" if work.device == "cuda" else "ours",
+        "side": f"ours_{learner}_{sync}" if work.device == "cuda" else "ours",
         "step_s": times,
         "steady_step_s": statistics.median(times[1:] or times),
         "steady_spread": spread(times[1:] or times),
@@ -254,6 +259,12 @@ def main() -> None:
         help="cuda: one GPU, 32 prompts x 8 x 256 tokens, both sides with vLLM colocated and sleeping while training",
     )
     ap.add_argument("--learner", choices=["peft", "unsloth"], default="peft", help="our learner backend on a GPU")
+    ap.add_argument(
+        "--sync",
+        choices=["object_store", "ipc"],
+        default="object_store",
+        help="our adapter sync on a GPU (cluster.weight_sync): ipc merges from the learner's GPU memory",
+    )
     add_threads_arg(ap)
     args = ap.parse_args()
     work = GPU if args.device == "cuda" else CPU
@@ -274,7 +285,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="rlft-e2e-") as tmp:
         if args.only != "trl":
-            rows.append(run_ours(args.steps, Path(tmp) / "ours", args.threads, work, args.learner))
+            rows.append(run_ours(args.steps, Path(tmp) / "ours", args.threads, work, args.learner, args.sync))
             print(json.dumps({"bench": "e2e_trl", **rows[-1], "load_avg": machine()["load_avg"]}), flush=True)
         if args.only != "ours":
             rows.append(run_trl(args.steps, Path(tmp) / "trl", use_vllm, args.threads, work))
@@ -292,7 +303,7 @@ def main() -> None:
         print(
             f"| GRPO step end to end, SmolLM2, {work.prompts} prompts x {work.G}, {work.max_new} new tokens, "
             f"LoRA r={RANK} | TRL {trl_version} GRPOTrainer ({'vLLM colocate' if use_vllm else 'HF generate'}) "
-            f"{show_spread(theirs['steady_spread'], ' s/step', 1)} | ours (Ray + vLLM + {args.learner}) "
+            f"{show_spread(theirs['steady_spread'], ' s/step', 1)} | ours (Ray + vLLM + {args.learner}, {args.sync} sync) "
             f"{show_spread(ours['steady_spread'], ' s/step', 1)} | **{summary['speedup_ours_over_trl']:.2f}x** "
             f"({summary['speedup_bounds'][0]:.2f}-{summary['speedup_bounds'][1]:.2f}) | {machine_label(info)} |"
         )
