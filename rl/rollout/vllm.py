@@ -49,9 +49,8 @@ class VLLMRollout(EpisodeEngine):
         kwargs.update(worker_extension_cls="rl.rollout.vllm_ext.LoraMergeExtension")
         if self.lora_mode == "native":
             kwargs.update(enable_lora=True, max_lora_rank=spec.max_lora_rank, max_loras=1)
-        if (
-            spec.weight_sync == "ipc" and spec.full_weights
-        ):  # vLLM's weight-transfer engine: full weights as IPC handles
+        # full weights as CUDA IPC handles go through vLLM's weight-transfer engine; an adapter's through ours
+        if spec.weight_sync == "ipc" and spec.full_weights:
             kwargs.update(weight_transfer_config={"backend": "ipc"})
         if spec.sleep_mode:  # cluster.colocate: the engine's memory comes from vLLM's allocator that can release it
             kwargs.update(enable_sleep_mode=True)

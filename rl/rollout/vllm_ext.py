@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from rl.flat import unpack
+
 _PEFT_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.default)?\.weight$")
 # HF projection names grouped the way vLLM fuses them into one parameter (Llama/Qwen/Mistral families)
 _FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
@@ -239,8 +241,6 @@ class LoraMergeExtension:
         packed buffer from the CUDA IPC handle (`IpcExport.adapter_handles`) and merge from it. The buffer is not
         referenced after this returns, so the learner may free it."""
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-        from rl.flat import unpack
 
         t0 = time.perf_counter()
         device = self._rlft_device()
