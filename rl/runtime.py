@@ -224,9 +224,12 @@ class Runtime:
         while True:
             for i in sorted(self._restarting):
                 if self.actors.ready(i):
+                    ref = self._published_ref()
+                    if ref is None and self.weight_sync == "ipc" and self.version > 0:
+                        continue  # learner 0 is past the published version: the next sync takes this actor back
                     self._restarting.discard(i)
-                    if self._adapter_ref is not None:
-                        self._loads.append(self._submit(i, "load_adapter", self._adapter_ref))
+                    if ref is not None:
+                        self._loads.append(self._submit(i, "load_adapter", ref))
                     print(f"rollout actor {i} is back after its restart; adapter version {self.version} sent first")
             if self.live_actors() or not wait:
                 return
@@ -238,6 +241,17 @@ class Runtime:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no rollout actor came back from its restart within {REJOIN_TIMEOUT_S:.0f} s")
             time.sleep(0.5)
+
+    def _published_ref(self) -> Any:
+        """The published adapter for a restarted actor (None: the base model, version 0): what the last sync put in
+        the object store; `cluster.weight_sync=ipc` puts nothing there, so learner 0's policy is fetched as bytes
+        now, once per sync, if it is still the published version (with staleness > 0 the learner may be a step
+        ahead, and a version from the future would fail the run)."""
+        if self._adapter_ref is None and self.weight_sync == "ipc" and self.version > 0:
+            adapter = self.adapter(for_sync=True)
+            if adapter.version == self.version:
+                self._adapter_ref = self.actors.put(adapter)
+        return self._adapter_ref
 
     def _actor_died(self, call: _Call, method: str, e: MemberDied, n_prompts: int) -> int:
         """Handle a dead rollout actor once per death (calls sent to it before the death fail with it, and calls
@@ -363,9 +377,10 @@ class Runtime:
     def _sync_ipc(self) -> dict[str, float]:
         """Learner 0's policy (full weights, or the adapter's packed factors) to every live actor through CUDA IPC
         handles, synchronously whatever the staleness: the learner keeps the tensors alive until every actor loaded
-        them. A restarted actor is not re-sent these (it rejoins at the next sync)."""
+        them. An actor that Ray restarted gets the policy as bytes instead (`_published_ref`)."""
         t0 = time.perf_counter()
         self._collect_loads()
+        self._adapter_ref = None  # a restarted actor's copy of the previous version
         version = self.learners.call("get_version", [()])[0]
         info = self.learners.call("ipc_weights", [()])[0]
         exported_s = time.perf_counter() - t0
@@ -375,6 +390,7 @@ class Runtime:
         finally:
             self.learners.call("release_ipc_weights", [()])
         self.version = version
+        self._rejoin(wait=False)  # learner 0 is at the published version now: restarted actors can take it
         return {
             "time/sync_s": time.perf_counter() - t0,
             "time/sync_export_s": exported_s,

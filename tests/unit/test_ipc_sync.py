@@ -15,6 +15,7 @@ from rl.learner.export import adapter_tensors
 from rl.rollout.vllm_ext import lora_factors
 from rl.runtime import Runtime
 from rl.specs import RuntimeSpec, build
+from rl.types import Adapter
 from tests.helpers import make_learner
 
 GPU = {"cluster.use_gpu": True, "cluster.weight_sync": "ipc"}
@@ -75,15 +76,23 @@ def test_ipc_needs_a_cuda_learner(tiny_model):
 
 
 class Recorder:
-    def __init__(self, name: str, log: list[str]):
-        self.name, self.log = name, log
+    def __init__(self, name: str, log: list[str], version: int = 3):
+        self.name, self.log, self.version = name, log, version
 
     def wake_up(self):
         self.log.append(f"{self.name}.wake_up")
         return {"seconds": 0.0}
 
     def get_version(self):
-        return 3
+        return self.version
+
+    def get_adapter(self, for_sync):
+        self.log.append(f"{self.name}.get_adapter")
+        return Adapter(self.version, {}, b"w")
+
+    def load_adapter(self, adapter):
+        self.log.append(f"{self.name}.load_adapter v{adapter.version}")
+        return {"seconds": 0.0, "bytes": adapter.nbytes}
 
     def ipc_weights(self):
         self.log.append(f"{self.name}.ipc_weights")
@@ -108,3 +117,37 @@ def test_the_ipc_sync_hands_the_learners_handles_to_every_actor_then_releases_th
     assert log == [*woke, "learner.ipc_weights", *loads, "learner.release_ipc_weights"]
     assert runtime.version == 3 and metrics["sync/version"] == 3.0 and metrics["sync/actor_load_s"] == 0.01
     assert 0 <= metrics["time/sync_export_s"] <= metrics["time/sync_s"]
+
+
+def test_a_restarted_actor_gets_the_published_policy_as_bytes():
+    """The IPC sync puts nothing in the object store, so an actor that Ray restarted (base model, version 0) is sent
+    learner 0's policy as bytes when it is back, if that is still the published version (fetched once per sync);
+    while the learner is past it (staleness > 0) the actor waits for the next sync, which takes it back: never a
+    version from the future."""
+    log: list[str] = []
+    learner = Recorder("learner", log)
+    runtime = Runtime(
+        LocalGroup([Recorder("actor0", log), Recorder("actor1", log)]),
+        LocalGroup([learner]),
+        RuntimeSpec(weight_sync="ipc", staleness=1),
+    )
+    runtime.sync()
+    log.clear()
+    learner.version = 4  # the learner stepped past the published version 3
+    runtime._restarting.add(1)  # Ray restarted actor 1; it answers again
+    runtime._rejoin(wait=False)
+    assert log == ["learner.get_adapter"] and runtime.live_actors() == [0]
+    log.clear()
+    runtime.sync()  # version 4: the live actor through IPC, then actor 1 as bytes
+    assert log == [
+        "learner.ipc_weights",
+        "actor0.load_weights_ipc v4 ['ipc_handle', 'lora_config', 'names', 'shapes']",
+        "learner.release_ipc_weights",
+        "learner.get_adapter",
+        "actor1.load_adapter v4",
+    ]
+    assert runtime.live_actors() == [0, 1]
+    log.clear()
+    runtime._restarting.add(0)  # another restart within the same version: the bytes fetched above, again
+    runtime._rejoin(wait=False)
+    assert log == ["actor0.load_adapter v4"] and runtime.live_actors() == [0, 1]
