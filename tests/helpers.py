@@ -90,6 +90,17 @@ def make_samples(groups: int = 3, group_size: int = 4, seed: int = 0, old_logpro
     return out
 
 
+def typed_config(**dotted):
+    """A checked TrainConfig from dotted keys (`**{"cluster.use_gpu": True}`), as the config loads at start: the
+    cross-field checks run, so a bad combination raises ConfigError."""
+    from omegaconf import OmegaConf
+
+    from rl.config import TrainConfig
+
+    dotlist = [f"{k}={v}" for k, v in dotted.items()]
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(dotlist)))
+
+
 def run_train(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     """Run train.py as a user would; returns the finished process (stdout and stderr captured)."""
     env = repo_env(HYDRA_FULL_ERROR="0")

@@ -5,21 +5,16 @@ The sleep itself is vLLM's CUDA-only sleep mode: tests/gpu/test_gpu.py runs it o
 from __future__ import annotations
 
 import pytest
-from omegaconf import OmegaConf
 
-from rl.config import ConfigError, TrainConfig
+from rl.config import ConfigError
 from rl.groups import LocalGroup
 from rl.placement import role_plans
 from rl.runtime import Runtime
 from rl.specs import PlacementSpec, RuntimeSpec, build
 from rl.types import Adapter, TrainSample
+from tests.helpers import typed_config
 
 GPU = {"cluster.use_gpu": True, "cluster.gpus_per_actor": 1, "cluster.gpus_per_learner": 1}
-
-
-def typed(**overrides) -> TrainConfig:
-    dotlist = [f"{k}={v}" for k, v in overrides.items()]
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(dotlist)))
 
 
 @pytest.mark.parametrize(
@@ -34,14 +29,14 @@ def typed(**overrides) -> TrainConfig:
 )
 def test_colocate_rules_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        typed(**overrides)
+        typed_config(**overrides)
 
 
 def test_colocate_reaches_every_role_spec(tmp_path):
-    spec = build(typed(**GPU, **{"cluster.colocate": True}), tmp_path, model_path=str(tmp_path))
+    spec = build(typed_config(**GPU, **{"cluster.colocate": True}), tmp_path, model_path=str(tmp_path))
     assert spec.rollout.sleep_mode and spec.learner.release_memory
     assert spec.placement.colocate and spec.runtime.colocate
-    plain = build(typed(**GPU), tmp_path, model_path=str(tmp_path))
+    plain = build(typed_config(**GPU), tmp_path, model_path=str(tmp_path))
     assert not (plain.rollout.sleep_mode or plain.learner.release_memory or plain.runtime.colocate)
 
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from rl.config import ConfigError, TrainConfig
+from rl.config import ConfigError
 from rl.flat import pack, unpack
 from rl.groups import LocalGroup
 from rl.learner.export import adapter_tensors
@@ -16,14 +15,9 @@ from rl.rollout.vllm_ext import lora_factors
 from rl.runtime import Runtime
 from rl.specs import RuntimeSpec, build
 from rl.types import Adapter
-from tests.helpers import make_learner
+from tests.helpers import make_learner, typed_config
 
 GPU = {"cluster.use_gpu": True, "cluster.weight_sync": "ipc"}
-
-
-def typed(**overrides) -> TrainConfig:
-    dotlist = [f"{k}={v}" for k, v in overrides.items()]
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(dotlist)))
 
 
 @pytest.mark.parametrize(
@@ -36,11 +30,11 @@ def typed(**overrides) -> TrainConfig:
 )
 def test_ipc_rules_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        typed(**overrides)
+        typed_config(**overrides)
 
 
 def test_a_lora_run_may_sync_through_ipc(tmp_path):
-    spec = build(typed(**GPU), tmp_path, model_path=str(tmp_path))
+    spec = build(typed_config(**GPU), tmp_path, model_path=str(tmp_path))
     assert spec.rollout.weight_sync == "ipc" and not spec.rollout.full_weights and spec.runtime.weight_sync == "ipc"
     assert spec.rollout.lora_mode == "merged"
 
