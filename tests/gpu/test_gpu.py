@@ -144,6 +144,26 @@ GPU_RUN = [
 ]
 
 
+# one GPU taken in turns: the engine may use more of it than the 0.5/0.5 split gives it
+COLOCATED = [
+    *(a for a in GPU_RUN if not a.startswith(("cluster.gpus_per", "cluster.gpu_memory"))),
+    "cluster.colocate=true",
+    "cluster.gpu_memory_utilization=0.6",
+]
+
+
+def two_synced_steps(args: list[str], out) -> list[dict]:
+    """`train.py` with `args` (GPU_RUN's two steps) into `out`: it succeeds, each step publishes its version, and the
+    probe after each sync stays within the floor + 0.2 (the actor serves the learner's policy). The steps' rows."""
+    proc = run_train([*args, f"output_dir={out}"], timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    train = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
+    assert [r["sync/version"] for r in train] == [1.0, 2.0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert all(r["sync/logprob_abs_diff"] < summary["sync/probe_floor"] + 0.2 for r in train)
+    return train
+
+
 def test_two_step_ray_run_with_unsloth_learner_and_vllm_actor_on_one_gpu(model, tmp_path):
     out = tmp_path / "run"
     proc = run_train(
@@ -168,12 +188,7 @@ def test_two_step_ray_run_with_unsloth_learner_and_vllm_actor_on_one_gpu(model, 
 def test_full_weight_sync_through_cuda_ipc(model, tmp_path):
     out = tmp_path / "run"
     args = ["model.full_finetune=true", "model.learner_backend=peft", "cluster.weight_sync=ipc", "algorithm.lr=1e-6"]
-    proc = run_train([*GPU_RUN, f"model.path={model}", *args, f"output_dir={out}"], timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    train = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
-    assert [r["sync/version"] for r in train] == [1.0, 2.0]
-    summary = json.loads((out / "summary.json").read_text())
-    assert all(r["sync/logprob_abs_diff"] < summary["sync/probe_floor"] + 0.2 for r in train)
+    train = two_synced_steps([*GPU_RUN, f"model.path={model}", *args], out)
     print(
         f"ipc sync: {[round(r['time/sync_s'], 3) for r in train]} s, probe {[r['sync/logprob_abs_diff'] for r in train]}"
     )
@@ -184,15 +199,8 @@ def test_lora_sync_through_cuda_ipc_on_a_shared_gpu(model, tmp_path):
     """`cluster.weight_sync=ipc` with a LoRA adapter, actor and learner colocated: the engine merges the factors
     straight from the learner's GPU memory, and serves the learner's policy (the probe within its floor)."""
     out = tmp_path / "run"
-    args = [a for a in GPU_RUN if not a.startswith(("cluster.gpus_per", "cluster.gpu_memory"))]
-    args += ["cluster.colocate=true", "cluster.gpu_memory_utilization=0.6", "cluster.weight_sync=ipc"]
-    args += ["model.learner_backend=unsloth", "model.load_in_4bit=true"]
-    proc = run_train([*args, f"model.path={model}", f"output_dir={out}"], timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    train = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
-    assert [r["sync/version"] for r in train] == [1.0, 2.0]
-    summary = json.loads((out / "summary.json").read_text())
-    assert all(r["sync/logprob_abs_diff"] < summary["sync/probe_floor"] + 0.2 for r in train)
+    args = [*COLOCATED, "cluster.weight_sync=ipc", "model.learner_backend=unsloth", "model.load_in_4bit=true"]
+    train = two_synced_steps([*args, f"model.path={model}"], out)
     print(
         f"lora ipc sync: {[round(r['time/sync_s'], 3) for r in train]} s (load "
         f"{[round(r['sync/actor_load_s'], 3) for r in train]}), probe {[r['sync/logprob_abs_diff'] for r in train]}"
@@ -205,15 +213,9 @@ def test_colocated_actor_sleeps_while_the_learner_trains(model, tmp_path):
     larger share than the 0.5/0.5 split allows, sleeps for every learner step and wakes for the sync, and the
     adapter it serves after waking is the learner's (the probe within its floor)."""
     out = tmp_path / "run"
-    args = [a for a in GPU_RUN if not a.startswith(("cluster.gpus_per", "cluster.gpu_memory"))]
-    args += ["cluster.colocate=true", "cluster.gpu_memory_utilization=0.6", "model.learner_backend=unsloth"]
-    proc = run_train([*args, "model.load_in_4bit=true", f"model.path={model}", f"output_dir={out}"], timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    train = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
-    assert [r["sync/version"] for r in train] == [1.0, 2.0]
+    args = [*COLOCATED, "model.learner_backend=unsloth", "model.load_in_4bit=true"]
+    train = two_synced_steps([*args, f"model.path={model}"], out)
     assert all(r["time/actor_sleep_s"] > 0 and r["time/actor_wake_s"] > 0 for r in train)
-    summary = json.loads((out / "summary.json").read_text())
-    assert all(r["sync/logprob_abs_diff"] < summary["sync/probe_floor"] + 0.2 for r in train)
     print(
         f"colocated: sleep {[round(r['time/actor_sleep_s'], 3) for r in train]} s, wake "
         f"{[round(r['time/actor_wake_s'], 3) for r in train]} s, learner peak "
