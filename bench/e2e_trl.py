@@ -2,9 +2,10 @@
 `GRPOTrainer` on the same model, prompts, group size, lengths, LoRA, KL and reward; one optimizer step per batch.
 
 CPU (5-14 min on the shared 2-core machine, depending on its load):  python -m bench.e2e_trl [--steps 3] [--trl-vllm]
-One GPU:  python -m bench.e2e_trl --device cuda [--learner unsloth] [--sync ipc]  (32 prompts x 8 x 256 tokens; TRL generates
-with vLLM in colocate mode with sleep mode on, ours runs cluster.colocate: both engines sleep while their learner
-trains; our learner is PEFT bf16 like TRL's unless --learner unsloth).
+One GPU:  python -m bench.e2e_trl --device cuda [--learner unsloth] [--sync ipc] [--micro-batch-tokens N]
+(32 prompts x 8 x 256 tokens; TRL generates with vLLM in colocate mode with sleep mode on, ours runs
+cluster.colocate: both engines sleep while their learner trains; our learner is PEFT bf16 like TRL's unless
+--learner unsloth; --micro-batch-tokens packs its micro-batches instead of padding 32 sequences).
 TRL is not in the core install: `.venv/bin/python -m pip install -r requirements-bench.txt` first.
 
 Both sides: SmolLM2-135M-Instruct, base weights bf16 with fp32 LoRA r=16 (alpha 32) on all 7 projections, 8
@@ -70,11 +71,19 @@ GPU_MEMORY = 0.3
 
 
 def ours_args(
-    steps: int, out: Path, threads: int | None, work: Work = CPU, learner: str = "peft", sync: str = "object_store"
+    steps: int,
+    out: Path,
+    threads: int | None,
+    work: Work = CPU,
+    learner: str = "peft",
+    sync: str = "object_store",
+    packed_tokens: int = 0,
 ) -> list[str]:
     """train.py's overrides for our side: the demo's settings (on CPU its memory settings too, which fit any
     machine the README supports) with `steps` steps, no eval and no checkpoints; on a GPU one vLLM actor and the
-    `learner` backend (16-bit) taking turns on it, the adapter synced by `sync` (cluster.weight_sync)."""
+    `learner` backend (16-bit) taking turns on it, the adapter synced by `sync` (cluster.weight_sync).
+    packed_tokens > 0: the learner packs micro-batches of up to that many tokens (`micro_batch_tokens`) instead of
+    `work.micro` padded sequences: the same samples and loss, fewer and fuller forwards."""
     args = [
         f"steps={steps}",
         "eval_size=0",
@@ -100,16 +109,24 @@ def ours_args(
             "model.load_in_4bit=false",
             f"cluster.weight_sync={sync}",
         ]
+    if packed_tokens:
+        args.append(f"micro_batch_tokens={packed_tokens}")
     if threads:
         args += [f"cluster.actor_threads={threads}", f"cluster.learner_threads={threads}"]
     return args
 
 
 def run_ours(
-    steps: int, out: Path, threads: int | None, work: Work = CPU, learner: str = "peft", sync: str = "object_store"
+    steps: int,
+    out: Path,
+    threads: int | None,
+    work: Work = CPU,
+    learner: str = "peft",
+    sync: str = "object_store",
+    packed_tokens: int = 0,
 ) -> dict:
     """train.py with `ours_args`; step times from metrics.jsonl."""
-    cmd = [sys.executable, str(REPO / "train.py"), *ours_args(steps, out, threads, work, learner, sync)]
+    cmd = [sys.executable, str(REPO / "train.py"), *ours_args(steps, out, threads, work, learner, sync, packed_tokens)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=repo_env())
     wall = time.perf_counter() - t0
@@ -119,7 +136,8 @@ def run_ours(
     rows = [r for r in rows if "time/step_s" in r]
     times = [r["time/step_s"] for r in rows]
     return {
-        "side": f"ours_{learner}_{sync}" if work.device == "cuda" else "ours",
+        "side": (f"ours_{learner}_{sync}" if work.device == "cuda" else "ours")
+        + (f"_packed{packed_tokens}" if packed_tokens else ""),
         "step_s": times,
         "steady_step_s": statistics.median(times[1:] or times),
         "steady_spread": spread(times[1:] or times),
@@ -265,6 +283,12 @@ def main() -> None:
         default="object_store",
         help="our adapter sync on a GPU (cluster.weight_sync): ipc merges from the learner's GPU memory",
     )
+    ap.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=0,
+        help="our learner packs micro-batches of up to this many tokens (micro_batch_tokens) instead of padding",
+    )
     add_threads_arg(ap)
     args = ap.parse_args()
     work = GPU if args.device == "cuda" else CPU
@@ -285,7 +309,10 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="rlft-e2e-") as tmp:
         if args.only != "trl":
-            rows.append(run_ours(args.steps, Path(tmp) / "ours", args.threads, work, args.learner, args.sync))
+            ours = run_ours(
+                args.steps, Path(tmp) / "ours", args.threads, work, args.learner, args.sync, args.micro_batch_tokens
+            )
+            rows.append(ours)
             print(json.dumps({"bench": "e2e_trl", **rows[-1], "load_avg": machine()["load_avg"]}), flush=True)
         if args.only != "ours":
             rows.append(run_trl(args.steps, Path(tmp) / "trl", use_vllm, args.threads, work))
@@ -303,7 +330,8 @@ def main() -> None:
         print(
             f"| GRPO step end to end, SmolLM2, {work.prompts} prompts x {work.G}, {work.max_new} new tokens, "
             f"LoRA r={RANK} | TRL {trl_version} GRPOTrainer ({'vLLM colocate' if use_vllm else 'HF generate'}) "
-            f"{show_spread(theirs['steady_spread'], ' s/step', 1)} | ours (Ray + vLLM + {args.learner}, {args.sync} sync) "
+            f"{show_spread(theirs['steady_spread'], ' s/step', 1)} | ours (Ray + vLLM + {args.learner}, {args.sync} sync"
+            f"{f', packed {args.micro_batch_tokens}' if args.micro_batch_tokens else ''}) "
             f"{show_spread(ours['steady_spread'], ' s/step', 1)} | **{summary['speedup_ours_over_trl']:.2f}x** "
             f"({summary['speedup_bounds'][0]:.2f}-{summary['speedup_bounds'][1]:.2f}) | {machine_label(info)} |"
         )
