@@ -99,7 +99,8 @@ class Learner:
         sums: dict[str, torch.Tensor | float] = {}
         total_loss: torch.Tensor | float = 0.0
         tokens = 0
-        for mb in self._micro_batches(samples):
+        batches = self._micro_batches(samples)
+        for mb in batches:
             _, mask, old, adv = self.batcher.completion_batch(mb)
             # the entropy bonus needs the entropy's gradient; otherwise it is a metric from the same logsumexp
             ent = "loss" if spec.entropy_coef > 0 else "metric"
@@ -152,6 +153,8 @@ class Learner:
             **sums,
             "train/loss": total_loss,
             "train/samples_with_signal": float(n_signal),
+            # forwards per step: on a GPU a small model's step costs about the same per micro-batch whatever its size
+            "train/micro_batches": float(len(batches)),
             "train/grad_norm": grad_norm,
             "train/skipped_nonfinite": skipped,
             "perf/learner_tokens_per_s": tokens / dt,

@@ -46,9 +46,11 @@ def assert_same_step(a, b, samples, grad_norm_rel):
 
 def test_micro_batches_never_mix_prompts(tiny_model):
     learner = make_learner(tiny_model, "micro_batch_size=3")
-    batches = learner._micro_batches(make_samples(groups=2, group_size=4))
+    samples = make_samples(groups=2, group_size=4)
+    batches = learner._micro_batches(samples)
     assert [len(b) for b in batches] == [3, 1, 3, 1]
     assert all(len({tuple(s.prompt_ids) for s in b}) == 1 for b in batches)
+    assert learner.train_step(samples)["train/micro_batches"] == 4  # the step reports how many forwards it ran
 
 
 def test_zero_advantage_batch_leaves_adapter_unchanged(tiny_model):
