@@ -73,6 +73,7 @@ def build_ours(args, path: str, *, share_prompt_prefix: bool, packed: bool = Fal
 
     spec = learner_spec(
         path,
+        "model.learner_backend=peft",  # the raw side's library: `auto` would take Unsloth on a GPU that has it
         f"micro_batch_size={args.micro_batch_size}",
         f"micro_batch_tokens={args.micro_batch_tokens if packed else 0}",
         f"packed_attention={args.packed_attention}",
