@@ -397,7 +397,7 @@ class TrainConfig:
     steps: int = 24  # training steps (one rollout batch + update + adapter sync each)
     prompts_per_step: int = 8  # prompts per step; each gets algorithm.group_size completions
     micro_batch_size: int = 16  # sequences per padded learner forward/backward (when micro_batch_tokens=0)
-    micro_batch_tokens: int = 0  # >0: micro-batches of up to this many tokens, packed into one row without padding
+    micro_batch_tokens: int | None = None  # >0: packed rows of <= N tokens; 0: padded; null: 4096 on CPU (PEFT), else 0
     packed_attention: PackedAttention = PackedAttention.auto  # packed rows' attention: auto | sdpa | varlen (CUDA)
     share_prompt_prefix: bool = True  # learner runs each prompt once per group (KV cache, or once per packed row)
     eval_size: int = 64  # held-out prompts evaluated before and after training (0 disables evaluation)
@@ -423,8 +423,9 @@ class TrainConfig:
         _check(self.prompts_per_step >= 1, f"prompts_per_step must be >= 1 (got {self.prompts_per_step})")
         _check(self.micro_batch_size >= 1, f"micro_batch_size must be >= 1 (got {self.micro_batch_size})")
         _check(
-            self.micro_batch_tokens >= 0,
-            f"micro_batch_tokens must be >= 0 (0: micro_batch_size padded sequences; got {self.micro_batch_tokens})",
+            self.micro_batch_tokens is None or self.micro_batch_tokens >= 0,
+            "micro_batch_tokens must be >= 0 (0: micro_batch_size padded sequences) or null (auto); "
+            f"got {self.micro_batch_tokens}",
         )
         _check(
             self.packed_attention != PackedAttention.varlen or self.cluster.use_gpu,

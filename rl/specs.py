@@ -71,6 +71,7 @@ class LearnerSpec:
     optim: OptimSpec
     micro_batch_size: int  # sequences per padded micro-batch (micro_batch_tokens == 0)
     micro_batch_tokens: int  # > 0: packed micro-batches of at most this many row tokens (rl/learner/packing.py)
+    packed_auto: bool  # micro_batch_tokens came from auto: padded micro-batches where the model refuses packed rows
     packed_attention: str  # auto | sdpa | varlen
     share_prompt_prefix: bool
     keep_reference: bool  # a KL (in the loss or the reward) needs the reference policy
@@ -272,6 +273,20 @@ def resolve_learner_backend(cfg: TrainConfig) -> str:
     return "unsloth" if cfg.cluster.use_gpu and importlib.util.find_spec("unsloth") is not None else "peft"
 
 
+# auto's packed row on a CPU learner: at the demo's batch (64 sequences of 67-97 tokens, 8 prompts shared) packed
+# rows with the shared prompt step 1.57x faster than padded micro-batches of 16, and 1.38-1.74x at 20-1000-token
+# completions (docs/benchmarks.md); on GPUs packing is not measured faster yet, and Unsloth refuses packed rows
+CPU_PACKED_TOKENS = 4096
+
+
+def resolve_micro_batch_tokens(cfg: TrainConfig) -> int:
+    """micro_batch_tokens as the learner uses it: the config's value, or for auto (null) CPU_PACKED_TOKENS on a CPU
+    learner with the PEFT backend and 0 (padded micro-batches) elsewhere."""
+    if cfg.micro_batch_tokens is not None:
+        return cfg.micro_batch_tokens
+    return CPU_PACKED_TOKENS if not cfg.cluster.use_gpu and resolve_learner_backend(cfg) == "peft" else 0
+
+
 def check_registry_names(cfg: TrainConfig) -> None:
     """Unknown advantage / policy loss / aggregation names fail here, before anything starts."""
     from rl import algorithms
@@ -373,7 +388,8 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None, new
         loss=loss,
         optim=OptimSpec(a.lr, a.weight_decay, a.max_grad_norm),
         micro_batch_size=cfg.micro_batch_size,
-        micro_batch_tokens=cfg.micro_batch_tokens,
+        micro_batch_tokens=resolve_micro_batch_tokens(cfg),
+        packed_auto=cfg.micro_batch_tokens is None,
         packed_attention=cfg.packed_attention.value,
         share_prompt_prefix=cfg.share_prompt_prefix,
         keep_reference=a.kl_coef > 0,

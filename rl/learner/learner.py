@@ -14,6 +14,7 @@ import functools
 import math
 import os
 import time
+import warnings
 
 import torch
 
@@ -48,19 +49,18 @@ class Learner:
         for model in (self.model, self.policy.ref_model) if use_attention else ():
             if model is not None:
                 use_attention(model)
-        # the KV-cache prefix trick needs use_cache in training, which Unsloth's gradient checkpointing forbids; a
-        # packed row shares the prompt without a cache
-        share = spec.share_prompt_prefix and (packed is not None or not self.policy.checkpointing)
-        self.batcher = Batcher(
-            self.device,
-            share_prompt_prefix=share,
-            logits_to_keep=self.policy.logits_to_keep,
-            size=spec.micro_batch_size,
-            packed=packed,
-            budget=spec.micro_batch_tokens,
-        )
+        self.batcher = self._batcher(packed)
         if packed:
-            self.batcher.check_packing(self.model)
+            try:
+                self.batcher.check_packing(self.model)
+            except RuntimeError as e:
+                if not spec.packed_auto:
+                    raise
+                # auto chose packing for this device; a model that cannot take packed rows trains padded
+                warnings.warn(
+                    f"micro_batch_tokens=auto: padded micro-batches instead of packed rows. {e}", stacklevel=2
+                )
+                self.batcher = self._batcher(None)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=spec.optim.lr, weight_decay=spec.optim.weight_decay)
         loss = spec.loss
@@ -72,6 +72,20 @@ class Learner:
         self.sync_dtype = getattr(torch, spec.sync_dtype) if spec.sync_dtype else None
         self.dp = DataParallel(self.device)
         self._ipc = export.IpcExport()
+
+    def _batcher(self, packed: str | None) -> Batcher:
+        # the KV-cache prefix trick needs use_cache in training, which Unsloth's gradient checkpointing forbids; a
+        # packed row shares the prompt without a cache
+        spec = self.spec
+        share = spec.share_prompt_prefix and (packed is not None or not self.policy.checkpointing)
+        return Batcher(
+            self.device,
+            share_prompt_prefix=share,
+            logits_to_keep=self.policy.logits_to_keep,
+            size=spec.micro_batch_size,
+            packed=packed,
+            budget=spec.micro_batch_tokens,
+        )
 
     def _micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
         return self.batcher.micro_batches(samples)

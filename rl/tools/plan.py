@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from rl.config import ConfigError
-from rl.specs import resolve_lora_mode
+from rl.specs import resolve_lora_mode, resolve_micro_batch_tokens
 
 GiB = 1024**3
 NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)  # 4-bit code + 8-bit absmax per 64 + fp32 per 256 absmax blocks = 4.127
@@ -464,7 +464,7 @@ def plan_for_config(cfg: Any, shape: ModelShape, device_bytes: float) -> dict[st
         max_prompt_tokens=m.max_prompt_tokens,
         max_new_tokens=m.max_new_tokens,
         micro_batch_size=cfg.micro_batch_size,
-        micro_batch_tokens=cfg.micro_batch_tokens,
+        micro_batch_tokens=resolve_micro_batch_tokens(cfg),
         sequences_per_actor=math.ceil(samples / c.num_actors),
         gpus_per_actor=c.gpus_per_actor,
         gpu_memory_utilization=c.gpu_memory_utilization,

@@ -28,8 +28,8 @@ def test_shared_prefix_logprobs_equal_full_forward(tiny_model):
 
 def test_shared_prefix_step_matches_unshared_step(tiny_model):
     samples = make_samples()
-    a = make_learner(tiny_model, "share_prompt_prefix=true", "micro_batch_size=4")
-    b = make_learner(tiny_model, "share_prompt_prefix=false", "micro_batch_size=4")
+    a = make_learner(tiny_model, "share_prompt_prefix=true", "micro_batch_tokens=0", "micro_batch_size=4")
+    b = make_learner(tiny_model, "share_prompt_prefix=false", "micro_batch_tokens=0", "micro_batch_size=4")
     assert_same_step(a, b, samples, grad_norm_rel=1e-3)
 
 
@@ -45,7 +45,7 @@ def assert_same_step(a, b, samples, grad_norm_rel):
 
 
 def test_micro_batches_never_mix_prompts(tiny_model):
-    learner = make_learner(tiny_model, "micro_batch_size=3")
+    learner = make_learner(tiny_model, "micro_batch_tokens=0", "micro_batch_size=3")
     samples = make_samples(groups=2, group_size=4)
     batches = learner._micro_batches(samples)
     assert [len(b) for b in batches] == [3, 1, 3, 1]
@@ -219,8 +219,20 @@ def test_cpu_short_eager_attention_gives_the_sdpa_step(tiny_model, share, monkey
     samples = make_samples()
     long_prompt = make_samples(groups=1, group_size=2, seed=3)
     long_prompt = [TrainSample(s.prompt_ids * 30, s.completion_ids, s.old_logprobs, s.advantage) for s in long_prompt]
-    a = make_learner(tiny_model, f"share_prompt_prefix={share}", "micro_batch_size=4", "algorithm.kl_coef=0.05")
-    b = make_learner(tiny_model, f"share_prompt_prefix={share}", "micro_batch_size=4", "algorithm.kl_coef=0.05")
+    a = make_learner(
+        tiny_model,
+        f"share_prompt_prefix={share}",
+        "micro_batch_tokens=0",
+        "micro_batch_size=4",
+        "algorithm.kl_coef=0.05",
+    )
+    b = make_learner(
+        tiny_model,
+        f"share_prompt_prefix={share}",
+        "micro_batch_tokens=0",
+        "micro_batch_size=4",
+        "algorithm.kl_coef=0.05",
+    )
     assert a.model.get_base_model().config._attn_implementation == attention.ATTENTION
     b.model.get_base_model().set_attn_implementation("sdpa")
     calls = []  # (path, keys, gradient on): what the model's attention really ran

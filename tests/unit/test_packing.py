@@ -55,7 +55,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_packed_step_equals_padded_step(tiny_model, case):
     base = [*CASES[case], "algorithm.max_grad_norm=0"]  # no clipping: compare raw gradients
-    padded = make_learner(tiny_model, *base, "share_prompt_prefix=false", "micro_batch_size=3")
+    padded = make_learner(tiny_model, *base, "share_prompt_prefix=false", "micro_batch_tokens=0", "micro_batch_size=3")
     samples = varied_samples(padded)
     want = padded.train_step(samples)
     want_grads = grads(padded)
@@ -103,3 +103,23 @@ def test_packing_refuses_a_model_whose_attention_ignores_the_segments(tiny_model
     learner.model.get_base_model().set_attn_implementation("sdpa")
     with pytest.raises(RuntimeError, match="does not keep packed sequences apart.*micro_batch_tokens=0"):
         learner.batcher.check_packing(learner.model)
+
+
+def test_auto_packs_on_cpu_and_falls_back_to_padded_where_the_model_refuses(tiny_model, monkeypatch):
+    """micro_batch_tokens=null (auto, the default) packs on a CPU PEFT learner and stays padded on GPUs; where the
+    model's attention would mix packed sequences, auto trains padded with a warning and an explicit budget fails."""
+    from rl.specs import CPU_PACKED_TOKENS, build_from_overrides
+    from tests.helpers import LEARNER_TEST_OVERRIDES
+
+    assert make_learner(tiny_model).batcher.packed == "sdpa"
+    assert make_learner(tiny_model).spec.micro_batch_tokens == CPU_PACKED_TOKENS
+    gpu = build_from_overrides(
+        tiny_model, *LEARNER_TEST_OVERRIDES, "cluster.use_gpu=true", "model.learner_backend=peft"
+    )
+    assert gpu.learner.micro_batch_tokens == 0
+    monkeypatch.setattr("rl.learner.packing.use_packed_attention", lambda model: None)  # plain SDPA: mixes them
+    with pytest.warns(UserWarning, match="micro_batch_tokens=auto: padded micro-batches"):
+        learner = make_learner(tiny_model)
+    assert learner.batcher.packed is None and learner.train_step(varied_samples(learner))["train/loss"] != 0
+    with pytest.raises(RuntimeError, match="does not keep packed sequences apart"):
+        make_learner(tiny_model, "micro_batch_tokens=64")
