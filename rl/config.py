@@ -396,7 +396,7 @@ class TrainConfig:
     verbose: bool = False  # show vLLM's and Ray's own log lines on the console (always in <run dir>/logs/)
     steps: int = 24  # training steps (one rollout batch + update + adapter sync each)
     prompts_per_step: int = 8  # prompts per step; each gets algorithm.group_size completions
-    micro_batch_size: int = 16  # sequences per padded learner forward/backward (when micro_batch_tokens=0)
+    micro_batch_size: int = 16  # sequences per padded learner forward/backward (micro_batch_tokens 0, or auto on GPUs)
     micro_batch_tokens: int | None = None  # >0: packed rows of <= N tokens; 0: padded; null: 4096 on CPU (PEFT), else 0
     packed_attention: PackedAttention = PackedAttention.auto  # packed rows' attention: auto | sdpa | varlen (CUDA)
     share_prompt_prefix: bool = True  # learner runs each prompt once per group (KV cache, or once per packed row)
