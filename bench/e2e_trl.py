@@ -71,21 +71,30 @@ GPU = Work("cuda", prompts=32, G=8, max_new=256, micro=32)
 GPU_MEMORY = 0.3
 
 
-def ours_args(
-    steps: int,
-    out: Path,
-    threads: int | None,
-    work: Work = CPU,
-    learner: str = "peft",
-    sync: str = "object_store",
-    packed_tokens: int = 0,
-) -> list[str]:
+@dataclass(frozen=True)
+class Ours:
+    """Our side's settings: on a GPU the `learner` backend (16-bit) and the adapter sync (cluster.weight_sync); on
+    either device packed_tokens > 0 to pack the learner's micro-batches into rows of up to that many tokens (`micro_batch_tokens`)
+    instead of `Work.micro` padded sequences (the same samples and loss, fewer and fuller forwards); 0: the config's
+    default (auto: packed on a CPU learner, padded on GPUs)."""
+
+    learner: str = "peft"
+    sync: str = "object_store"
+    packed_tokens: int = 0
+
+    def name(self, work: Work) -> str:
+        base = f"ours_{self.learner}_{self.sync}" if work.device == "cuda" else "ours"
+        return base + (f"_packed{self.packed_tokens}" if self.packed_tokens else "")
+
+    def label(self) -> str:
+        packed = f", packed {self.packed_tokens}" if self.packed_tokens else ""
+        return f"Ray + vLLM + {self.learner}, {self.sync} sync{packed}"
+
+
+def ours_args(steps: int, out: Path, threads: int | None, work: Work = CPU, ours: Ours = Ours()) -> list[str]:
     """train.py's overrides for our side: the demo's settings (on CPU its memory settings too, which fit any
-    machine the README supports) with `steps` steps, no eval and no checkpoints; on a GPU one vLLM actor and the
-    `learner` backend (16-bit) taking turns on it, the adapter synced by `sync` (cluster.weight_sync).
-    packed_tokens > 0: the learner packs micro-batches of up to that many tokens (`micro_batch_tokens`) instead of
-    `work.micro` padded sequences: the same samples and loss, fewer and fuller forwards; 0: the config's default
-    (auto: packed on a CPU learner, padded on GPUs)."""
+    machine the README supports) with `steps` steps, no eval and no checkpoints; on a GPU one vLLM actor and
+    `ours.learner` taking turns on it, the adapter synced by `ours.sync`."""
     args = [
         f"steps={steps}",
         "eval_size=0",
@@ -107,28 +116,20 @@ def ours_args(
             "cluster.gpus_per_learner=1",
             f"cluster.gpu_memory_utilization={GPU_MEMORY}",
             "cluster.enforce_eager=false",
-            f"model.learner_backend={learner}",
+            f"model.learner_backend={ours.learner}",
             "model.load_in_4bit=false",
-            f"cluster.weight_sync={sync}",
+            f"cluster.weight_sync={ours.sync}",
         ]
-    if packed_tokens:
-        args.append(f"micro_batch_tokens={packed_tokens}")
+    if ours.packed_tokens:
+        args.append(f"micro_batch_tokens={ours.packed_tokens}")
     if threads:
         args += [f"cluster.actor_threads={threads}", f"cluster.learner_threads={threads}"]
     return args
 
 
-def run_ours(
-    steps: int,
-    out: Path,
-    threads: int | None,
-    work: Work = CPU,
-    learner: str = "peft",
-    sync: str = "object_store",
-    packed_tokens: int = 0,
-) -> dict:
+def run_ours(steps: int, out: Path, threads: int | None, work: Work = CPU, ours: Ours = Ours()) -> dict:
     """train.py with `ours_args`; step times from metrics.jsonl."""
-    cmd = [sys.executable, str(REPO / "train.py"), *ours_args(steps, out, threads, work, learner, sync, packed_tokens)]
+    cmd = [sys.executable, str(REPO / "train.py"), *ours_args(steps, out, threads, work, ours)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=repo_env())
     wall = time.perf_counter() - t0
@@ -138,8 +139,7 @@ def run_ours(
     rows = [r for r in rows if "time/step_s" in r]
     times = [r["time/step_s"] for r in rows]
     return {
-        "side": (f"ours_{learner}_{sync}" if work.device == "cuda" else "ours")
-        + (f"_packed{packed_tokens}" if packed_tokens else ""),
+        "side": ours.name(work),
         "step_s": times,
         "steady_step_s": statistics.median(times[1:] or times),
         "steady_spread": spread(times[1:] or times),
@@ -294,6 +294,7 @@ def main() -> None:
     add_threads_arg(ap)
     args = ap.parse_args()
     work = GPU if args.device == "cuda" else CPU
+    ours_side = Ours(args.learner, args.sync, args.micro_batch_tokens)
     use_vllm = args.trl_vllm or args.device == "cuda"  # on a GPU TRL generates with vLLM, as its users do
     try:
         from importlib.metadata import version
@@ -311,10 +312,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="rlft-e2e-") as tmp:
         if args.only != "trl":
-            ours = run_ours(
-                args.steps, Path(tmp) / "ours", args.threads, work, args.learner, args.sync, args.micro_batch_tokens
-            )
-            rows.append(ours)
+            rows.append(run_ours(args.steps, Path(tmp) / "ours", args.threads, work, ours_side))
             print(json.dumps({"bench": "e2e_trl", **rows[-1], "load_avg": machine()["load_avg"]}), flush=True)
         if args.only != "ours":
             rows.append(run_trl(args.steps, Path(tmp) / "trl", use_vllm, args.threads, work))
@@ -332,8 +330,7 @@ def main() -> None:
         print(
             f"| GRPO step end to end, SmolLM2, {work.prompts} prompts x {work.G}, {work.max_new} new tokens, "
             f"LoRA r={RANK} | TRL {trl_version} GRPOTrainer ({'vLLM colocate' if use_vllm else 'HF generate'}) "
-            f"{show_spread(theirs['steady_spread'], ' s/step', 1)} | ours (Ray + vLLM + {args.learner}, {args.sync} sync"
-            f"{f', packed {args.micro_batch_tokens}' if args.micro_batch_tokens else ''}) "
+            f"{show_spread(theirs['steady_spread'], ' s/step', 1)} | ours ({ours_side.label()}) "
             f"{show_spread(ours['steady_spread'], ' s/step', 1)} | **{summary['speedup_ours_over_trl']:.2f}x** "
             f"({summary['speedup_bounds'][0]:.2f}-{summary['speedup_bounds'][1]:.2f}) | {machine_label(info)} |"
         )

@@ -81,7 +81,7 @@ def test_e2e_trl_gpu_side_loads_as_a_config_padded_or_packed(smollm2_shape, tmp_
     from rl.specs import build_from_overrides
 
     for tokens in (0, 16384):
-        args = e2e_trl.ours_args(3, tmp_path / "out", None, e2e_trl.GPU, "peft", "ipc", tokens)
+        args = e2e_trl.ours_args(3, tmp_path / "out", None, e2e_trl.GPU, e2e_trl.Ours("peft", "ipc", tokens))
         keys = [a for a in args if not a.startswith(("hydra.", "logger="))]  # a Hydra setting and a config group
         learner = build_from_overrides(smollm2_shape, *keys).learner
         assert (learner.micro_batch_tokens, learner.micro_batch_size, learner.backend) == (tokens, 32, "peft")
