@@ -111,8 +111,8 @@ def test_auto_packs_on_cpu_and_falls_back_to_padded_where_the_model_refuses(tiny
     from rl.specs import CPU_PACKED_TOKENS, build_from_overrides
     from tests.helpers import LEARNER_TEST_OVERRIDES
 
-    assert make_learner(tiny_model).batcher.packed == "sdpa"
-    assert make_learner(tiny_model).spec.micro_batch_tokens == CPU_PACKED_TOKENS
+    auto = make_learner(tiny_model)
+    assert auto.batcher.packed == "sdpa" and auto.spec.micro_batch_tokens == CPU_PACKED_TOKENS
     gpu = build_from_overrides(
         tiny_model, *LEARNER_TEST_OVERRIDES, "cluster.use_gpu=true", "model.learner_backend=peft"
     )
