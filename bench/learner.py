@@ -17,7 +17,8 @@ overhead), `ours_shared` (padded, each group's prompt run once through the KV ca
 padding, rl/learner/packing.py; the second with each prompt once per row), `ours_full_no_entropy` (what the entropy
 metric costs), `ours_shared_sdpa` (ours_shared with SDPA everywhere instead of the CPU learner's eager attention
 for short sequences, rl/learner/attention.py). kl_coef=0 on our sides unless `--kl` (the demo's GRPO, 0.01, adds a
-no-grad reference forward; that is more work, not overhead). Tokens/s = prompt + completion tokens of the samples /
+no-grad reference forward; that is more work, not overhead). `--profile N` adds one profiled step per side and
+prints its top N ops by self time (CUDA time on a GPU), to see where a slow side's time goes. Tokens/s = prompt + completion tokens of the samples /
 step time, the same numerator for every side.
 Token ids are random (speed does not depend on them); lengths default to the demo's (8 prompts x 8 completions,
 57-token prompts, 10-40 tokens).
@@ -200,20 +201,24 @@ def run_side(args) -> dict:
     t0 = time.perf_counter()
     learner = build_side(args.side, args, path)
     build_s = time.perf_counter() - t0
-    learner.train_step(samples)
+    steps = [learner.train_step(samples)]
     _sync()
     step_s = []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
-        learner.train_step(samples)
+        steps.append(learner.train_step(samples))
         _sync()
         step_s.append(round(time.perf_counter() - t0, 3))
+    metrics = steps[-1]
+    table = profile_step(learner, samples, args.profile) if args.profile else None
     info = machine()
     info["load_avg_before"] = before["load_avg"]
     if args.device == "cuda":
         import torch
 
-        info["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        # our learner reads and resets the peak every step (memory/learner_peak_gb): the largest of those
+        ours = [m["memory/learner_peak_gb"] for m in steps if "memory/learner_peak_gb" in m]
+        info["peak_gib"] = round(max(ours) if ours else torch.cuda.max_memory_allocated() / 2**30, 2)
     completions = [len(s.completion_ids) for s in samples]
     return {
         "bench": "learner",
@@ -231,8 +236,24 @@ def run_side(args) -> dict:
         "threads": args.threads,
         "build_s": round(build_s, 1),
         "step_s": step_s,
+        "micro_batches": metrics.get("train/micro_batches"),  # forwards per step (ours; None for raw)
         "machine": info,
+        **({"profile": table} if table else {}),
     }
+
+
+def profile_step(learner, samples, rows: int) -> str:
+    """One more step under torch's profiler: its op table (self time, CUDA first where there is one), `rows` rows."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        learner.train_step(samples)
+        _sync()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
 def compare(args) -> None:
@@ -243,7 +264,10 @@ def compare(args) -> None:
             raise SystemExit(f"--sides: unknown side {side!r} (choose from {', '.join(SIDES)})")
         rows[side] = run_side_process("bench.learner", side, sys.argv[1:])
         rows[side]["tokens_per_s"] = spread([rows[side]["tokens"] / t for t in rows[side]["step_s"]])
+        table = rows[side].pop("profile", None)
         print(json.dumps(rows[side]), flush=True)
+        if table:
+            print(f"profile of one {side} step:\n{table}", flush=True)
     tok = {side: row["tokens_per_s"]["median"] for side, row in rows.items()}
     pairs = {  # (faster?, slower?): the ratio of their median tokens/s
         "ours_full_over_raw": ("ours_full", "raw"),
@@ -284,6 +308,7 @@ def main() -> None:
     ap.add_argument("--sides", default="raw,ours_full,ours_shared,ours_packed,ours_packed_shared")
     ap.add_argument("--kl", type=float, default=0.0, help="our sides' KL coefficient (>0 adds the reference forward)")
     ap.add_argument("--probe-entropy", action="store_true", help="also time ours_full without the entropy metric")
+    ap.add_argument("--profile", type=int, default=0, help="also profile one step per side: the top N ops by self time")
     ap.add_argument("--side", choices=SIDES, default=None, help="run one side in this process")
     args = ap.parse_args()
     if args.side is None:
