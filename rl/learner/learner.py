@@ -27,6 +27,14 @@ from rl.specs import LearnerSpec
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample
 
 
+def shares_prompt(packed: bool, checkpointing: bool, device: torch.device) -> bool:
+    """Whether `share_prompt_prefix` can apply: a packed row holds a group's prompt once, always; padded micro-batches
+    share it through a KV cache, which needs use_cache in training (Unsloth's gradient checkpointing forbids it) and
+    pays only on CPU: on an H200, at 32 prompts x 8, it made the learner step 29 s in train.py, and alone it did not
+    finish four steps in eight minutes where the plain padded forward took 3 s a step (docs/benchmarks.md)."""
+    return packed or (not checkpointing and device.type == "cpu")
+
+
 class Learner:
     def __init__(self, spec: LearnerSpec):
         # Ray limits an actor to its num_cpus threads; roles alternate in synchronous mode, so use every core
@@ -74,13 +82,11 @@ class Learner:
         self._ipc = export.IpcExport()
 
     def _batcher(self, packed: str | None) -> Batcher:
-        # the KV-cache prefix trick needs use_cache in training, which Unsloth's gradient checkpointing forbids; a
-        # packed row shares the prompt without a cache
         spec = self.spec
-        share = spec.share_prompt_prefix and (packed is not None or not self.policy.checkpointing)
         return Batcher(
             self.device,
-            share_prompt_prefix=share,
+            share_prompt_prefix=spec.share_prompt_prefix
+            and shares_prompt(packed is not None, self.policy.checkpointing, self.device),
             logits_to_keep=self.policy.logits_to_keep,
             size=spec.micro_batch_size,
             packed=packed,

@@ -241,11 +241,11 @@ def packed_vs_padded(model: str, kind: str, attention: str) -> dict:
         return lp, learner.train_step(own)
 
     fp32 = [k for k in COMMON if not k.startswith("model.learner_dtype")] + ["model.learner_dtype=float32"]
-    fp32 += [*LEARNER["peft_bf16"], "model.max_new_tokens=600", "micro_batch_size=4"]
+    fp32 += [*LEARNER["peft_bf16"], "model.max_new_tokens=600", "micro_batch_size=4", "micro_batch_tokens=0"]
     reference = Learner(build_from_overrides(model, *fp32).learner)  # PEFT, fp32 base weights, padded
     ref = reference.sequence_logprobs(prompts, comps)
     del reference
-    padded = Learner(build_from_overrides(model, *keys, "micro_batch_size=4").learner)
+    padded = Learner(build_from_overrides(model, *keys, "micro_batch_size=4", "micro_batch_tokens=0").learner)
     want, m_padded = logprobs_and_step(padded)
     del padded
     torch.cuda.empty_cache()

@@ -33,6 +33,18 @@ def test_shared_prefix_step_matches_unshared_step(tiny_model):
     assert_same_step(a, b, samples, grad_norm_rel=1e-3)
 
 
+def test_the_kv_cache_prompt_is_shared_only_where_it_pays():
+    """share_prompt_prefix: packed rows always hold a group's prompt once; padded micro-batches share it through a
+    KV cache only on CPU, and never under gradient checkpointing (use_cache is off there)."""
+    from rl.learner.learner import shares_prompt
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert shares_prompt(packed=True, checkpointing=True, device=cuda)
+    assert shares_prompt(packed=False, checkpointing=False, device=cpu)
+    assert not shares_prompt(packed=False, checkpointing=False, device=cuda)
+    assert not shares_prompt(packed=False, checkpointing=True, device=cpu)
+
+
 def assert_same_step(a, b, samples, grad_norm_rel):
     """Learners a and b, built alike, take one step on `samples`: the same loss, gradient norm and update."""
     ma, mb = a.train_step(samples), b.train_step(samples)

@@ -106,17 +106,24 @@ def test_packing_refuses_a_model_whose_attention_ignores_the_segments(tiny_model
 
 
 def test_auto_packs_on_cpu_and_falls_back_to_padded_where_the_model_refuses(tiny_model, monkeypatch):
-    """micro_batch_tokens=null (auto, the default) packs on a CPU PEFT learner and stays padded on GPUs; where the
-    model's attention would mix packed sequences, auto trains padded with a warning and an explicit budget fails."""
-    from rl.specs import CPU_PACKED_TOKENS, build_from_overrides
+    """micro_batch_tokens=null (auto, the default) packs a PEFT learner's rows (CPU and GPU budgets) and pads with
+    Unsloth and in deterministic GPU runs; where the model's attention would mix packed sequences, auto trains padded
+    with a warning and an explicit budget fails."""
+    from rl.specs import CPU_PACKED_TOKENS, GPU_PACKED_TOKENS, build_from_overrides
     from tests.helpers import LEARNER_TEST_OVERRIDES
 
     auto = make_learner(tiny_model)
     assert auto.batcher.packed == "sdpa" and auto.spec.micro_batch_tokens == CPU_PACKED_TOKENS
-    gpu = build_from_overrides(
-        tiny_model, *LEARNER_TEST_OVERRIDES, "cluster.use_gpu=true", "model.learner_backend=peft"
-    )
-    assert gpu.learner.micro_batch_tokens == 0
+
+    def gpu_tokens(*keys: str) -> int:
+        return build_from_overrides(
+            tiny_model, *LEARNER_TEST_OVERRIDES, "cluster.use_gpu=true", *keys
+        ).learner.micro_batch_tokens
+
+    assert gpu_tokens("model.learner_backend=peft") == GPU_PACKED_TOKENS
+    assert gpu_tokens("model.learner_backend=unsloth") == 0
+    assert gpu_tokens("model.learner_backend=peft", "deterministic=true") == 0
+    assert gpu_tokens("model.learner_backend=peft", "micro_batch_tokens=0") == 0
     monkeypatch.setattr("rl.learner.packing.use_packed_attention", lambda model: None)  # plain SDPA: mixes them
     with pytest.warns(UserWarning, match="micro_batch_tokens=auto: padded micro-batches"):
         learner = make_learner(tiny_model)
