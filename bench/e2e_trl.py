@@ -5,7 +5,8 @@ CPU (5-14 min on the shared 2-core machine, depending on its load):  python -m b
 One GPU:  python -m bench.e2e_trl --device cuda [--learner unsloth] [--sync ipc] [--micro-batch-tokens N]
 (32 prompts x 8 x 256 tokens; TRL generates with vLLM in colocate mode with sleep mode on, ours runs
 cluster.colocate: both engines sleep while their learner trains; our learner is PEFT bf16 like TRL's unless
---learner unsloth; --micro-batch-tokens packs its micro-batches instead of padding 32 sequences).
+--learner unsloth; its micro-batches are the config's auto: PEFT packs rows of up to 16384 tokens, Unsloth pads
+32 sequences; --micro-batch-tokens N sets N, 0 pads).
 TRL is not in the core install: `.venv/bin/python -m pip install -r requirements-bench.txt` first.
 
 Both sides: SmolLM2-135M-Instruct, base weights bf16 with fp32 LoRA r=16 (alpha 32) on all 7 projections, 8
@@ -74,21 +75,21 @@ GPU_MEMORY = 0.3
 @dataclass(frozen=True)
 class Ours:
     """Our side's settings: on a GPU the `learner` backend (16-bit) and the adapter sync (cluster.weight_sync); on
-    either device packed_tokens > 0 to pack the learner's micro-batches into rows of up to that many tokens (`micro_batch_tokens`)
-    instead of `Work.micro` padded sequences (the same samples and loss, fewer and fuller forwards); 0: the config's
-    default (auto: packed on a CPU learner, padded on GPUs)."""
+    either device `packed_tokens` is `micro_batch_tokens`: None the config's auto (a PEFT learner packs rows, 4096
+    tokens on CPU and 16384 on a GPU; Unsloth pads), 0 padded micro-batches of `Work.micro` sequences, N > 0 rows of
+    up to N tokens (the same samples and loss, fewer and fuller forwards)."""
 
     learner: str = "peft"
     sync: str = "object_store"
-    packed_tokens: int = 0
+    packed_tokens: int | None = None
 
     def name(self, work: Work) -> str:
         base = f"ours_{self.learner}_{self.sync}" if work.device == "cuda" else "ours"
-        return base + (f"_packed{self.packed_tokens}" if self.packed_tokens else "")
+        return base + {None: "", 0: "_padded"}.get(self.packed_tokens, f"_packed{self.packed_tokens}")
 
     def label(self) -> str:
-        packed = f", packed {self.packed_tokens}" if self.packed_tokens else ""
-        return f"Ray + vLLM + {self.learner}, {self.sync} sync{packed}"
+        layout = {None: "", 0: ", padded"}.get(self.packed_tokens, f", packed {self.packed_tokens}")
+        return f"Ray + vLLM + {self.learner}, {self.sync} sync{layout}"
 
 
 def ours_args(steps: int, out: Path, threads: int | None, work: Work = CPU, ours: Ours = Ours()) -> list[str]:
@@ -120,7 +121,7 @@ def ours_args(steps: int, out: Path, threads: int | None, work: Work = CPU, ours
             "model.load_in_4bit=false",
             f"cluster.weight_sync={ours.sync}",
         ]
-    if ours.packed_tokens:
+    if ours.packed_tokens is not None:
         args.append(f"micro_batch_tokens={ours.packed_tokens}")
     if threads:
         args += [f"cluster.actor_threads={threads}", f"cluster.learner_threads={threads}"]
@@ -288,8 +289,8 @@ def main() -> None:
     ap.add_argument(
         "--micro-batch-tokens",
         type=int,
-        default=0,
-        help="our learner packs micro-batches of up to this many tokens (micro_batch_tokens) instead of padding",
+        default=None,
+        help="our learner's micro_batch_tokens: rows of up to N tokens, 0 padded (default: the config's auto)",
     )
     add_threads_arg(ap)
     args = ap.parse_args()

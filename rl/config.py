@@ -397,7 +397,7 @@ class TrainConfig:
     steps: int = 24  # training steps (one rollout batch + update + adapter sync each)
     prompts_per_step: int = 8  # prompts per step; each gets algorithm.group_size completions
     micro_batch_size: int = 16  # sequences per padded learner forward/backward (micro_batch_tokens 0, or auto+Unsloth)
-    micro_batch_tokens: int | None = None  # >0: packed rows of <= N tokens; 0: padded; null: PEFT 4096 CPU/16384 GPU
+    micro_batch_tokens: int | None = None  # >0: packed rows of <= N tokens; 0: padded; null: auto (PEFT packs)
     packed_attention: PackedAttention = PackedAttention.auto  # packed rows' attention: auto | sdpa | varlen (CUDA)
     share_prompt_prefix: bool = True  # learner runs each prompt once per group (packed row; padded: KV cache, CPU only)
     eval_size: int = 64  # held-out prompts evaluated before and after training (0 disables evaluation)

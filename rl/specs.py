@@ -277,8 +277,9 @@ def resolve_learner_backend(cfg: TrainConfig) -> str:
 # packed rows with the shared prompt step 1.57x faster than padded micro-batches of 16, and 1.38-1.74x at 20-1000-token
 # completions. GPU: a small model's step is launch-bound, so fewer and fuller forwards win: at 32 prompts x 8 (20-256
 # tokens) on an H200 the learner took 0.5-0.8 s per step in rows of 16384 tokens against 29 s padded with the
-# KV-cache prompt (docs/benchmarks.md); 16384 tokens hold about what 16 padded sequences of 1024 do, so a row needs
-# about the activation memory of the default padded micro-batch at 1k-token completions. Unsloth refuses packed rows;
+# KV-cache prompt (docs/benchmarks.md). Either budget is capped at the padded micro-batch's worst case
+# (micro_batch_size x (model.max_prompt_tokens + model.max_new_tokens) tokens), so that auto never asks for more
+# activation memory than padding would. Unsloth refuses packed rows;
 # `deterministic=true` on a GPU stays padded: the deterministic GPU runs were verified padded, and the varlen flash
 # backward's determinism is not (flash kernels accumulate the query gradient with atomics unless told otherwise).
 CPU_PACKED_TOKENS = 4096
@@ -287,13 +288,14 @@ GPU_PACKED_TOKENS = 16384
 
 def resolve_micro_batch_tokens(cfg: TrainConfig) -> int:
     """micro_batch_tokens as the learner uses it: the config's value, or for auto (null) with the PEFT backend
-    CPU_PACKED_TOKENS on a CPU learner and GPU_PACKED_TOKENS on a GPU one; 0 (padded micro-batches) with Unsloth
-    and for deterministic GPU runs."""
+    CPU_PACKED_TOKENS on a CPU learner and GPU_PACKED_TOKENS on a GPU one, at most the padded micro-batch's worst
+    case; 0 (padded micro-batches) with Unsloth and for deterministic GPU runs."""
     if cfg.micro_batch_tokens is not None:
         return cfg.micro_batch_tokens
     if resolve_learner_backend(cfg) != "peft" or (cfg.cluster.use_gpu and cfg.deterministic):
         return 0
-    return GPU_PACKED_TOKENS if cfg.cluster.use_gpu else CPU_PACKED_TOKENS
+    padded = cfg.micro_batch_size * (cfg.model.max_prompt_tokens + cfg.model.max_new_tokens)
+    return min(GPU_PACKED_TOKENS if cfg.cluster.use_gpu else CPU_PACKED_TOKENS, padded)
 
 
 def check_registry_names(cfg: TrainConfig) -> None:

@@ -120,7 +120,9 @@ def test_auto_packs_on_cpu_and_falls_back_to_padded_where_the_model_refuses(tiny
             tiny_model, *LEARNER_TEST_OVERRIDES, "cluster.use_gpu=true", *keys
         ).learner.micro_batch_tokens
 
-    assert gpu_tokens("model.learner_backend=peft") == GPU_PACKED_TOKENS
+    assert gpu_tokens("model.learner_backend=peft", "micro_batch_size=64") == GPU_PACKED_TOKENS
+    # never more than the padded micro-batch's worst case: 16 x (256 prompt + 32 new tokens) by default
+    assert gpu_tokens("model.learner_backend=peft") == 16 * (256 + 32)
     assert gpu_tokens("model.learner_backend=unsloth") == 0
     assert gpu_tokens("model.learner_backend=peft", "deterministic=true") == 0
     assert gpu_tokens("model.learner_backend=peft", "micro_batch_tokens=0") == 0
