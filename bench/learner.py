@@ -18,8 +18,8 @@ padding, rl/learner/packing.py; the second with each prompt once per row), `ours
 metric costs), `ours_shared_sdpa` (ours_shared with SDPA everywhere instead of the CPU learner's eager attention
 for short sequences, rl/learner/attention.py). kl_coef=0 on our sides unless `--kl` (the demo's GRPO, 0.01, adds a
 no-grad reference forward; that is more work, not overhead). `--profile N` adds one profiled step per side and
-prints its top N ops by self time (CUDA time on a GPU), to see where a slow side's time goes. Tokens/s = prompt + completion tokens of the samples /
-step time, the same numerator for every side.
+prints its top N ops by self time (CUDA time on a GPU), to see where a slow side's time goes. Tokens/s = prompt +
+completion tokens of the samples / step time, the same numerator for every side.
 Token ids are random (speed does not depend on them); lengths default to the demo's (8 prompts x 8 completions,
 57-token prompts, 10-40 tokens).
 
