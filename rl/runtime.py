@@ -246,8 +246,12 @@ class Runtime:
         """The published adapter for a restarted actor (None: the base model, version 0): what the last sync put in
         the object store; `cluster.weight_sync=ipc` puts nothing there, so learner 0's policy is fetched as bytes
         now, once per sync, if it is still the published version (with staleness > 0 the learner may be a step
-        ahead, and a version from the future would fail the run)."""
+        ahead, and a version from the future would fail the run). The version is asked first, so that a learner
+        already ahead is not asked for its adapter's bytes; the adapter's own version is checked again, since the
+        learner may step in between."""
         if self._adapter_ref is None and self.weight_sync == "ipc" and self.version > 0:
+            if self.learners.call("get_version", [()])[0] != self.version:
+                return None
             adapter = self.adapter(for_sync=True)
             if adapter.version == self.version:
                 self._adapter_ref = self.actors.put(adapter)

@@ -130,7 +130,7 @@ def test_a_restarted_actor_gets_the_published_policy_as_bytes():
     learner.version = 4  # the learner stepped past the published version 3
     runtime._restarting.add(1)  # Ray restarted actor 1; it answers again
     runtime._rejoin(wait=False)
-    assert log == ["learner.get_adapter"] and runtime.live_actors() == [0]
+    assert log == [] and runtime.live_actors() == [0]  # the learner is ahead: its adapter is not even fetched
     log.clear()
     runtime.sync()  # version 4: the live actor through IPC, then actor 1 as bytes
     assert log == [
