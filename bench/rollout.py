@@ -9,7 +9,10 @@ Ours: one `generate` call with the whole step's prompts (the driver passes all p
 batches them continuously), with a rank-16 adapter loaded the way the framework loads it (`--lora-mode auto` picks
 what `cluster.lora_mode=auto` does), sampled-token logprobs returned, as training needs them. Raw vLLM: `LLM` with
 the same engine settings and `SamplingParams` without logprobs, on the base weights (what a merged adapter costs);
-`raw_same`: the same with our actor's SamplingParams (sampled-token logprobs, no detokenisation).
+`raw_same`: the same with our actor's SamplingParams (sampled-token logprobs, no detokenisation); `raw_engine`: that,
+on an engine built with our actor's own engine arguments (rl/rollout/vllm.py `engine_kwargs`: processed logprobs,
+the worker extension), so that raw_same -> raw_engine is what our engine settings cost and raw_engine -> ours what
+VLLMRollout adds around the engine.
 HF: `model.generate` on all prompts x n in one left-padded batch (the strongest plain-HF setting; rows that
 finish early still ride along until the longest finishes), on the base weights. Same temperature 1 sampling,
 top_p 1, no top-k, max_tokens. Tokens/s counts generated tokens up to and including EOS on every side.
@@ -119,23 +122,29 @@ def plain_generate(llm, lora_request=None, **extra):
     return generate
 
 
-def raw_vllm_rate(path: str, prompts: list[list[int]], args, same_params: bool = False) -> dict:
+def raw_vllm_rate(path: str, prompts: list[list[int]], args, same_params: bool = False, ours: bool = False) -> dict:
     """Generated tokens/s of plain vLLM: `LLM` + `SamplingParams` without logprobs, base weights; `same_params`:
     the SamplingParams our actor sends (sampled-token logprobs, flat where this vLLM has them, no detokenisation),
-    so that the ratio to ours is our wrapper's cost alone."""
+    so that the ratio to ours is our wrapper's cost alone; `ours`: with them, the engine built from our actor's
+    engine arguments instead of the bench's."""
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(model=path, seed=0, **engine_kwargs(path, prompts, args))
+    if ours:
+        from rl.rollout.vllm import engine_kwargs as actor_engine_kwargs
+
+        llm = LLM(**actor_engine_kwargs(our_spec(path, prompts, args)))
+    else:
+        llm = LLM(model=path, seed=0, **engine_kwargs(path, prompts, args))
     start_s = time.perf_counter() - t0
     extra = {}
-    if same_params:
+    if same_params or ours:
         extra = {"logprobs": 0, "detokenize": False}
         if "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ()):
             extra["flat_logprobs"] = True
     rates, toks = timed_generations(plain_generate(llm, **extra), prompts, sampling_of(args), args.repeats)
     return {
-        "side": "raw_vllm_same_params" if same_params else "raw_vllm",
+        "side": "raw_vllm_our_engine" if ours else "raw_vllm_same_params" if same_params else "raw_vllm",
         "tokens_per_s": round(median(rates), 1),
         "tokens": toks,
         "rates": rates,
@@ -149,9 +158,8 @@ def sampling_of(args):
     return Sampling(n=args.n, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens)
 
 
-def ours_rate(path: str, prompts: list[list[int]], args) -> dict:
-    """Generated tokens/s of our actor: one generate call with every prompt of the step."""
-    from rl.rollout.vllm import VLLMRollout
+def our_spec(path: str, prompts: list[list[int]], args):
+    """The RolloutSpec of our actor on the bench's engine settings, as a run builds it (lora_mode auto resolved)."""
     from rl.specs import build_from_overrides
 
     e = engine_kwargs(path, prompts, args)
@@ -164,7 +172,14 @@ def ours_rate(path: str, prompts: list[list[int]], args) -> dict:
         f"model.max_prompt_tokens={e['max_model_len'] - args.max_tokens}",
         f"model.max_new_tokens={args.max_tokens}",
     ]
-    spec = build_from_overrides(path, *keys).rollout  # the actor as a run builds it (lora_mode auto resolved)
+    return build_from_overrides(path, *keys).rollout
+
+
+def ours_rate(path: str, prompts: list[list[int]], args) -> dict:
+    """Generated tokens/s of our actor: one generate call with every prompt of the step."""
+    from rl.rollout.vllm import VLLMRollout
+
+    spec = our_spec(path, prompts, args)
     lora_mode = spec.lora_mode
     adapter = random_adapter(path, 16, threads=args.threads)
     t0 = time.perf_counter()
@@ -211,7 +226,13 @@ def diagnose(r, prompts: list[list[int]], sampling, args) -> dict:
     return {name: round(median(rs), 1) for name, rs in rates.items()}
 
 
-SIDES = {"hf": "hf_generate", "raw": "raw_vllm", "raw_same": "raw_vllm_same_params", "ours": "ours"}
+SIDES = {
+    "hf": "hf_generate",
+    "raw": "raw_vllm",
+    "raw_same": "raw_vllm_same_params",
+    "raw_engine": "raw_vllm_our_engine",
+    "ours": "ours",
+}
 
 
 def run_side(args) -> dict:
@@ -229,8 +250,8 @@ def run_side(args) -> dict:
     before = machine()
     if args.side == "hf":
         row = hf_generate_rate(path, prompts, args)
-    elif args.side in ("raw", "raw_same"):
-        row = raw_vllm_rate(path, prompts, args, same_params=args.side == "raw_same")
+    elif args.side in ("raw", "raw_same", "raw_engine"):
+        row = raw_vllm_rate(path, prompts, args, same_params=args.side == "raw_same", ours=args.side == "raw_engine")
     else:
         row = ours_rate(path, prompts, args)
     info = machine()
@@ -270,7 +291,8 @@ def compare(args) -> None:
         row["tokens_per_s"] = round(row["spread"]["median"], 1)
     rate = {side: row["tokens_per_s"] for side, row in rows.items()}
     sp = {side: row["spread"] for side, row in rows.items()}
-    pairs = [("ours", "hf"), ("ours", "raw"), ("ours", "raw_same"), ("raw", "hf")]
+    pairs = [("ours", "hf"), ("ours", "raw"), ("ours", "raw_same"), ("raw_engine", "raw_same"), ("ours", "raw_engine")]
+    pairs.append(("raw", "hf"))
     ratios, bounds = {}, {}
     for a, b in pairs:
         if a in rate and b in rate:
@@ -278,7 +300,12 @@ def compare(args) -> None:
             bounds[f"{a}_over_{b}"] = [round(sp[a]["min"] / sp[b]["max"], 2), round(sp[a]["max"] / sp[b]["min"], 2)]
     print(json.dumps({"bench": "rollout", "ratios": ratios, "ratio_bounds": bounds}), flush=True)
     first = next(iter(rows.values()))
-    names = {"hf": "HF generate", "raw": "raw vLLM", "raw_same": "raw vLLM with our SamplingParams"}
+    names = {
+        "hf": "HF generate",
+        "raw": "raw vLLM",
+        "raw_same": "raw vLLM with our SamplingParams",
+        "raw_engine": "raw vLLM with our SamplingParams and engine arguments",
+    }
     if "ours" in rows:
         names["ours"] = f"ours (vLLM, {rows['ours']['side'].rsplit('_', 1)[1]} LoRA)"
     cells = [f"{names[side]} {show_spread(sp[side], ' tok/s')}" for side in rows]

@@ -18,6 +18,40 @@ from rl.startup import OutputMark, engine_start_error
 from rl.types import Adapter, Completion, PromptRollout, Sampling
 
 
+def engine_kwargs(spec: RolloutSpec) -> dict:
+    """vLLM `LLM(...)` arguments of the actor's engine (bench.rollout builds a plain engine from them too, so that a
+    comparison differs only in what VLLMRollout adds around the engine)."""
+    kwargs = dict(
+        model=spec.model_path,
+        dtype=spec.dtype,
+        max_model_len=spec.max_model_len,
+        seed=spec.seed,  # the engine seed makes runs repeatable
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        enforce_eager=spec.enforce_eager,
+        tensor_parallel_size=spec.tensor_parallel_size,
+        trust_remote_code=spec.trust_remote_code,
+        logprobs_mode="processed_logprobs",  # logprobs of the distribution actually sampled (after temperature)
+        # the worker extension loads merged adapters and full weights (vllm_ext.py); native LoRA also needs vLLM's
+        worker_extension_cls="rl.rollout.vllm_ext.LoraMergeExtension",
+    )
+    if spec.lora_mode == "native":
+        kwargs.update(enable_lora=True, max_lora_rank=spec.max_lora_rank, max_loras=1)
+    # full weights as CUDA IPC handles go through vLLM's weight-transfer engine; an adapter's through ours
+    if spec.weight_sync == "ipc" and spec.full_weights:
+        kwargs.update(weight_transfer_config={"backend": "ipc"})
+    if spec.sleep_mode:  # cluster.colocate: the engine's memory comes from vLLM's allocator that can release it
+        kwargs.update(enable_sleep_mode=True)
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        # every request is seeded (generate's `seeds`): with chunked prefill, a request whose prompt is cut
+        # between two engine steps has its first sample discarded and vLLM rewinds its generator
+        # (gpu_model_runner.py, `set_offset`), which a CPU generator cannot do ("CPU Generator does not use
+        # offset"): the engine dies. Without chunking a prompt is prefilled whole, in one step.
+        kwargs.update(enable_chunked_prefill=False)
+    return kwargs
+
+
 class VLLMRollout(EpisodeEngine):
     """A vLLM engine with a LoRA adapter slot.
 
@@ -34,34 +68,7 @@ class VLLMRollout(EpisodeEngine):
         from vllm import LLM, SamplingParams
 
         self.lora_mode = spec.lora_mode
-        kwargs = dict(
-            model=spec.model_path,
-            dtype=spec.dtype,
-            max_model_len=spec.max_model_len,
-            seed=spec.seed,  # the engine seed makes runs repeatable
-            gpu_memory_utilization=spec.gpu_memory_utilization,
-            enforce_eager=spec.enforce_eager,
-            tensor_parallel_size=spec.tensor_parallel_size,
-            trust_remote_code=spec.trust_remote_code,
-            logprobs_mode="processed_logprobs",  # logprobs of the distribution actually sampled (after temperature)
-        )
-        # the worker extension loads merged adapters and full weights (vllm_ext.py); native LoRA also needs vLLM's
-        kwargs.update(worker_extension_cls="rl.rollout.vllm_ext.LoraMergeExtension")
-        if self.lora_mode == "native":
-            kwargs.update(enable_lora=True, max_lora_rank=spec.max_lora_rank, max_loras=1)
-        # full weights as CUDA IPC handles go through vLLM's weight-transfer engine; an adapter's through ours
-        if spec.weight_sync == "ipc" and spec.full_weights:
-            kwargs.update(weight_transfer_config={"backend": "ipc"})
-        if spec.sleep_mode:  # cluster.colocate: the engine's memory comes from vLLM's allocator that can release it
-            kwargs.update(enable_sleep_mode=True)
-        from vllm.platforms import current_platform
-
-        if current_platform.is_cpu():
-            # every request is seeded (generate's `seeds`): with chunked prefill, a request whose prompt is cut
-            # between two engine steps has its first sample discarded and vLLM rewinds its generator
-            # (gpu_model_runner.py, `set_offset`), which a CPU generator cannot do ("CPU Generator does not use
-            # offset"): the engine dies. Without chunking a prompt is prefilled whole, in one step.
-            kwargs.update(enable_chunked_prefill=False)
+        kwargs = engine_kwargs(spec)
         # vLLM logs an engine's real start-up error in the engine's own processes and raises only "see root cause
         # above" here: read back what they wrote to this process's output (a Ray actor's log files)
         mark = OutputMark()
