@@ -122,15 +122,15 @@ def plain_generate(llm, lora_request=None, **extra):
     return generate
 
 
-def raw_vllm_rate(path: str, prompts: list[list[int]], args, same_params: bool = False, ours: bool = False) -> dict:
-    """Generated tokens/s of plain vLLM: `LLM` + `SamplingParams` without logprobs, base weights; `same_params`:
-    the SamplingParams our actor sends (sampled-token logprobs, flat where this vLLM has them, no detokenisation),
-    so that the ratio to ours is our wrapper's cost alone; `ours`: with them, the engine built from our actor's
-    engine arguments instead of the bench's."""
+def raw_vllm_rate(path: str, prompts: list[list[int]], args, side: str) -> dict:
+    """Generated tokens/s of plain vLLM, base weights. `raw`: `LLM` + `SamplingParams` without logprobs;
+    `raw_same`: the SamplingParams our actor sends (sampled-token logprobs, flat where this vLLM has them, no
+    detokenisation), so that the ratio to ours is our wrapper's cost alone; `raw_engine`: those, on the engine
+    built from our actor's engine arguments instead of the bench's."""
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    if ours:
+    if side == "raw_engine":
         from rl.rollout.vllm import engine_kwargs as actor_engine_kwargs
 
         llm = LLM(**actor_engine_kwargs(our_spec(path, prompts, args)))
@@ -138,13 +138,13 @@ def raw_vllm_rate(path: str, prompts: list[list[int]], args, same_params: bool =
         llm = LLM(model=path, seed=0, **engine_kwargs(path, prompts, args))
     start_s = time.perf_counter() - t0
     extra = {}
-    if same_params or ours:
+    if side != "raw":
         extra = {"logprobs": 0, "detokenize": False}
         if "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ()):
             extra["flat_logprobs"] = True
     rates, toks = timed_generations(plain_generate(llm, **extra), prompts, sampling_of(args), args.repeats)
     return {
-        "side": "raw_vllm_our_engine" if ours else "raw_vllm_same_params" if same_params else "raw_vllm",
+        "side": SIDES[side],
         "tokens_per_s": round(median(rates), 1),
         "tokens": toks,
         "rates": rates,
@@ -251,7 +251,7 @@ def run_side(args) -> dict:
     if args.side == "hf":
         row = hf_generate_rate(path, prompts, args)
     elif args.side in ("raw", "raw_same", "raw_engine"):
-        row = raw_vllm_rate(path, prompts, args, same_params=args.side == "raw_same", ours=args.side == "raw_engine")
+        row = raw_vllm_rate(path, prompts, args, args.side)
     else:
         row = ours_rate(path, prompts, args)
     info = machine()
@@ -291,8 +291,14 @@ def compare(args) -> None:
         row["tokens_per_s"] = round(row["spread"]["median"], 1)
     rate = {side: row["tokens_per_s"] for side, row in rows.items()}
     sp = {side: row["spread"] for side, row in rows.items()}
-    pairs = [("ours", "hf"), ("ours", "raw"), ("ours", "raw_same"), ("raw_engine", "raw_same"), ("ours", "raw_engine")]
-    pairs.append(("raw", "hf"))
+    pairs = [
+        ("ours", "hf"),
+        ("ours", "raw"),
+        ("ours", "raw_same"),
+        ("raw_engine", "raw_same"),  # what our engine arguments cost
+        ("ours", "raw_engine"),  # what VLLMRollout adds around the engine
+        ("raw", "hf"),
+    ]
     ratios, bounds = {}, {}
     for a, b in pairs:
         if a in rate and b in rate:
