@@ -102,7 +102,7 @@ def build_raw(args, path: str):
         loss.backward()
         opt.step()
 
-    return model, step
+    return model, step, process_peak_gib
 
 
 def build_ours(args, path: str):
@@ -138,13 +138,20 @@ def build_ours(args, path: str):
         )
         for _ in range(args.batch)
     ]
-    return learner, lambda: learner.train_step(samples)
+    peaks: list[float] = []
+
+    def step():
+        peaks.append(learner.train_step(samples).get("memory/learner_peak_gb", 0.0))
+
+    # the learner resets CUDA's peak counter after every step (its per-step metric), so the process-wide counter
+    # would hold only what was allocated after the last step: the peak is the largest per-step one
+    return learner, step, lambda: max(peaks, default=0.0)
 
 
-def peak_gib(cuda: bool) -> float:
+def process_peak_gib() -> float:
     import torch
 
-    return torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
 
 
 def main() -> None:
@@ -174,7 +181,7 @@ def main() -> None:
     if args.backend != "peft" and not cuda:
         raise SystemExit(f"--backend {args.backend} needs CUDA")
     name, path = model_folder(args)
-    obj, step = (build_raw if args.side == "raw" else build_ours)(args, path)
+    obj, step, peak_gib = (build_raw if args.side == "raw" else build_ours)(args, path)
     sec = timed_steps(step, args.steps, args.warmup, cuda)
     result = {
         "side": args.side,
@@ -184,11 +191,11 @@ def main() -> None:
         "seq": args.seq,
         "seconds_per_step": round(sec, 4),
         "tokens_per_s": round(args.batch * args.seq / sec, 1),
-        "peak_gib": round(peak_gib(cuda), 2),
+        "peak_gib": round(peak_gib(), 2),
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
     }
     print(json.dumps(result), flush=True)
-    del obj, step
+    del obj, step, peak_gib
     gc.collect()
 
 
