@@ -272,6 +272,8 @@ class ClusterConfig:
             self.weight_sync == WeightSync.object_store or self.rollout_backend == RolloutBackend.vllm,
             "cluster.weight_sync=ipc loads into vLLM engines: set cluster.rollout_backend=vllm",
         )
+        if self.weight_sync == WeightSync.ipc:
+            self._check_ipc_placement()
         _check(self.staleness >= 0, f"cluster.staleness must be >= 0 (0: synchronous; got {self.staleness})")
         _check(
             self.learner_chunk_size >= 0,
@@ -291,6 +293,26 @@ class ClusterConfig:
                 f"cluster.mode=local runs the roles one after the other, so it cannot overlap them: set "
                 f"cluster.staleness=0 (got {self.staleness}) or use cluster.mode=ray",
             )
+
+    def _check_ipc_placement(self) -> None:
+        """A CUDA IPC handle opens only on the GPU that made it, and the sync hands learner 0's handles to every
+        actor: all actors must sit on learner 0's GPU (Ray packs fractional bundles onto one GPU)."""
+        if self.colocate:  # pairs: actor i shares learner i's GPU, so only actor 0 shares learner 0's
+            _check(
+                self.num_actors == 1,
+                f"cluster.weight_sync=ipc hands learner 0's policy to every actor, and cluster.colocate=true puts actor "
+                f"i on learner i's GPU: set cluster.num_actors=1 cluster.num_learners=1 (got {self.num_actors}), or "
+                "cluster.weight_sync=object_store",
+            )
+            return
+        share = self.num_actors * self.gpus_per_actor + self.gpus_per_learner
+        _check(
+            share <= 1,
+            f"cluster.weight_sync=ipc needs every actor on learner 0's GPU, but cluster.num_actors={self.num_actors} x "
+            f"cluster.gpus_per_actor={self.gpus_per_actor} + cluster.gpus_per_learner={self.gpus_per_learner} = "
+            f"{share:g} GPUs: make them fit one GPU (e.g. cluster.gpus_per_actor=0.5 cluster.gpus_per_learner=0.5), "
+            "set cluster.colocate=true, or use cluster.weight_sync=object_store",
+        )
 
     def _check_colocate(self) -> None:
         """Time-sharing a GPU (vLLM sleep mode) works on CUDA only, pairs one actor with one learner on the same

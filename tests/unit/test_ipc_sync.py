@@ -17,7 +17,12 @@ from rl.specs import RuntimeSpec, build
 from rl.types import Adapter
 from tests.helpers import make_learner, typed_config
 
-GPU = {"cluster.use_gpu": True, "cluster.weight_sync": "ipc"}
+GPU = {
+    "cluster.use_gpu": True,
+    "cluster.weight_sync": "ipc",
+    "cluster.gpus_per_actor": 0.5,
+    "cluster.gpus_per_learner": 0.5,
+}
 
 
 @pytest.mark.parametrize(
@@ -26,11 +31,27 @@ GPU = {"cluster.use_gpu": True, "cluster.weight_sync": "ipc"}
         ({**GPU, "cluster.lora_mode": "native"}, "set cluster.lora_mode=merged"),
         ({**GPU, "cluster.rollout_backend": "hf"}, "set cluster.rollout_backend=vllm"),
         ({"cluster.weight_sync": "ipc"}, "set cluster.use_gpu=true"),
+        # the handles open only on learner 0's GPU: every actor must be there
+        (
+            {**GPU, "cluster.gpus_per_actor": 1.0},
+            r"x cluster.gpus_per_actor=1.0 \+ cluster.gpus_per_learner=0.5 = 1.5 GPUs",
+        ),
+        ({**GPU, "cluster.num_actors": 2, "cluster.gpus_per_learner": 0.2}, "= 1.2 GPUs: make them fit one GPU"),
+        (
+            {**GPU, "cluster.colocate": True, "cluster.num_actors": 2, "cluster.num_learners": 2},
+            "set cluster.num_actors=1 cluster.num_learners=1",
+        ),
     ],
 )
 def test_ipc_rules_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         typed_config(**overrides)
+
+
+def test_ipc_placements_that_share_learner_0s_gpu_load():
+    typed_config(**{**GPU, "cluster.num_actors": 2, "cluster.gpus_per_actor": 0.25})  # 2 x 0.25 + 0.5
+    typed_config(**{**GPU, "cluster.colocate": True, "cluster.gpus_per_actor": 1.0, "cluster.gpus_per_learner": 1.0})
+    typed_config(**{**GPU, "cluster.num_learners": 2})  # learner 1 may sit elsewhere: it sends no handles
 
 
 def test_a_lora_run_may_sync_through_ipc(tmp_path):
