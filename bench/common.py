@@ -168,6 +168,22 @@ def timed_generation(generate, prompts: list[list[int]], sampling) -> tuple[floa
     return n / dt, n
 
 
+def profiled_step(step, rows: int) -> str:
+    """One call of `step` under torch's profiler: its op table (self time, CUDA first where there is one), `rows`
+    rows, and the self CPU and CUDA totals (a step whose CPU total exceeds its CUDA total waits on launches)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows)
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -42,6 +42,7 @@ from bench.common import (
     machine,
     machine_label,
     model_path,
+    profiled_step,
     run_side_process,
     set_threads,
     show_spread,
@@ -210,7 +211,7 @@ def run_side(args) -> dict:
         _sync()
         step_s.append(round(time.perf_counter() - t0, 3))
     metrics = steps[-1]
-    table = profile_step(learner, samples, args.profile) if args.profile else None
+    table = profiled_step(lambda: learner.train_step(samples), args.profile) if args.profile else None
     info = machine()
     info["load_avg_before"] = before["load_avg"]
     if args.device == "cuda":
@@ -240,20 +241,6 @@ def run_side(args) -> dict:
         "machine": info,
         **({"profile": table} if table else {}),
     }
-
-
-def profile_step(learner, samples, rows: int) -> str:
-    """One more step under torch's profiler: its op table (self time, CUDA first where there is one), `rows` rows."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = torch.cuda.is_available()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        learner.train_step(samples)
-        _sync()
-    key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
 def compare(args) -> None:

@@ -9,7 +9,9 @@ of length --seq with labels = input ids, forward with the library's loss, backwa
 ours: rl.learner.Learner with the same backend, rank, targets, dtype and optimizer; `train_step` on --batch
 TrainSamples of --seq tokens (half prompt, half completion, every prompt distinct so nothing is shared), as the
 driver calls it. Tokens/s counts every position of the forward (batch x seq) for both; steady state over --steps
-steps after --warmup. Prints one JSON line per side and a markdown row with the ratio ours / raw.
+steps after --warmup. Prints one JSON line per side and a markdown row with the ratio ours / raw. `--profile N`:
+one more step per side under torch's profiler, its top N ops and the CPU / CUDA totals (where ours spends what raw
+does not).
 
 Models come from bench/shapes.py (random-init Qwen2.5 shapes, 32k vocabulary: speed does not depend on the
 weights). Each side runs in its own fresh process (`--rounds` times, alternating raw / ours; the table reports each
@@ -27,11 +29,11 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+from bench.common import LORA_TARGETS as TARGETS
+from bench.common import profiled_step, run_side_process
 
 
 def timed_steps(step, steps: int, warmup: int, cuda: bool) -> float:
@@ -167,6 +169,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="fresh processes per side (alternating raw / ours)")
     ap.add_argument("--side", choices=["raw", "ours", "both"], default="both", help="one side in this process")
+    ap.add_argument("--profile", type=int, default=0, help="also profile one step per side: the top N ops by self time")
     ap.add_argument("--models", default=os.path.expanduser("~/.cache/rlft/shapes"))
     args = ap.parse_args()
     if args.side == "both":
@@ -194,6 +197,8 @@ def main() -> None:
         "peak_gib": round(peak_gib(), 2),
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
     }
+    if args.profile:
+        result["profile"] = profiled_step(step, args.profile)
     print(json.dumps(result), flush=True)
     del obj, step, peak_gib
     gc.collect()
@@ -211,24 +216,15 @@ def model_folder(args) -> tuple[str, str]:
 
 def compare(args) -> None:
     """Run each side `--rounds` times in a fresh process, alternating, and print the medians and their ratio."""
-    forward, skip = [], False
-    for a in sys.argv[1:]:  # this command line without its --side
-        if not skip and not a.startswith("--side"):
-            forward.append(a)
-        skip = a == "--side"
     runs: dict[str, list[dict]] = {"raw": [], "ours": []}
     for _ in range(args.rounds):
         for side in ("raw", "ours"):
-            out = subprocess.run(
-                [sys.executable, "-m", "bench.learner_backends", *forward, "--side", side],
-                capture_output=True,
-                text=True,
-            )
-            lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
-            if out.returncode != 0 or not lines:
-                raise SystemExit(f"bench.learner_backends --side {side} failed:\n{out.stderr[-3000:]}")
-            runs[side].append(json.loads(lines[-1]))
-            print(lines[-1], flush=True)
+            row = run_side_process("bench.learner_backends", side, sys.argv[1:], flag="--side")
+            table = row.pop("profile", None)
+            runs[side].append(row)
+            print(json.dumps(row), flush=True)
+            if table:
+                print(f"profile of one {side} step:\n{table}", flush=True)
     med = {side: statistics.median(r["tokens_per_s"] for r in rs) for side, rs in runs.items()}
     peak = {side: max(r["peak_gib"] for r in rs) for side, rs in runs.items()}
     first = runs["raw"][0]
