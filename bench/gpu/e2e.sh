@@ -4,17 +4,11 @@
 # shape (bench/shapes.py; speed does not depend on the weights). Prompts: 512 arithmetic questions in a jsonl;
 # reward: tests.helpers.LengthReward (a random model's answers are never right; lengths differ, so there is
 # signal and the learner does real work). Usage: bash bench/gpu/e2e.sh OUT_DIR [extra train.py overrides...]
+# The split against `cluster.colocate=true` on this work, at any shape: python -m bench.colocate --shape S
 set -euo pipefail
 out=${1:?output dir}; shift
 python -m bench.shapes qwen2.5-0.5b /tmp/shapes/qwen2.5-0.5b-v32000 >/dev/null
-python - <<PY
-import json, random
-rng = random.Random(0)
-with open("/tmp/arith.jsonl", "w") as f:
-    for _ in range(512):
-        a, b = rng.randrange(100), rng.randrange(100)
-        f.write(json.dumps({"question": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n")
-PY
+python -c "from bench.colocate import write_arith_prompts; write_arith_prompts('/tmp/arith.jsonl')"
 python train.py +experiment=gpu_shared_qwen0.5b model.path=/tmp/shapes/qwen2.5-0.5b-v32000 env=jsonl \
   env.train=/tmp/arith.jsonl reward._target_=tests.helpers.LengthReward '~reward.extract' \
   output_dir="$out" "$@"

@@ -38,6 +38,7 @@ def smollm2_shape(tmp_path_factory):
 def test_every_bench_script_is_covered():
     assert BENCHES == [
         "batch_dependence",
+        "colocate",
         "e2e_trl",
         "learner",
         "learner_backends",
@@ -85,6 +86,49 @@ def test_e2e_trl_gpu_side_loads_as_a_config_padded_or_packed(smollm2_shape, tmp_
         keys = [a for a in args if not a.startswith(("hydra.", "logger="))]  # a Hydra setting and a config group
         learner = build_from_overrides(smollm2_shape, *keys).learner
         assert (learner.micro_batch_tokens, learner.micro_batch_size, learner.backend) == (resolved, 32, "peft")
+
+
+@pytest.mark.parametrize("layout", ["split", "colocate"])
+def test_colocate_layouts_at_7b_plan_to_fit_an_h200(layout, tmp_path):
+    """Both layouts of the one-GPU comparison, at the 7B shape it is meant for: a valid config that `plan=true`
+    fits on one GPU of an H200's memory (the shape's config.json alone; no weights are built)."""
+    from bench import colocate
+    from bench.shapes import shape_config
+
+    model = tmp_path / "qwen2.5-7b"
+    cfg = shape_config("qwen2.5-7b", vocab_size=32000)
+    cfg.architectures = ["Qwen2ForCausalLM"]
+    cfg.save_pretrained(model)
+    prompts = colocate.write_arith_prompts(tmp_path / "arith.jsonl")
+    args = colocate.train_args(layout, str(model), prompts, tmp_path / "out", 5, [])
+    out = plan_fits([*args, "plan_gpu_memory_gib=139"])
+    assert ("colocated" in out) == (layout == "colocate")
+
+
+def test_colocate_reads_a_layouts_row_from_its_run_folder(tmp_path, capsys):
+    """A layout's row: steps 2-N of metrics.jsonl, the largest per-step learner peak, vLLM's KV-cache line in the
+    actor's log; with both layouts' rows the report prints the ratios."""
+    from bench import colocate
+
+    for layout, step, kv in (("split", 6.0, "3,527,952"), ("colocate", 4.0, "7,192,752")):
+        run = tmp_path / layout
+        (run / "logs").mkdir(parents=True)
+        (run / "logs" / "actor0.log").write_text(f"INFO ... [kv_cache_utils.py:1] GPU KV cache size: {kv} tokens\n")
+        rows = [
+            {"step": i, "time/step_s": 30.0 if i == 1 else step, "time/learn_s": 1.0, "memory/learner_peak_gb": i}
+            for i in (1, 2, 3)
+        ]
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        row = colocate.summarise(layout, run, wall_s=100.0)
+        (tmp_path / f"{layout}.json").write_text(json.dumps(row))
+        assert row["step_s"]["median"] == step and row["steps"] == 3 and row["learner_peak_gib"] == 3
+        assert row["startup_s"] == 100.0 - 30.0 - 2 * step and row["actor_sleep_s"] is None
+    assert colocate.kv_cache_tokens(tmp_path / "colocate" / "logs" / "actor0.log") == 7192752
+    colocate.report(tmp_path, "qwen2.5-7b")
+    printed = capsys.readouterr().out
+    assert "| split (qwen2.5-7b" in printed and "7,192,752 tokens" in printed
+    ratios = json.loads(printed.strip().splitlines()[-1])["ratios"]
+    assert ratios == {"split_step_over_colocated_step": 1.5, "colocated_kv_over_split_kv": 2.04}
 
 
 def test_staleness_vllm_share_fits(tiny_model, tmp_path):
