@@ -9,7 +9,8 @@ Per layout: the step's median and min-max over steps 2-N with its rollout / lear
 wake, the learner's largest per-step peak memory, and vLLM's KV cache in tokens (its start-up line "KV cache size: N
 tokens" in the actor's log, logs/actor0.log); then colocated over split. Each layout's row is also written to
 `--out`/LAYOUT.json and the report reads every layout found there, so the two layouts may run in two calls of a
-machine that stays up (a 7B layout takes about half of a 10-minute call: shape, engine and learner start-up).
+machine that stays up (`--layouts split`, then `--layouts colocate`: at 7B each starts a 15 GB engine and quantises
+the learner's copy, minutes before the first step).
 
 The work is bench/gpu/e2e.sh's: a random-init Qwen2.5 shape (bench/shapes.py; speed does not depend on the weights),
 512 arithmetic questions (`write_arith_prompts`), the length reward of tests.helpers scaled to 2000 characters (a
