@@ -272,16 +272,20 @@ def run_side(args) -> dict:
 def compare(args) -> None:
     """Each side in a fresh process (two vLLM engines do not share one process cleanly), `--rounds` times in turns
     (hf, raw, ours, hf, ...) so that a change in the machine's load hits every side alike; every side's timed
-    calls pooled into a median and a spread; ratios of the medians with the range the spreads allow."""
+    calls pooled into a median and a spread; ratios of the medians with the range the spreads allow, and the same
+    ratio within each round (each side's median in that round's process): on the H200 two processes of one side have
+    differed by more than the sides do, which the pooled ratio alone hides."""
     sides = args.sides.split(",")
     for side in sides:
         if side not in SIDES:
             raise SystemExit(f"--sides: unknown side {side!r} (choose from {', '.join(SIDES)})")
     rows: dict[str, dict] = {}
+    process_medians: dict[str, list[float]] = {side: [] for side in sides}
     for _ in range(args.rounds):
         for side in sides:
             row = run_side_process("bench.rollout", side, sys.argv[1:])
             print(json.dumps(row), flush=True)
+            process_medians[side].append(median(row["rates"]))
             if side in rows:
                 rows[side]["rates"] += row["rates"]
             else:
@@ -299,12 +303,16 @@ def compare(args) -> None:
         ("ours", "raw_engine"),  # what VLLMRollout adds around the engine
         ("raw", "hf"),
     ]
-    ratios, bounds = {}, {}
+    ratios, bounds, per_round = {}, {}, {}
     for a, b in pairs:
         if a in rate and b in rate:
             ratios[f"{a}_over_{b}"] = round(rate[a] / rate[b], 2)
             bounds[f"{a}_over_{b}"] = [round(sp[a]["min"] / sp[b]["max"], 2), round(sp[a]["max"] / sp[b]["min"], 2)]
-    print(json.dumps({"bench": "rollout", "ratios": ratios, "ratio_bounds": bounds}), flush=True)
+            per_round[f"{a}_over_{b}"] = [round(x / y, 2) for x, y in zip(process_medians[a], process_medians[b])]
+    print(
+        json.dumps({"bench": "rollout", "ratios": ratios, "ratio_bounds": bounds, "ratio_per_round": per_round}),
+        flush=True,
+    )
     first = next(iter(rows.values()))
     names = {
         "hf": "HF generate",
@@ -315,7 +323,11 @@ def compare(args) -> None:
     if "ours" in rows:
         names["ours"] = f"ours (vLLM, {rows['ours']['side'].rsplit('_', 1)[1]} LoRA)"
     cells = [f"{names[side]} {show_spread(sp[side], ' tok/s')}" for side in rows]
-    shown = ", ".join(f"{k} {v:.2f}x ({bounds[k][0]:.2f}-{bounds[k][1]:.2f})" for k, v in ratios.items())
+    shown = ", ".join(
+        f"{k} {v:.2f}x ({bounds[k][0]:.2f}-{bounds[k][1]:.2f}"
+        + (f"; per round {', '.join(f'{x:.2f}' for x in per_round[k])})" if args.rounds > 1 else ")")
+        for k, v in ratios.items()
+    )
     print(
         f"| rollout: {first['model']}, {args.prompts} prompts x {args.n}, {args.max_tokens} new tokens, {args.dtype}; "
         f"median (min-max) of {args.repeats} calls x {args.rounds} process(es) per side "
