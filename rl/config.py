@@ -306,12 +306,13 @@ class ClusterConfig:
             )
             return
         share = self.num_actors * self.gpus_per_actor + self.gpus_per_learner
+        each = math.floor(100 / (self.num_actors + 1)) / 100  # an equal share per role that fits
         _check(
             share <= 1,
             f"cluster.weight_sync=ipc needs every actor on learner 0's GPU, but cluster.num_actors={self.num_actors} x "
             f"cluster.gpus_per_actor={self.gpus_per_actor} + cluster.gpus_per_learner={self.gpus_per_learner} = "
-            f"{share:g} GPUs: make them fit one GPU (e.g. cluster.gpus_per_actor=0.5 cluster.gpus_per_learner=0.5), "
-            "set cluster.colocate=true, or use cluster.weight_sync=object_store",
+            f"{share:g} GPUs: make them fit one GPU (e.g. cluster.gpus_per_actor={each:g} "
+            f"cluster.gpus_per_learner={each:g}), set cluster.colocate=true, or use cluster.weight_sync=object_store",
         )
 
     def _check_colocate(self) -> None:

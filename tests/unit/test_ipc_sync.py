@@ -36,7 +36,10 @@ GPU = {
             {**GPU, "cluster.gpus_per_actor": 1.0},
             r"x cluster.gpus_per_actor=1.0 \+ cluster.gpus_per_learner=0.5 = 1.5 GPUs",
         ),
-        ({**GPU, "cluster.num_actors": 2, "cluster.gpus_per_learner": 0.2}, "= 1.2 GPUs: make them fit one GPU"),
+        (
+            {**GPU, "cluster.num_actors": 2, "cluster.gpus_per_learner": 0.2},
+            "= 1.2 GPUs: make them fit one GPU \\(e.g. cluster.gpus_per_actor=0.33 cluster.gpus_per_learner=0.33\\)",
+        ),
         (
             {**GPU, "cluster.colocate": True, "cluster.num_actors": 2, "cluster.num_learners": 2},
             "set cluster.num_actors=1 cluster.num_learners=1",
