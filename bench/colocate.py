@@ -169,11 +169,12 @@ def main() -> None:
     unknown = [x for x in layouts if x not in LAYOUTS]
     if unknown:
         raise SystemExit(f"--layouts: unknown {unknown} (choose from {', '.join(LAYOUTS)})")
-    from bench.shapes import build_model_folder
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model = str(build_model_folder(args.shape, f"{args.models}/{args.shape}-v32000", device="cuda"))
+    model = f"{args.models}/{args.shape}-v32000"
+    # built in its own process: this one would keep the model's GPU memory in torch's cache during both runs
+    build = [sys.executable, "-m", "bench.shapes", args.shape, model, "--device", "cuda"]
+    subprocess.run(build, cwd=REPO, env=repo_env(), check=True, stdout=subprocess.DEVNULL)
     prompts = write_arith_prompts(out / "arith.jsonl")
     for layout in layouts:
         row = run_layout(layout, model, prompts, out, args.steps, args.override)
