@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import REPO, machine, repo_env, spread
+from bench.common import REPO, repo_env, spread
 
 # each layout's train.py overrides on top of the experiment; the shares are those of the 0.5B measurement in
 # docs/benchmarks.md (vLLM 30% of the GPU beside the learner's half, 60% when it has the GPU to itself)
@@ -84,6 +84,14 @@ def kv_cache_tokens(log: Path) -> int | None:
     return int(found[-1].replace(",", "")) if found else None
 
 
+def machine_info() -> dict:
+    """bench.common.machine() from a child process: asking torch for the GPU's name would put a CUDA context (and
+    its memory) in this process, beside the runs being measured."""
+    code = "import json; from bench.common import machine; print(json.dumps(machine()))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=repo_env(), capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else {}
+
+
 def summarise(layout: str, out: Path, wall_s: float) -> dict:
     """One layout's row from its run folder: steps 2-N (the first pays compilation and the first sync)."""
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -109,7 +117,7 @@ def summarise(layout: str, out: Path, wall_s: float) -> dict:
         ),
         "kv_cache_tokens": kv_cache_tokens(out / "logs" / "actor0.log"),
         "startup_s": round(wall_s - sum(r["time/step_s"] for r in rows), 1),
-        "machine": machine(),
+        "machine": machine_info(),
     }
 
 
@@ -145,7 +153,7 @@ def report(out: Path, shape: str) -> None:
         peak = f"{r['learner_peak_gib']:.2f} GiB" if r["learner_peak_gib"] is not None else "-"
         sleep = f"{show(r['actor_sleep_s'], 3)} / {show(r['actor_wake_s'], 3)}" if r["actor_sleep_s"] else "-"
         print(
-            f"| {name} ({shape}, {r['machine'].get('gpu', 'no GPU')}, {r['machine']['date']}) | {kv} | "
+            f"| {name} ({shape}, {r['machine'].get('gpu', 'no GPU')}, {r['machine'].get('date', '')}) | {kv} | "
             f"{show(r['step_s'])} s | {show(r['rollout_s'])} | {show(r['learn_s'])} | {show(r['sync_s'])} | {sleep} | {peak} |"
         )
     if len(rows) == 2:
