@@ -184,6 +184,18 @@ def profiled_step(step, rows: int) -> str:
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
+def peak_gib(step_metrics: list[dict]) -> float:
+    """A side's peak GPU memory: the largest of our learner's per-step `memory/learner_peak_gb` (it resets CUDA's
+    counter after every step, so the process-wide counter holds only what came after the last step), else the
+    process's own peak (a raw library step); 0 without CUDA."""
+    ours = [m["memory/learner_peak_gb"] for m in step_metrics if "memory/learner_peak_gb" in m]
+    if ours:
+        return max(ours)
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -42,6 +42,7 @@ from bench.common import (
     machine,
     machine_label,
     model_path,
+    peak_gib,
     profiled_step,
     run_side_process,
     set_threads,
@@ -215,11 +216,7 @@ def run_side(args) -> dict:
     info = machine()
     info["load_avg_before"] = before["load_avg"]
     if args.device == "cuda":
-        import torch
-
-        # our learner reads and resets the peak every step (memory/learner_peak_gb): the largest of those
-        ours = [m["memory/learner_peak_gb"] for m in steps if "memory/learner_peak_gb" in m]
-        info["peak_gib"] = round(max(ours) if ours else torch.cuda.max_memory_allocated() / 2**30, 2)
+        info["peak_gib"] = round(peak_gib(steps), 2)
     completions = [len(s.completion_ids) for s in samples]
     return {
         "bench": "learner",

@@ -33,7 +33,7 @@ import sys
 import time
 
 from bench.common import LORA_TARGETS as TARGETS
-from bench.common import profiled_step, run_side_process
+from bench.common import peak_gib, profiled_step, run_side_process
 
 
 def timed_steps(step, steps: int, warmup: int, cuda: bool) -> float:
@@ -53,7 +53,7 @@ def timed_steps(step, steps: int, warmup: int, cuda: bool) -> float:
 
 
 def build_raw(args, path: str):
-    """The library's own LoRA model and an AdamW step with its built-in causal-LM loss."""
+    """The library's own LoRA model and an AdamW step with its built-in causal-LM loss (it reports no metrics)."""
     import torch
 
     if args.backend == "unsloth":
@@ -104,11 +104,12 @@ def build_raw(args, path: str):
         loss.backward()
         opt.step()
 
-    return model, step, process_peak_gib
+    return model, step, []
 
 
 def build_ours(args, path: str):
-    """rl.learner.Learner as a run builds it, stepping on TrainSamples of the same shapes."""
+    """rl.learner.Learner as a run builds it, stepping on TrainSamples of the same shapes; each step's metrics are
+    kept in the returned list."""
     from bench.common import learner_spec
     from rl.learner import Learner
     from rl.types import TrainSample
@@ -140,20 +141,8 @@ def build_ours(args, path: str):
         )
         for _ in range(args.batch)
     ]
-    peaks: list[float] = []
-
-    def step():
-        peaks.append(learner.train_step(samples).get("memory/learner_peak_gb", 0.0))
-
-    # the learner resets CUDA's peak counter after every step (its per-step metric), so the process-wide counter
-    # would hold only what was allocated after the last step: the peak is the largest per-step one
-    return learner, step, lambda: max(peaks, default=0.0)
-
-
-def process_peak_gib() -> float:
-    import torch
-
-    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+    metrics: list[dict] = []  # every step's, for the learner's per-step peak memory (bench.common.peak_gib)
+    return learner, lambda: metrics.append(learner.train_step(samples)), metrics
 
 
 def main() -> None:
@@ -184,7 +173,7 @@ def main() -> None:
     if args.backend != "peft" and not cuda:
         raise SystemExit(f"--backend {args.backend} needs CUDA")
     name, path = model_folder(args)
-    obj, step, peak_gib = (build_raw if args.side == "raw" else build_ours)(args, path)
+    obj, step, step_metrics = (build_raw if args.side == "raw" else build_ours)(args, path)
     sec = timed_steps(step, args.steps, args.warmup, cuda)
     result = {
         "side": args.side,
@@ -194,13 +183,13 @@ def main() -> None:
         "seq": args.seq,
         "seconds_per_step": round(sec, 4),
         "tokens_per_s": round(args.batch * args.seq / sec, 1),
-        "peak_gib": round(peak_gib(), 2),
+        "peak_gib": round(peak_gib(step_metrics), 2),
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
     }
     if args.profile:
         result["profile"] = profiled_step(step, args.profile)
     print(json.dumps(result), flush=True)
-    del obj, step, peak_gib
+    del obj, step, step_metrics
     gc.collect()
 
 
