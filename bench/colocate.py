@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import REPO, repo_env, spread
+from bench.common import REPO, repo_env, show_spread, spread
 
 # each layout's train.py overrides on top of the experiment; the shares are those of the 0.5B measurement in
 # docs/benchmarks.md (vLLM 30% of the GPU beside the learner's half, 60% when it has the GPU to itself)
@@ -136,9 +136,8 @@ def run_layout(layout: str, model: str, prompts: Path, out: Path, steps: int, ov
 
 
 def show(s: dict | None, digits: int = 2) -> str:
-    if not s:
-        return "-"
-    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+    """bench.common.show_spread of a part, "-" for a part the layout does not have (sleep and wake when split)."""
+    return show_spread(s, "", digits) if s else "-"
 
 
 def report(out: Path, shape: str) -> None:
