@@ -110,11 +110,11 @@ class Batcher:
             def to_batch(x):
                 return None if x is None else packing.unpack(x, row, shape)
         else:
-            logits, n_positions = self.logits(model, samples)  # [B, C, V]
-            targets = self.completion_batch(samples)[0]
+            logits, targets, index, n_positions = self.logits(model, samples)  # [B, K, V], [B, K], [B, C] or None
 
             def to_batch(x):
-                return x
+                # per position [B, K] -> completion-aligned [B, C]: the gather runs after the vocabulary is reduced
+                return x if x is None or index is None else torch.gather(x, 1, index)
 
         if entropy == "loss":
             from rl.algorithms import token_entropy
@@ -142,8 +142,10 @@ class Batcher:
         dev = self.device
         return targets.to(dev), mask.to(dev), old.to(dev), adv.to(dev)
 
-    def logits(self, model: Any, samples: list[TrainSample]) -> tuple[torch.Tensor, int]:
-        """Logits predicting each completion token [B, C, V] and the number of token positions computed."""
+    def logits(self, model: Any, samples: list[TrainSample]):
+        """A padded micro-batch's logits [B, K, V], the token each position predicts [B, K], the index [B, C] that
+        takes per-position values to completion-aligned ones (None: the K positions are the completions), and
+        the number of token positions the forward computed."""
         shared = (
             self.share_prompt_prefix
             and len(samples) > 1
@@ -151,7 +153,7 @@ class Batcher:
         )
         return self._shared_prefix_logits(model, samples) if shared else self._full_logits(model, samples)
 
-    def _shared_prefix_logits(self, model: Any, samples: list[TrainSample]) -> tuple[torch.Tensor, int]:
+    def _shared_prefix_logits(self, model: Any, samples: list[TrainSample]):
         """For samples that share one prompt: the prompt is run once and its KV cache repeated for the B
         completions (GRPO samples G completions per prompt, and the prompt is usually the longer part): the same
         result as B full forwards up to float rounding, with gradients flowing through the shared prompt states."""
@@ -180,27 +182,31 @@ class Batcher:
         )
         # the last prompt position predicts completion token 0; completion position j predicts token j + 1
         logits = torch.cat([first.logits[:, -1:].expand(B, 1, -1), rest.logits[:, :-1]], dim=1)
-        return logits, P + B * C
+        return logits, comp.to(self.device), None, P + B * C
 
-    def _full_logits(self, model: Any, samples: list[TrainSample]) -> tuple[torch.Tensor, int]:
-        """One right-padded forward of prompt + completion per sample."""
+    def _full_logits(self, model: Any, samples: list[TrainSample]):
+        """One right-padded forward of prompt + completion per sample, logits from the earliest completion on."""
         seqs = [s.prompt_ids + s.completion_ids for s in samples]
         L, B = max(len(x) for x in seqs), len(samples)
         C = max(len(s.completion_ids) for s in samples)
-        input_ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        input_ids = torch.full((B, L + 1), self.pad_id, dtype=torch.long)  # one more column: the last target
         attn = torch.zeros((B, L), dtype=torch.long)
         for i, ids in enumerate(seqs):
             input_ids[i, : len(ids)] = torch.tensor(ids)
             attn[i, : len(ids)] = 1
         # row i's completion starts at p_i; position t predicts token t + 1. Positions before the earliest
         # completion predict prompt tokens: the LM head skips them (`logits_to_keep`), saving its largest matmul
-        # and the [B, L, V] logits over the prompt part
-        starts = torch.tensor([len(s.prompt_ids) - 1 for s in samples], device=self.device)
+        # and the [B, L, V] logits over the prompt part. The logprobs are taken at every kept position and only
+        # then moved to completion alignment: gathering the [B, K, V] logits instead copies them once more, and
+        # that gather's backward is a scatter-add over the whole vocabulary
+        starts = torch.tensor([len(s.prompt_ids) - 1 for s in samples])
         first = int(starts.min()) if self.logits_to_keep else 0
         kwargs = {"logits_to_keep": L - first} if self.logits_to_keep else {}
-        logits = model(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device), **kwargs).logits
-        index = (starts[:, None] - first + torch.arange(C, device=self.device)[None]).clamp(max=L - 1 - first)
-        return torch.gather(logits, 1, index[..., None].expand(B, C, logits.shape[-1])), B * L
+        input_ids = input_ids.to(self.device)
+        logits = model(input_ids=input_ids[:, :L], attention_mask=attn.to(self.device), **kwargs).logits
+        targets = input_ids[:, first + 1 :]  # [B, K]
+        index = (starts[:, None] - first + torch.arange(C)[None]).clamp(max=L - 1 - first).to(self.device)
+        return logits, targets, index, B * L
 
     @torch.no_grad()
     def check_packing(self, model: Any) -> None:

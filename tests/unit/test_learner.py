@@ -10,20 +10,46 @@ import pytest
 import torch
 import transformers.integrations.sdpa_attention as sdpa_module
 
-from rl.learner import Learner, token_logprobs
+from rl.learner import Learner
 from rl.types import Sampling, TrainSample
 from tests.helpers import LEARNER_TEST_OVERRIDES, make_learner, make_samples, run_spec
 
 
 def test_shared_prefix_logprobs_equal_full_forward(tiny_model):
+    from rl.learner.batching import Batcher
+
     learner = make_learner(tiny_model)
     group = make_samples(groups=1, group_size=4)
-    targets, _, _, _ = learner.batcher.completion_batch(group)
+    targets, mask, _, _ = learner.batcher.completion_batch(group)
+    shared, full = (Batcher(learner.device, share_prompt_prefix=s, logits_to_keep=True) for s in (True, False))
     with torch.no_grad():
-        shared = token_logprobs(learner.batcher._shared_prefix_logits(learner.model, group)[0], targets)
-        full = token_logprobs(learner.batcher._full_logits(learner.model, group)[0], targets)
-    mask = targets != learner.batcher.pad_id
-    assert torch.allclose(shared[mask], full[mask], atol=1e-4)
+        a, ent_a, _ = shared.logprobs(learner.model, group, entropy="metric")
+        b, ent_b, _ = full.logprobs(learner.model, group, entropy="metric")
+    real = mask > 0
+    assert torch.allclose(a[real], b[real], atol=1e-4)
+    assert torch.allclose(ent_a[real], ent_b[real], atol=1e-4)
+
+
+def test_padded_logprobs_are_each_samples_own(tiny_model):
+    """A right-padded micro-batch of different prompt and completion lengths gives every sample the logprobs (and
+    entropies) of its own forward alone: the per-position values land on the right completion tokens."""
+    from rl.learner.batching import Batcher
+
+    learner = make_learner(tiny_model)
+    samples = [
+        TrainSample([5, 6, 7, 8, 9], [10, 11], [0.0] * 2, 1.0),
+        TrainSample([12, 13], [14, 15, 16, 17, 18], [0.0] * 5, 1.0),
+        TrainSample([19, 20, 21], [22, 23, 24], [0.0] * 3, 1.0),
+    ]
+    for keep in (True, False):
+        batcher = Batcher(learner.device, share_prompt_prefix=False, logits_to_keep=keep)
+        with torch.no_grad():
+            logp, ent, _ = batcher.logprobs(learner.model, samples, 0.7, entropy="metric")
+            for i, s in enumerate(samples):
+                alone, alone_ent, _ = batcher.logprobs(learner.model, [s], 0.7, entropy="metric")
+                c = len(s.completion_ids)
+                assert torch.allclose(logp[i, :c], alone[0], atol=1e-4), (keep, i)
+                assert torch.allclose(ent[i, :c], alone_ent[0], atol=1e-4), (keep, i)
 
 
 def test_shared_prefix_step_matches_unshared_step(tiny_model):
