@@ -8,10 +8,15 @@ raw: the library as its own docs use it: the model + LoRA (r 16, all 7 projectio
 of length --seq with labels = input ids, forward with the library's loss, backward, AdamW step.
 ours: rl.learner.Learner with the same backend, rank, targets, dtype and optimizer; `train_step` on --batch
 TrainSamples of --seq tokens (half prompt, half completion, every prompt distinct so nothing is shared), as the
-driver calls it. Tokens/s counts every position of the forward (batch x seq) for both; steady state over --steps
-steps after --warmup. Prints one JSON line per side and a markdown row with the ratio ours / raw. `--profile N`:
-one more step per side under torch's profiler, its top N ops and the CPU / CUDA totals (where ours spends what raw
-does not).
+driver calls it. `--micro-batches K`: K micro-batches of --batch per optimizer step on both sides (raw accumulates
+K forward/backward passes; ours takes K x --batch samples in micro-batches of --batch), as a run's step does (the
+e2e runs take 8): what is paid once per optimizer step (the step's one host sync, gradient clipping, the metrics'
+transfer) is then shared by K micro-batches. Tokens/s counts every position of the forward (K x batch x seq) for
+both; steady state over --steps steps after --warmup. Prints one JSON line per side and a markdown row with the
+ratio ours / raw. `--profile N`: one more step per side under torch's profiler, its top N ops and the CPU / CUDA
+totals (where ours spends what raw does not). `--split-step`: the ours process also times two steps between the
+two sides, on our learner's own model: the library's step (its loss with labels, AdamW, no metrics) and our logits
+path with a plain mean loss and no host sync; these tell a difference of model build from one of step code.
 
 Models come from bench/shapes.py (random-init Qwen2.5 shapes, 32k vocabulary: speed does not depend on the
 weights). Each side runs in its own fresh process (`--rounds` times, alternating raw / ours; the table reports each
@@ -94,17 +99,27 @@ def build_raw(args, path: str):
             model, LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=TARGETS, task_type="CAUSAL_LM")
         )
     model.train()
+    return model, library_step(model, args), []
+
+
+def library_step(model, args):
+    """The library's own step on --micro-batches batches of random ids: its causal-LM loss with labels (Unsloth's
+    fused cross-entropy), gradients accumulated, one AdamW step, no metrics and no host sync."""
+    import torch
+
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, args.vocab - 1, (args.batch, args.seq), generator=gen).to(args.device)
+    shape = (args.micro_batches, args.batch, args.seq)
+    batches = torch.randint(3, args.vocab - 1, shape, generator=gen).to(args.device)
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids).loss
-        loss.backward()
+        for ids in batches:
+            loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids).loss
+            (loss / args.micro_batches).backward()
         opt.step()
 
-    return model, step, []
+    return step
 
 
 def build_ours(args, path: str):
@@ -139,10 +154,38 @@ def build_ours(args, path: str):
             [-10.0] * (args.seq - half),
             rng.choice([-1.0, 1.0]),
         )
-        for _ in range(args.batch)
+        for _ in range(args.batch * args.micro_batches)
     ]
     metrics: list[dict] = []  # every step's, for the learner's per-step peak memory (bench.common.peak_gib)
+    if args.split_step:
+        args.split = split_step(learner, samples, args)
     return learner, lambda: metrics.append(learner.train_step(samples)), metrics
+
+
+def split_step(learner, samples, args) -> dict:
+    """`--split-step`: tokens/s of two steps on our learner's model (see the module's docstring), timed before
+    ours; they share its process, so they compare with each other and with ours, not with raw's process."""
+    import torch
+
+    cuda = args.device == "cuda"
+    ours_setting = os.environ.pop("UNSLOTH_RETURN_LOGITS", None)  # unset: the library's fused loss, as raw runs it
+    out = {"library_step_on_our_model": timed_steps(library_step(learner.model, args), args.steps, args.warmup, cuda)}
+    if ours_setting is not None:
+        os.environ["UNSLOTH_RETURN_LOGITS"] = ours_setting
+    opt = torch.optim.AdamW([p for p in learner.model.parameters() if p.requires_grad], lr=1e-5)
+    micro = learner.batcher.micro_batches(samples)
+    masks = [learner.batcher.completion_batch(mb)[1] for mb in micro]
+
+    def our_logits_plain_loss():
+        opt.zero_grad(set_to_none=True)
+        for mb, mask in zip(micro, masks):
+            logp = learner.batcher.logprobs(learner.model, mb)[0]
+            (-(logp * mask).sum() / mask.sum() / len(micro)).backward()
+        opt.step()
+
+    out["our_logits_plain_loss_no_sync"] = timed_steps(our_logits_plain_loss, args.steps, args.warmup, cuda)
+    tokens = args.micro_batches * args.batch * args.seq
+    return {name: round(tokens / sec, 1) for name, sec in out.items()}
 
 
 def main() -> None:
@@ -154,6 +197,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--micro-batches", type=int, default=1, help="micro-batches of --batch per optimizer step")
+    ap.add_argument(
+        "--split-step", action="store_true", help="ours: also time the library's and a plain step on our model"
+    )
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="fresh processes per side (alternating raw / ours)")
@@ -182,10 +229,13 @@ def main() -> None:
         "batch": args.batch,
         "seq": args.seq,
         "seconds_per_step": round(sec, 4),
-        "tokens_per_s": round(args.batch * args.seq / sec, 1),
+        "micro_batches": args.micro_batches,
+        "tokens_per_s": round(args.micro_batches * args.batch * args.seq / sec, 1),
         "peak_gib": round(peak_gib(step_metrics), 2),
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
     }
+    if getattr(args, "split", None):
+        result["split_step"] = args.split
     if args.profile:
         result["profile"] = profiled_step(step, args.profile)
     print(json.dumps(result), flush=True)
@@ -219,7 +269,8 @@ def compare(args) -> None:
     first = runs["raw"][0]
     print(json.dumps({"median_tokens_per_s": med, "ratio_ours_over_raw": round(med["ours"] / med["raw"], 3)}))
     print(
-        f"| learner {args.backend} | {first['device']} | {first['shape']}, batch {args.batch} x seq {args.seq}, "
+        f"| learner {args.backend} | {first['device']} | {first['shape']}, {args.micro_batches} x batch {args.batch} x "
+        f"seq {args.seq}, "
         f"LoRA r{args.rank} | raw {med['raw']:.0f} tok/s ({peak['raw']} GiB) | "
         f"ours {med['ours']:.0f} tok/s ({peak['ours']} GiB) | **{med['ours'] / med['raw']:.2f}x** | "
         f"{time.strftime('%Y-%m-%d')} |"
