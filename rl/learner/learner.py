@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import time
 import warnings
@@ -70,7 +69,9 @@ class Learner:
                 )
                 self.batcher = self._batcher(None)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=spec.optim.lr, weight_decay=spec.optim.weight_decay)
+        # fused: one kernel for all parameters, and it can skip a non-finite step on the device (`found_inf`), so the
+        # step launches without waiting for the host to read the loss (the GPU would idle meanwhile)
+        self.optimizer = torch.optim.AdamW(params, lr=spec.optim.lr, weight_decay=spec.optim.weight_decay, fused=True)
         loss = spec.loss
         self.loss_fn = algorithms.get_policy_loss(loss.policy_loss)
         agg = algorithms.get_loss_agg(loss.loss_agg)
@@ -158,15 +159,17 @@ class Learner:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         else:
             grad_norm = torch.norm(torch.stack([p.grad.norm() for p in params]))
-        # the step's one wait for the device: the non-finite guard must see the loss and gradient norm
-        sums = to_host({"train/loss": total_loss, "train/grad_norm": grad_norm, **sums})
-        total_loss, grad_norm = sums.pop("train/loss"), sums.pop("train/grad_norm")
-        if math.isfinite(total_loss) and math.isfinite(grad_norm):
+        # never let a NaN/inf step reach the weights: the fused AdamW skips its whole update (and its step count)
+        # where `found_inf` is 1, decided on the device; the metrics' transfer below is the step's one wait
+        loss_t, norm_t = (torch.as_tensor(x, device=self.device, dtype=torch.float32) for x in (total_loss, grad_norm))
+        skipped_t = (~(torch.isfinite(loss_t) & torch.isfinite(norm_t))).float()
+        if params:
+            self.optimizer.found_inf = skipped_t
             self.optimizer.step()
-            skipped = 0.0
-        else:  # never let a NaN/inf step reach the weights
-            self.optimizer.zero_grad(set_to_none=True)
-            skipped = 1.0
+        sums = to_host({"train/loss": loss_t, "train/grad_norm": norm_t, "train/skipped_nonfinite": skipped_t, **sums})
+        total_loss, grad_norm, skipped = (
+            sums.pop(k) for k in ("train/loss", "train/grad_norm", "train/skipped_nonfinite")
+        )
         self.version += 1
         dt = time.perf_counter() - t0
         return {

@@ -3,6 +3,7 @@ moves the adapter only when there is signal."""
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 
@@ -205,15 +206,22 @@ def test_cuda_only_backends_fail_clearly_on_a_process_without_gpu(tiny_model):
 
 
 def test_nonfinite_loss_skips_the_optimizer_step(tiny_model):
+    """The skip is decided on the device (the fused AdamW's `found_inf`): neither the weights nor AdamW's moments
+    and step count see the NaN step, on a fresh optimizer and after a good step."""
     learner = make_learner(tiny_model)
-    before = learner.adapter_checksum()
-    samples = make_samples()
-    samples[0].advantage = float("nan")  # e.g. a NaN reward: its group's advantages are NaN
-    metrics = learner.train_step(samples)
-    assert metrics["train/skipped_nonfinite"] == 1.0 and not math.isfinite(metrics["train/loss"])
-    assert learner.adapter_checksum() == before  # the weights never saw the NaN
-    assert learner.train_step(make_samples())["train/skipped_nonfinite"] == 0.0
-    assert learner.adapter_checksum() != before
+    bad = make_samples()
+    bad[0].advantage = float("nan")  # e.g. a NaN reward: its group's advantages are NaN
+    for _ in range(2):  # first on a fresh optimizer, then after the good step that ends the loop
+        before, state = learner.adapter_checksum(), copy.deepcopy(learner.optimizer.state_dict()["state"])
+        metrics = learner.train_step(bad)
+        assert metrics["train/skipped_nonfinite"] == 1.0 and not math.isfinite(metrics["train/loss"])
+        assert learner.adapter_checksum() == before  # the weights never saw the NaN
+        after = learner.optimizer.state_dict()["state"]
+        for i, s in state.items():
+            assert all(torch.equal(s[k], after[i][k]) for k in s), i
+        assert learner.train_step(make_samples())["train/skipped_nonfinite"] == 0.0
+        assert learner.adapter_checksum() != before
+    assert int(learner.optimizer.state_dict()["state"][0]["step"]) == 2  # the two good steps only
 
 
 @pytest.mark.parametrize("packed", [[], ["micro_batch_tokens=64"]], ids=["padded", "packed"])
