@@ -99,7 +99,7 @@ def build_raw(args, path: str):
             model, LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=TARGETS, task_type="CAUSAL_LM")
         )
     model.train()
-    return model, library_step(model, args), []
+    return model, library_step(model, args), [], {}
 
 
 def library_step(model, args):
@@ -124,7 +124,7 @@ def library_step(model, args):
 
 def build_ours(args, path: str):
     """rl.learner.Learner as a run builds it, stepping on TrainSamples of the same shapes; each step's metrics are
-    kept in the returned list."""
+    kept in the returned list, and `--split-step`'s rates are the returned extra fields."""
     from bench.common import learner_spec
     from rl.learner import Learner
     from rl.types import TrainSample
@@ -157,9 +157,8 @@ def build_ours(args, path: str):
         for _ in range(args.batch * args.micro_batches)
     ]
     metrics: list[dict] = []  # every step's, for the learner's per-step peak memory (bench.common.peak_gib)
-    if args.split_step:
-        args.split = split_step(learner, samples, args)
-    return learner, lambda: metrics.append(learner.train_step(samples)), metrics
+    extra = {"split_step": split_step(learner, samples, args)} if args.split_step else {}
+    return learner, lambda: metrics.append(learner.train_step(samples)), metrics, extra
 
 
 def split_step(learner, samples, args) -> dict:
@@ -220,7 +219,7 @@ def main() -> None:
     if args.backend != "peft" and not cuda:
         raise SystemExit(f"--backend {args.backend} needs CUDA")
     name, path = model_folder(args)
-    obj, step, step_metrics = (build_raw if args.side == "raw" else build_ours)(args, path)
+    obj, step, step_metrics, extra = (build_raw if args.side == "raw" else build_ours)(args, path)
     sec = timed_steps(step, args.steps, args.warmup, cuda)
     result = {
         "side": args.side,
@@ -233,9 +232,8 @@ def main() -> None:
         "tokens_per_s": round(args.micro_batches * args.batch * args.seq / sec, 1),
         "peak_gib": round(peak_gib(step_metrics), 2),
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+        **extra,
     }
-    if getattr(args, "split", None):
-        result["split_step"] = args.split
     if args.profile:
         result["profile"] = profiled_step(step, args.profile)
     print(json.dumps(result), flush=True)
