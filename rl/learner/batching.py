@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from rl.learner import packing
+from rl.learner.transfer import upload
 from rl.types import TrainSample
 
 
@@ -139,8 +140,7 @@ class Batcher:
             mask[i, :c] = torch.tensor(s.loss_mask, dtype=torch.float32) if s.loss_mask else 1.0
             old[i, :c] = torch.tensor(s.old_logprobs, dtype=torch.float32)
         adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-        dev = self.device
-        return targets.to(dev), mask.to(dev), old.to(dev), adv.to(dev)
+        return tuple(upload(x, self.device) for x in (targets, mask, old, adv))
 
     def logits(self, model: Any, samples: list[TrainSample]):
         """A padded micro-batch's logits [B, K, V], the token each position predicts [B, K], the index [B, C] that
@@ -157,7 +157,7 @@ class Batcher:
         """For samples that share one prompt: the prompt is run once and its KV cache repeated for the B
         completions (GRPO samples G completions per prompt, and the prompt is usually the longer part): the same
         result as B full forwards up to float rounding, with gradients flowing through the shared prompt states."""
-        prompt = torch.tensor([samples[0].prompt_ids], device=self.device)  # [1, P]
+        prompt = upload(torch.tensor([samples[0].prompt_ids]), self.device)  # [1, P]
         P, B = prompt.shape[1], len(samples)
         # only the last prompt position's logits are used (it predicts completion token 0): the LM head, the largest
         # matmul per position, skips the others in the forward and the backward
@@ -174,15 +174,15 @@ class Batcher:
             attn[i, P : P + len(s.completion_ids)] = 1
         positions = torch.arange(P, P + C).expand(B, C)
         rest = model(
-            input_ids=comp.to(self.device),
-            attention_mask=attn.to(self.device),
-            position_ids=positions.to(self.device),
+            input_ids=upload(comp, self.device),
+            attention_mask=upload(attn, self.device),
+            position_ids=upload(positions, self.device),
             past_key_values=cache,
             use_cache=True,
         )
         # the last prompt position predicts completion token 0; completion position j predicts token j + 1
         logits = torch.cat([first.logits[:, -1:].expand(B, 1, -1), rest.logits[:, :-1]], dim=1)
-        return logits, comp.to(self.device), None, P + B * C
+        return logits, upload(comp, self.device), None, P + B * C
 
     def _full_logits(self, model: Any, samples: list[TrainSample]):
         """One right-padded forward of prompt + completion per sample, logits from the earliest completion on."""
@@ -202,10 +202,13 @@ class Batcher:
         starts = torch.tensor([len(s.prompt_ids) - 1 for s in samples])
         first = int(starts.min()) if self.logits_to_keep else 0
         kwargs = {"logits_to_keep": L - first} if self.logits_to_keep else {}
-        input_ids = input_ids.to(self.device)
-        logits = model(input_ids=input_ids[:, :L], attention_mask=attn.to(self.device), **kwargs).logits
+        input_ids = upload(input_ids, self.device)
+        # rows of one length need no padding mask: the causal mask alone is the same, and transformers then skips
+        # checking the mask's values on the device, a wait for the GPU in every forward
+        mask = None if all(len(x) == L for x in seqs) else upload(attn, self.device)
+        logits = model(input_ids=input_ids[:, :L], attention_mask=mask, **kwargs).logits
         targets = input_ids[:, first + 1 :]  # [B, K]
-        index = (starts[:, None] - first + torch.arange(C)[None]).clamp(max=L - 1 - first).to(self.device)
+        index = upload((starts[:, None] - first + torch.arange(C)[None]).clamp(max=L - 1 - first), self.device)
         return logits, targets, index, B * L
 
     @torch.no_grad()

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from rl.learner.attention import switch_attention
+from rl.learner.transfer import upload
 from rl.types import TrainSample
 
 ATTENTION = "rl_packed"
@@ -63,10 +64,14 @@ class Segments:
 
     def cu_seqlens(self, device) -> tuple[torch.Tensor, torch.Tensor, int, int]:
         if self._cu is None:
-            q = torch.tensor(self.q_start, dtype=torch.int32, device=device)
-            k = torch.tensor(self.k_start, dtype=torch.int32, device=device)
-            self._cu = (q, k, int((q[1:] - q[:-1]).max()), int((k[1:] - k[:-1]).max()))
+            q, k = (upload(torch.tensor(x, dtype=torch.int32), device) for x in (self.q_start, self.k_start))
+            self._cu = (q, k, _longest(self.q_start), _longest(self.k_start))
         return self._cu
+
+
+def _longest(starts: list[int]) -> int:
+    """The longest range of a cumulative start list (flash attention's max_seqlen), counted on the host."""
+    return max(b - a for a, b in zip(starts, starts[1:]))
 
 
 @dataclass
@@ -121,7 +126,7 @@ def pack(samples: list[TrainSample], share_prompt_prefix: bool, device, backend:
     targets = [t for s in samples for t in s.completion_ids]
 
     def t(x):
-        return torch.tensor(x, dtype=torch.long, device=device)
+        return upload(torch.tensor(x, dtype=torch.long), device)
 
     return PackedRow(
         input_ids=t([ids]),

@@ -276,7 +276,45 @@ def packed_vs_padded(model: str, kind: str, attention: str) -> dict:
     }
 
 
-JOBS = {"learner": learner, "actor_vs_learner": actor_vs_learner, "packed_vs_padded": packed_vs_padded}
+def step_syncs(model: str, kind: str, tokens: int) -> dict:
+    """Host waits for the GPU in one training step of four micro-batches (after a first step), counted by torch's
+    sync debug mode, with where each happened. The step's one wait should be its metrics' transfer at the end: a
+    wait between micro-batches drains the GPU's queue, which then idles while the CPU launches the next forward."""
+    import random
+    import warnings
+
+    import torch
+
+    from rl.learner import Learner
+    from rl.types import TrainSample
+
+    keys = [*COMMON, *LEARNER[kind], "micro_batch_size=4", f"micro_batch_tokens={tokens}"]
+    learner = Learner(build_from_overrides(model, *keys).learner)
+    rng = random.Random(0)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(100, 1000) for _ in range(n)]
+
+    samples = [TrainSample(ids(32), ids(32), [-5.0] * 32, 1.0 if i % 2 else -1.0) for i in range(16)]
+    learner.train_step(samples)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            metrics = learner.train_step(samples)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    where = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    return {"syncs": len(where), "where": where, "micro_batches": metrics["train/micro_batches"]}
+
+
+JOBS = {
+    "learner": learner,
+    "actor_vs_learner": actor_vs_learner,
+    "packed_vs_padded": packed_vs_padded,
+    "step_syncs": step_syncs,
+}
 
 if __name__ == "__main__":  # vLLM may spawn processes
     name, args = sys.argv[1], json.loads(sys.argv[2])

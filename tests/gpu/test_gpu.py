@@ -131,6 +131,17 @@ def test_packed_learner_matches_padded_on_cuda(model, kind, attention):
     assert out["grad_norm"][1] == pytest.approx(out["grad_norm"][0], rel=0.05)
 
 
+@pytest.mark.parametrize("tokens", [0, 256])
+def test_a_learner_step_waits_for_the_gpu_once(model, tokens):
+    """Padded (micro_batch_tokens=0) and packed micro-batches: the inputs go to the GPU without a stream
+    synchronisation and nothing reads a device value before the step's end, so the GPU's queue never drains
+    between micro-batches; the one wait is the metrics' transfer."""
+    out = job("step_syncs", model=model, kind="peft_bf16", tokens=tokens)
+    print(f"micro_batch_tokens={tokens}: {out}")
+    assert out["micro_batches"] == 4.0
+    assert out["syncs"] == 1, out["where"]
+
+
 GPU_RUN = [
     "cluster.use_gpu=true",
     "cluster.gpus_per_actor=0.5",

@@ -1,0 +1,19 @@
+"""Host-to-GPU copies of a micro-batch's inputs that do not make the CPU wait for the GPU.
+
+A plain `tensor.to("cuda")` from ordinary (pageable) host memory synchronises the stream: the CPU waits until every
+kernel queued before it has run. Between micro-batches that is the previous backward, so the GPU would drain its
+queue and idle while the CPU launches the next forward, once per micro-batch. From pinned memory the copy is queued
+behind the running work like a kernel; PyTorch's pinned-memory cache keeps the host block until that copy has run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def upload(x: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`x` (a host tensor) on `device`; on a CUDA device without a stream synchronisation."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
