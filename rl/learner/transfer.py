@@ -16,4 +16,5 @@ def upload(x: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     device = torch.device(device)
     if device.type != "cuda":
         return x.to(device)
-    return x.pin_memory().to(device, non_blocking=True)
+    # contiguous first: pinning copies into a buffer of the same strides, where an expanded tensor's elements overlap
+    return x.contiguous().pin_memory().to(device, non_blocking=True)
