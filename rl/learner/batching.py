@@ -101,7 +101,12 @@ class Batcher:
         shape = (len(samples), max(len(s.completion_ids) for s in samples))
         if self.packed:
             row = packing.pack(samples, self.share_prompt_prefix, self.device, self.packed)
-            inputs = dict(input_ids=row.input_ids, position_ids=row.position_ids, packed_segments=row.segments)
+            inputs = dict(
+                input_ids=row.input_ids,
+                position_ids=row.position_ids,
+                packed_segments=row.segments,
+                attention_mask=packing.mask_placeholder(self.device),
+            )
             if self.logits_to_keep:  # the LM head runs only where a completion token is predicted
                 logits = model(**inputs, logits_to_keep=row.predictors).logits  # [1, T, V]
             else:
@@ -200,13 +205,10 @@ class Batcher:
         # then moved to completion alignment: gathering the [B, K, V] logits instead copies them once more, and
         # that gather's backward is a scatter-add over the whole vocabulary
         starts = torch.tensor([len(s.prompt_ids) - 1 for s in samples])
-        first = int(starts.min()) if self.logits_to_keep else 0
+        first = min(len(s.prompt_ids) for s in samples) - 1 if self.logits_to_keep else 0
         kwargs = {"logits_to_keep": L - first} if self.logits_to_keep else {}
         input_ids = upload(input_ids, self.device)
-        # rows of one length need no padding mask: the causal mask alone is the same, and transformers then skips
-        # checking the mask's values on the device, a wait for the GPU in every forward
-        mask = None if all(len(x) == L for x in seqs) else upload(attn, self.device)
-        logits = model(input_ids=input_ids[:, :L], attention_mask=mask, **kwargs).logits
+        logits = model(input_ids=input_ids[:, :L], attention_mask=upload(attn, self.device), **kwargs).logits
         targets = input_ids[:, first + 1 :]  # [B, K]
         index = upload((starts[:, None] - first + torch.arange(C)[None]).clamp(max=L - 1 - first), self.device)
         return logits, targets, index, B * L
@@ -227,7 +229,7 @@ class Batcher:
         try:
             want = padded.logprobs(model, samples)[0]
             got = self.logprobs(model, samples)[0]
-        except (TypeError, ValueError, RuntimeError) as e:  # a forward that does not take the packed inputs
+        except Exception as e:  # a forward that does not take the packed inputs (what it raises is its own)
             raise RuntimeError(
                 f"micro_batch_tokens>0: this model's forward does not take packed rows ({type(e).__name__}: {e}); "
                 "set micro_batch_tokens=0 (padded micro-batches), or model.learner_backend=peft"

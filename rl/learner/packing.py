@@ -69,6 +69,14 @@ class Segments:
         return self._cu
 
 
+def mask_placeholder(device) -> torch.Tensor:
+    """The packed forward's `attention_mask`: a [1, 1, 1, 1] placeholder that `packed_attention` ignores (the
+    segments are the mask). transformers passes a 4D mask through as it is; given none, it would look for packed
+    sequences in the restarting position ids itself, reading a device value in every forward (a wait for the GPU
+    between micro-batches)."""
+    return torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
+
+
 def _longest(starts: list[int]) -> int:
     """The longest range of a cumulative start list (flash attention's max_seqlen), counted on the host."""
     return max(b - a for a, b in zip(starts, starts[1:]))
@@ -151,7 +159,8 @@ def unpack(flat: torch.Tensor, row: PackedRow, shape: tuple[int, int]) -> torch.
 
 def packed_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """transformers attention function: query [1, H, N, D], key/value [1, Hkv, N, D] -> ([1, N, H, D], None).
-    Without `packed_segments` (a normal forward, e.g. generation) it is transformers' SDPA attention."""
+    Without `packed_segments` (a normal forward, e.g. generation) it is transformers' SDPA attention; with them the
+    segments are the mask, and `attention_mask` (the packed forward's `mask_placeholder`) is not read."""
     segments: Segments | None = kwargs.pop("packed_segments", None)
     if segments is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward

@@ -134,12 +134,16 @@ def test_packed_learner_matches_padded_on_cuda(model, kind, attention):
 @pytest.mark.parametrize("tokens", [0, 256])
 def test_a_learner_step_waits_for_the_gpu_once(model, tokens):
     """Padded (micro_batch_tokens=0) and packed micro-batches: the inputs go to the GPU without a stream
-    synchronisation and nothing reads a device value before the step's end, so the GPU's queue never drains
-    between micro-batches; the one wait is the metrics' transfer."""
+    synchronisation and our code reads no device value before the step's end, so the one wait of ours is the
+    metrics' transfer. Packed rows have no other (transformers gets a placeholder 4D mask); padded rows keep
+    transformers' check of the padding mask, one per forward (tests/unit/test_packing.py says why)."""
     out = job("step_syncs", model=model, kind="peft_bf16", tokens=tokens)
     print(f"micro_batch_tokens={tokens}: {out}")
     assert out["micro_batches"] == 4.0
-    assert out["syncs"] == 1, out["where"]
+    ours = [w for w in out["where"] if "/transformers/" not in w]
+    assert len(ours) == 1 and "batching.py" in ours[0], out["where"]
+    if tokens:
+        assert out["syncs"] == 1, out["where"]
 
 
 GPU_RUN = [

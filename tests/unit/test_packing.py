@@ -5,6 +5,7 @@ completion (multi-turn environment tokens); fp32 on the tiny model, on CPU (the 
 from __future__ import annotations
 
 import random
+import traceback
 
 import pytest
 import torch
@@ -132,3 +133,36 @@ def test_auto_packs_on_cpu_and_falls_back_to_padded_where_the_model_refuses(tiny
     assert learner.batcher.packed is None and learner.train_step(varied_samples(learner))["train/loss"] != 0
     with pytest.raises(RuntimeError, match="does not keep packed sequences apart"):
         make_learner(tiny_model, "micro_batch_tokens=64")
+
+
+@pytest.mark.parametrize("tokens", [0, BUDGET])
+def test_a_step_reads_device_values_only_at_its_end(tiny_model, monkeypatch, tokens):
+    """On a GPU every read of a tensor's value (bool(), int(), .item(), .tolist()) makes the host wait for the GPU;
+    between micro-batches that drains its queue. A step reads one value set, its metrics at the end: our code reads
+    none before, and in packed rows transformers reads none either (it gets the 4D placeholder mask instead of
+    looking for packed sequences in the position ids). Padded rows keep transformers' own check of the padding
+    mask (one per forward), which no argument avoids without giving up SDPA's causal kernel."""
+    learner = make_learner(tiny_model, f"micro_batch_tokens={tokens}", "micro_batch_size=4")
+    samples = varied_samples(learner)
+    learner.train_step(samples)
+    reads = []
+
+    def counted(name: str):
+        orig = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            caller = next(f for f in reversed(traceback.extract_stack()[:-1]) if "/torch/" not in f.filename)
+            reads.append(f"{name} at {caller.filename}:{caller.lineno}")
+            return orig(self, *args, **kwargs)
+
+        return read
+
+    for name in ("__bool__", "__int__", "__float__", "__index__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, counted(name))
+    metrics = learner.train_step(samples)
+    monkeypatch.undo()
+    assert metrics["train/micro_batches"] > 1
+    ours = [r for r in reads if "/transformers/" not in r]
+    assert len(ours) == 1 and ours[0].startswith("tolist at") and "batching.py" in ours[0], reads
+    if tokens:
+        assert reads == ours, reads
