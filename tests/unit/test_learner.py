@@ -33,8 +33,7 @@ def test_shared_prefix_logprobs_equal_full_forward(tiny_model):
 
 def test_padded_logprobs_are_each_samples_own(tiny_model):
     """A right-padded micro-batch of different prompt and completion lengths gives every sample the logprobs (and
-    entropies) of its own forward alone (rows of one length, so without a padding mask): the per-position values
-    land on the right completion tokens."""
+    entropies) of its own forward alone: the per-position values land on the right completion tokens."""
     from rl.learner.batching import Batcher
 
     learner = make_learner(tiny_model)
