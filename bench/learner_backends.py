@@ -173,7 +173,7 @@ def split_step(learner, samples, args) -> dict:
         os.environ["UNSLOTH_RETURN_LOGITS"] = ours_setting
     opt = torch.optim.AdamW([p for p in learner.model.parameters() if p.requires_grad], lr=1e-5)
     micro = learner.batcher.micro_batches(samples)
-    masks = [learner.batcher.completion_batch(mb)[1] for mb in micro]
+    masks = [learner.batcher.completion_batch(mb)[0] for mb in micro]
 
     def our_logits_plain_loss():
         opt.zero_grad(set_to_none=True)

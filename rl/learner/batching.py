@@ -133,19 +133,18 @@ class Batcher:
         return to_batch(logp), to_batch(ent), n_positions
 
     def completion_batch(self, samples: list[TrainSample]):
-        """Completion-aligned [B, C] targets, loss mask and behaviour logprobs (right-padded), advantages [B]."""
+        """Completion-aligned [B, C] loss mask and behaviour logprobs (right-padded), advantages [B]. The tokens
+        themselves come with the logits (`logprobs`), as each layout aligns them."""
         C = max(len(s.completion_ids) for s in samples)
         B = len(samples)
-        targets = torch.full((B, C), self.pad_id, dtype=torch.long)
         mask = torch.zeros((B, C), dtype=torch.float32)
         old = torch.zeros((B, C), dtype=torch.float32)
         for i, s in enumerate(samples):
             c = len(s.completion_ids)
-            targets[i, :c] = torch.tensor(s.completion_ids)
             mask[i, :c] = torch.tensor(s.loss_mask, dtype=torch.float32) if s.loss_mask else 1.0
             old[i, :c] = torch.tensor(s.old_logprobs, dtype=torch.float32)
         adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-        return tuple(upload(x, self.device) for x in (targets, mask, old, adv))
+        return tuple(upload(x, self.device) for x in (mask, old, adv))
 
     def logits(self, model: Any, samples: list[TrainSample]):
         """A padded micro-batch's logits [B, K, V], the token each position predicts [B, K], the index [B, C] that
@@ -178,8 +177,9 @@ class Batcher:
             comp[i, : len(s.completion_ids)] = torch.tensor(s.completion_ids)
             attn[i, P : P + len(s.completion_ids)] = 1
         positions = torch.arange(P, P + C).expand(B, C)
+        comp = upload(comp, self.device)
         rest = model(
-            input_ids=upload(comp, self.device),
+            input_ids=comp,
             attention_mask=upload(attn, self.device),
             position_ids=upload(positions, self.device),
             past_key_values=cache,
@@ -187,7 +187,7 @@ class Batcher:
         )
         # the last prompt position predicts completion token 0; completion position j predicts token j + 1
         logits = torch.cat([first.logits[:, -1:].expand(B, 1, -1), rest.logits[:, :-1]], dim=1)
-        return logits, upload(comp, self.device), None, P + B * C
+        return logits, comp, None, P + B * C
 
     def _full_logits(self, model: Any, samples: list[TrainSample]):
         """One right-padded forward of prompt + completion per sample, logits from the earliest completion on."""
@@ -236,7 +236,7 @@ class Batcher:
             ) from e
         finally:
             model.train(was_training)
-        real = self.completion_batch(samples)[1] > 0  # [B, C] within each completion (past the end: padding)
+        real = self.completion_batch(samples)[0] > 0  # [B, C] within each completion (past the end: padding)
         diff = float((got - want)[real].abs().max())
         # 16-bit logits round at up to 1/8 near |logit| = 16: the two layouts may differ by that much on a token
         tol = 1e-3 if next(model.parameters()).dtype == torch.float32 else 0.25

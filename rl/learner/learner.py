@@ -122,7 +122,7 @@ class Learner:
         tokens = 0
         batches = self._micro_batches(samples)
         for mb in batches:
-            _, mask, old, adv = self.batcher.completion_batch(mb)
+            mask, old, adv = self.batcher.completion_batch(mb)
             # the entropy bonus needs the entropy's gradient; otherwise it is a metric from the same logsumexp
             ent = "loss" if spec.entropy_coef > 0 else "metric"
             logp, entropy, n_positions = self.batcher.logprobs(self.model, mb, spec.temperature, entropy=ent)  # [B, C]

@@ -21,7 +21,7 @@ def test_shared_prefix_logprobs_equal_full_forward(tiny_model):
 
     learner = make_learner(tiny_model)
     group = make_samples(groups=1, group_size=4)
-    targets, mask, _, _ = learner.batcher.completion_batch(group)
+    mask, _, _ = learner.batcher.completion_batch(group)
     shared, full = (Batcher(learner.device, share_prompt_prefix=s, logits_to_keep=True) for s in (True, False))
     with torch.no_grad():
         a, ent_a, _ = shared.logprobs(learner.model, group, entropy="metric")
