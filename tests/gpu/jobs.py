@@ -278,9 +278,11 @@ def packed_vs_padded(model: str, kind: str, attention: str) -> dict:
 
 def step_syncs(model: str, kind: str, tokens: int) -> dict:
     """Host waits for the GPU in one training step of four micro-batches (after a first step), counted by torch's
-    sync debug mode, with where each happened. The step's one wait should be its metrics' transfer at the end: a
-    wait between micro-batches drains the GPU's queue, which then idles while the CPU launches the next forward."""
+    sync debug mode, with where each happened and who asked for it. The step's one wait should be its metrics'
+    transfer at the end: a wait between micro-batches drains the GPU's queue, which then idles while the CPU
+    launches the next forward."""
     import random
+    import traceback
     import warnings
 
     import torch
@@ -298,15 +300,27 @@ def step_syncs(model: str, kind: str, tokens: int) -> dict:
     samples = [TrainSample(ids(32), ids(32), [-5.0] * 32, 1.0 if i % 2 else -1.0) for i in range(16)]
     learner.train_step(samples)
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
+    where: list[str] = []
+    callers: list[str] = []
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        # a wait is attributed to torch's own frame; who asked for it is the innermost frame outside torch
+        stack = [f for f in traceback.extract_stack()[:-1] if "/warnings" not in f.filename]
+        caller = next((f for f in reversed(stack) if "site-packages/torch/" not in f.filename), stack[-1])
+        where.append(f"{filename}:{lineno}")
+        callers.append(f"{caller.filename}:{caller.lineno} ({caller.name})")
+
+    torch.cuda.set_sync_debug_mode("warn")  # torch reports this call itself as a wait: it is not recorded
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
             metrics = learner.train_step(samples)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    where = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
-    return {"syncs": len(where), "where": where, "micro_batches": metrics["train/micro_batches"]}
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return {"syncs": len(where), "where": where, "callers": callers, "micro_batches": metrics["train/micro_batches"]}
 
 
 JOBS = {
