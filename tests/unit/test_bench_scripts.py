@@ -1,11 +1,13 @@
 """Every script in bench/ starts on this machine: its arguments parse, and the runs it would start pass `plan=true`
 (the config is valid and vLLM's CPU engine fits the NUMA node it allocates on), without starting Ray or vLLM.
-One real smallest run is in tests/integration/test_bench_smoke.py; bench/gpu/ needs a GPU and is not run here."""
+One real smallest run is in tests/integration/test_bench_smoke.py; bench/gpu/ needs a GPU, except
+its set-up script's own bookkeeping (what is missing, refusing a work call that needs it)."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import subprocess
 import sys
 
 import pytest
@@ -188,3 +190,27 @@ def test_sync_merge_arithmetic_runs_on_a_real_checkpoint(tiny_model):
 
     row = sync.merge_math_micro(str(tiny_model), 4, 1)
     assert row["bit_identical"] and row["rank"] == 4 and row["actor_s"] > 0
+
+
+def test_gpu_setup_names_what_is_missing_and_refuses_a_call_that_needs_it(tmp_path):
+    """bench/gpu/setup.sh on a bare machine (nothing transferred): it writes the environment file, ends with the
+    pieces still missing (vLLM until its seven parts are installed), and with `SETUP_REQUIRE` naming one of them
+    exits 1 with a line that says which, so that a GPU call on a replaced machine stops before its work starts."""
+    root = tmp_path / "root"
+    work = tmp_path / "checkout"  # the script reads .whl/, .smol/, .vllm026/ from the folder it runs in
+    work.mkdir()
+
+    def setup(require: str) -> subprocess.CompletedProcess:
+        env = {"PATH": "/usr/bin:/bin", "PY": sys.executable, "SETUP_ROOT": str(root), "SETUP_REQUIRE": require}
+        script = REPO / "bench" / "gpu" / "setup.sh"
+        return subprocess.run(["bash", str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+
+    ok = setup("")
+    assert ok.returncode == 0, ok.stderr
+    last = ok.stdout.strip().splitlines()[-1]
+    assert last.startswith("setup: missing: ") and "vllm" in last.split(": ")[-1].split()
+    assert f"PYTHONPATH={work}:{root}/site" in (root / "rlft-env.sh").read_text()
+
+    refused = setup("ray vllm")
+    assert refused.returncode == 1
+    assert "setup: vllm is required (SETUP_REQUIRE) but missing on this machine" in refused.stderr
