@@ -21,6 +21,9 @@ The prototypes (merged mode, same actor and learner): 1. the learner's ObjectRef
 The step share: a demo-shaped step on the same actors (8 prompts x 8 samples x 32 tokens, GRPO with the k3 KL,
 rank 16) through rl.runtime.Runtime: generate, train_step, sync, probe; and, with --metrics, the mean
 time/sync_s / time/step_s of a real run's metrics.jsonl.
+
+Past 400 lines because each piece above is timed by its own small instrumented copy of the real call, kept in one
+script so that all of them run on the same actors in one process.
 """
 
 from __future__ import annotations

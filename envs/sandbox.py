@@ -21,6 +21,9 @@ The launcher is passed with `-c` and the program is a file in the working direct
 Stdlib only: the PyPI Landlock binding is a pre-release with filesystem rules only, and seccomp bindings need
 libseccomp; the few syscalls are called through ctypes in the launcher (after exec, never in a preexec_fn, which
 is unsafe in the threaded trainer).
+
+Past 400 lines because every confinement layer above is written out here (the launcher's Landlock rules, the seccomp
+program, the bounded output reader), so that the whole threat surface is reviewed in one file.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ at composition time. Cross-field checks are in `__post_init__` and raise `Config
 registry names and `auto` values are resolved right after, by rl/specs.py, before anything starts.
 
 This module must stay import-light (no torch, no vllm, no ray): `python train.py --help` imports it.
+
+Past 400 lines because it is the whole schema, one dataclass per config group with each field's description
+(what `--help` prints) and that group's checks beside it; one file reads as the reference of every key.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 `Runtime` holds two groups of role members (rl/groups.py: in this process or Ray actors) and splits work among
 them. The logic (sharding prompts, publishing the adapter, checking versions, replacing dead actors' work) is
 written once, here.
+
+Past 400 lines because generation, sync and the actor-fault path share the same version bookkeeping and calls in
+flight; apart, each would need the others' private state.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ and returns a `RunSpec`. Every role takes its own spec (`LearnerSpec`, `RolloutS
 knob reaches its use as a typed field and never through a keyword list copied from layer to layer.
 
 Import-light at module level (no torch, no vllm, no ray): `rl/tools/plan.py` resolves with it too.
+
+Past 400 lines because it is the one reader of the config: every role's spec and every `auto` it resolves sit
+here, so that no other module reads a config key; split, the resolutions would need each other's specs.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Read from the source with `ast`, nothing is imported (fast, no torch). Every imp
 inside functions (a lazy import hides a cycle from Python's import machinery, not from the design). `from rl import
 x` is the module rl.x when rl/x.py or rl/x/ exists, else the package rl; relative imports are resolved against the
 importing module's package. A cycle is reported as `a -> b -> a`, with the file and line of each import.
+
+Read the same way: every module (bench/ too) says at its top why it exists, and past 400 lines why it is that big.
 """
 
 from __future__ import annotations
@@ -144,3 +146,19 @@ def test_no_import_cycles():
     cycles = find_cycles(graph)
     lines = [" -> ".join(c) + "  (" + ", ".join(where[(a, b)] for a, b in zip(c, c[1:])) + ")" for c in sorted(cycles)]
     assert not cycles, f"{len(cycles)} import cycle(s) between project modules:\n" + "\n".join(lines)
+
+
+def test_every_module_says_why_it_exists_and_past_400_lines_why_it_is_that_big():
+    files = [*project_files().values(), *sorted((ROOT / "bench").rglob("*.py"))]
+    missing, big = [], []
+    for path in files:
+        source = path.read_text()
+        if not source.strip():
+            continue  # an empty __init__.py only marks a package
+        doc, lines = ast.get_docstring(ast.parse(source)), source.count("\n")
+        if not doc:
+            missing.append(str(path.relative_to(ROOT)))
+        elif lines > 400 and "400 lines" not in doc:
+            big.append(f"{path.relative_to(ROOT)} ({lines} lines)")
+    assert not missing, f"modules without a docstring saying why they exist: {missing}"
+    assert not big, f"modules past 400 lines whose docstring does not say why (a sentence with '400 lines'): {big}"
