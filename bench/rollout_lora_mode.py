@@ -18,7 +18,7 @@ from bench.common import random_adapter, timed_generations
 
 def run_mode(mode: str, path: str, prompts: list[list[int]], adapter, args) -> dict:
     from rl.rollout.vllm import VLLMRollout
-    from rl.specs import build_from_overrides
+    from rl.config.resolve import build_from_overrides
     from rl.types import Sampling
 
     lora_mode = "native" if mode == "base" else mode
@@ -47,7 +47,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from rl.models import resolve_model_path
+    from rl.model_path import resolve_model_path
     from rl.rollout.vllm import cpu_threads_env
 
     os.environ.update(cpu_threads_env(None))

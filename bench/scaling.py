@@ -84,14 +84,14 @@ def actor_overrides(path: str, n_prompts: int, n_actors: int, args) -> list[str]
 
 
 def measure_actors(path: str, prompts: list[list[int]], n_actors: int, pinned: bool, args) -> dict:
-    """Generated tokens/s of `n_actors` Ray rollout actors splitting one step's prompts (rl.runtime.Runtime)."""
+    """Generated tokens/s of `n_actors` Ray rollout actors splitting one step's prompts (rl.runtime.pool.Runtime)."""
     import ray
 
-    from rl.groups import shard
-    from rl.placement import RayGroup
+    from rl.runtime.groups import shard
+    from rl.runtime.placement import RayGroup
     from rl.rollout.vllm import VLLMRollout, cpu_threads_env
-    from rl.runtime import Runtime
-    from rl.specs import build_from_overrides
+    from rl.runtime.pool import Runtime
+    from rl.config.resolve import build_from_overrides
     from rl.types import Sampling
 
     cores = os.cpu_count() or 1
@@ -149,7 +149,7 @@ def main() -> None:
     if not args.project_only:
         from transformers import AutoTokenizer
 
-        from rl import placement
+        from rl.runtime import placement
 
         if args.model:
             args.shape = None

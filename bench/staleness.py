@@ -27,7 +27,7 @@ from bench.common import REPO, repo_env
 def train_args(staleness: int, model: Path, run_dir: Path, args: argparse.Namespace) -> list[str]:
     """train.py's overrides for one side (the vLLM memory share derived from this machine, bench/common.py)."""
     from bench.common import vllm_memory_fraction
-    from rl.config import ModelConfig
+    from rl.config.schema import ModelConfig
 
     sequences = math.ceil(args.prompts * args.group_size / 2)  # per actor
     seq_len = ModelConfig().max_prompt_tokens + args.max_new_tokens

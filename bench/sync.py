@@ -19,7 +19,7 @@ The prototypes (merged mode, same actor and learner): 1. the learner's ObjectRef
 (no copy through the driver); 2. the adapter sent in bf16 (half the bytes; the merged weights are bf16 anyway);
 3. W0 + s * B @ A as one fused fp32 addmm per module in the worker (no separate delta pass).
 The step share: a demo-shaped step on the same actors (8 prompts x 8 samples x 32 tokens, GRPO with the k3 KL,
-rank 16) through rl.runtime.Runtime: generate, train_step, sync, probe; and, with --metrics, the mean
+rank 16) through rl.runtime.pool.Runtime: generate, train_step, sync, probe; and, with --metrics, the mean
 time/sync_s / time/step_s of a real run's metrics.jsonl.
 
 Past 400 lines because each piece above is timed by its own small instrumented copy of the real call, kept in one
@@ -36,7 +36,7 @@ import time
 from bench.common import add_threads_arg, demo_prompts, learner_spec, machine, machine_label, vllm_memory_fraction
 from rl.learner import Learner
 from rl.rollout.vllm import VLLMRollout
-from rl.specs import build_from_overrides
+from rl.config.resolve import build_from_overrides
 
 # ------------------------------------------------------------------------------------------------ roles
 
@@ -213,10 +213,10 @@ def median_dict(rows: list[dict]) -> dict:
 
 
 def demo_step(ray, runtime, prompts, version: int) -> dict:
-    """One demo-shaped step through rl.runtime.Runtime; random rewards stand in for the task reward."""
+    """One demo-shaped step through rl.runtime.pool.Runtime; random rewards stand in for the task reward."""
     import random
 
-    from rl.samples import prepare_samples
+    from rl.data.prepare import prepare_samples
     from rl.types import Sampling
 
     rng = random.Random(version)
@@ -342,10 +342,10 @@ def main() -> None:
     import ray
     from transformers import AutoTokenizer
 
-    from rl import placement
-    from rl.models import resolve_model_path
+    from rl.runtime import placement
+    from rl.model_path import resolve_model_path
     from rl.rollout.vllm import cpu_threads_env
-    from rl.runtime import Runtime
+    from rl.runtime.pool import Runtime
 
     path = resolve_model_path(args.model)
     ranks = [int(r) for r in args.ranks.split(",")]

@@ -1,5 +1,5 @@
 """reasoning-gym procedural tasks as prompt sources (offline, deterministic by seed), and their difficulty levels
-(reasoning-gym's own curriculum for a task) for `curriculum=difficulty` (rl/curriculum.py)."""
+(reasoning-gym's own curriculum for a task) for `curriculum=difficulty` (rl/data/curriculum.py)."""
 
 from __future__ import annotations
 

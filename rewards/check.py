@@ -177,7 +177,7 @@ def build_reward(overrides: list[str]) -> Any:
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from rl.config import register_configs
+    from rl.config.schema import register_configs
 
     register_configs()
     conf_dir = str(Path(__file__).resolve().parent.parent / "conf")

@@ -11,7 +11,7 @@ Calling conventions (the caller passes one set of knobs to any entry):
 - advantage estimator: `fn(rewards [B*G], group_size, **knobs) -> [B*G]`; knobs an estimator does not use are
   ignored (`**_`), so `algorithm.advantage=X` is the only thing that changes between estimators.
 - policy loss: `fn(logp, old_logp, advantages, mask, *, agg, knobs) -> (loss, metrics)`; `old_logp` are the
-  behaviour logprobs returned by the rollout engine; `knobs` is the algorithm's `PolicyLossKnobs` (rl/config.py),
+  behaviour logprobs returned by the rollout engine; `knobs` is the algorithm's `PolicyLossKnobs` (rl/config/schema.py),
   of which each loss reads the fields it uses. Shared knobs: `tis_cap`, `skip_threshold` (see `importance_terms`).
   A new knob is a field of PolicyLossKnobs, its value in a conf/algorithm/ bundle, and its use here.
 - aggregation: `fn(per_token [B, T], mask [B, T], **knobs) -> scalar`, with a `unit` attribute ("token" or
@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from rl.config import PolicyLossKnobs
+from rl.config.schema import PolicyLossKnobs
 
 DEFAULT_KNOBS = PolicyLossKnobs()
 # Metric values are floats or 0-d tensors: a loss returns tensors so that computing them never waits for the device

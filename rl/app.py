@@ -9,13 +9,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rl import startup
-from rl.config import ClusterMode
-from rl.groups import LocalGroup
+from rl.preflight import diagnose as startup
+from rl.config.schema import ClusterMode
+from rl.runtime.groups import LocalGroup
 from rl.logs import LogFollower
-from rl.runtime import Runtime
-from rl.specs import LearnerSpec, PlacementSpec, RunSpec
-from rl.startup import StartupError
+from rl.runtime.pool import Runtime
+from rl.config.resolve import LearnerSpec, PlacementSpec, RunSpec
+from rl.preflight.diagnose import StartupError
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def run(spec: RunSpec, *, env: Any, reward_fn: Any, resolved: dict, logger_spec:
 
     from rl.driver import train
     from rl.metrics import MetricsLogger
-    from rl.placement import RayStartError
+    from rl.runtime.placement import RayStartError
 
     t0 = time.perf_counter()
     if not spec.placement.verbose:  # the driver's transformers only tokenises: its notices on tokenizer configs
@@ -110,7 +110,7 @@ def build_runtime(spec: RunSpec) -> tuple[Runtime, Callable[[], None]]:
         runtime = Runtime(LocalGroup([rollout]), LocalGroup([learner]), spec.runtime)
         return runtime, runtime.close
 
-    from rl import placement
+    from rl.runtime import placement
 
     started = placement.start_ray(p.address, p.ray_num_cpus, p.verbose)
     try:
@@ -133,7 +133,7 @@ def build_runtime(spec: RunSpec) -> tuple[Runtime, Callable[[], None]]:
 
 def start_role(role: str, cls: type, role_spec: Any) -> Any:
     """A role built in this process (cluster.mode=local); a failed constructor becomes RoleStartFailed, as a Ray
-    actor's does in rl/placement.py."""
+    actor's does in rl/runtime/placement.py."""
     try:
         return cls(role_spec)
     except Exception as e:

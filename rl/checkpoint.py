@@ -1,6 +1,6 @@
 """Checkpoints: everything a run needs to continue exactly where it stopped, written so that a crash never
 leaves a checkpoint that looks complete but is not; the run's result (adapter or full model) in the formats
-other tools load; and finding a trained policy in any of these layouts again (`find_policy`, python -m rl.eval).
+other tools load; and finding a trained policy in any of these layouts again (`find_policy`, python -m rl.tools.eval).
 
     <run_dir>/checkpoints/step_0003/
         adapter/            adapter_config.json + adapter_model.safetensors (PEFT format: PeftModel.from_pretrained,
@@ -17,12 +17,12 @@ leaves a temp folder that is ignored (and removed by the next save).
 
 Not restored, by design or because there is nothing to restore:
 - vLLM's sampler: its generator cannot be read or set from outside, and nothing needs it: every training prompt's
-  request carries its own seed, derived from the run seed and the prompt's draw number (rl/data.py prompt_seed),
+  request carries its own seed, derived from the run seed and the prompt's draw number (rl/data/prompts.py prompt_seed),
   and a resumed run draws the same prompts from the saved data position, so it samples what the uninterrupted
   run sampled (tests/integration/test_reproducible.py). The hf backend's generator (used for unseeded calls) is
   saved.
 - no LR scheduler exists (the learning rate is constant). With `cluster.staleness` > 0, generations still in
-  flight at a checkpoint are not saved: the data position saved is the one before them (rl/sampler.py), so a
+  flight at a checkpoint are not saved: the data position saved is the one before them (rl/data/sampler.py), so a
   resumed run generates those prompts again with the checkpoint's adapter.
 
 The .pkl files are pickles of plain data (bytes, ints, lists): load checkpoints only from runs you trust.
@@ -42,8 +42,8 @@ import numpy as np
 import torch
 
 from rl.atomic import fsync_dir, replace_when_done, write_bytes
-from rl.config import ConfigError
-from rl.runtime import Runtime
+from rl.config.schema import ConfigError
+from rl.runtime.pool import Runtime
 from rl.types import Adapter, TrainedPolicy
 
 CHECKPOINTS = "checkpoints"
@@ -152,7 +152,7 @@ def save_run(
     run_dir: Path, step: int, runtime: Runtime, data: Any, *, keep_last: int = 0, config: dict | None = None
 ) -> Path:
     """Checkpoint a run after `step`: learner 0's state (learners step together, so one is enough), the data
-    position (`data`: rl.sampler.Sampler or rl.data.PromptData), and every RNG the next step draws from: the
+    position (`data`: rl.data.sampler.Sampler or rl.data.prompts.PromptData), and every RNG the next step draws from: the
     driver's and each rollout actor's (vLLM's cannot be read, see the module docstring)."""
     trainer_state = {
         "step": step,

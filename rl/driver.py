@@ -1,7 +1,7 @@
 """The training loop: sample, score, advantages, learn, sync, probe, log, checkpoint; evaluation before and after.
 
 Reads top to bottom like nanochat's chat_rl.py: each part of a step is a named call into its own module
-(rl/sampler.py, rl/samples.py, rl/probe.py, rl/evaluation.py, rl/checkpoint.py). Departures from the GRPO paper
+(rl/data/sampler.py, rl/data/prepare.py, rl/runtime/probe.py, rl/evaluation.py, rl/checkpoint.py). Departures from the GRPO paper
 (Shao et al. 2024), on purpose:
 - one optimizer step per rollout batch by default (`algorithm.updates_per_step`), so the clipped ratio only
   corrects the train-inference mismatch (behaviour logprobs come from the rollout engine, not the learner);
@@ -20,16 +20,16 @@ import numpy as np
 import torch
 
 from rl import checkpoint, evaluation
-from rl.curriculum import build_curriculum
-from rl.data import PromptData
+from rl.data.curriculum import build_curriculum
+from rl.data.prompts import PromptData
 from rl.errors import RunStopped
-from rl.groups import MemberDied, shard
+from rl.runtime.groups import MemberDied, shard
 from rl.metrics import MetricsLogger
-from rl.probe import SyncProbe
-from rl.runtime import Runtime
-from rl.sampler import Batch, RewardFn, Sampler
-from rl.samples import kl_reward_penalty, prepare_samples, rollout_metrics
-from rl.specs import RunSpec
+from rl.runtime.probe import SyncProbe
+from rl.runtime.pool import Runtime
+from rl.data.sampler import Batch, RewardFn, Sampler
+from rl.data.prepare import kl_reward_penalty, prepare_samples, rollout_metrics
+from rl.config.resolve import RunSpec
 from rl.types import TrainSample
 
 

@@ -1,4 +1,4 @@
-"""What the two entry scripts (train.py and `python -m rl.eval`) share: turning a config or build error into the one
+"""What the two entry scripts (train.py and `python -m rl.tools.eval`) share: turning a config or build error into the one
 line the user reads (`error: ...`, exit 2), and building the `_target_` nodes (env, reward) with an error naming
 the key. It imports only Hydra and OmegaConf, so both scripts' `--help` stays instant.
 """

@@ -18,11 +18,11 @@ import torch
 
 from rl.atomic import atomic_jsonl
 from rl.checkpoint import step_dir_name
-from rl.data import PromptData, prompt_seed
-from rl.runtime import Runtime
-from rl.sampler import RewardFn, score
-from rl.samples import episode_metrics, shape_rewards
-from rl.specs import EvalSpec, SampleSpec
+from rl.data.prompts import PromptData, prompt_seed
+from rl.runtime.pool import Runtime
+from rl.data.sampler import RewardFn, score
+from rl.data.prepare import episode_metrics, shape_rewards
+from rl.config.resolve import EvalSpec, SampleSpec
 from rl.types import Completion, PromptRollout, Sampling, completions_of
 
 

@@ -90,7 +90,7 @@ def prompts_of(rollouts: list[PromptRollout]) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class TrainedPolicy:
-    """A trained policy found on disk (python -m rl.eval): `adapter` is a PEFT-format folder loaded into the base
+    """A trained policy found on disk (python -m rl.tools.eval): `adapter` is a PEFT-format folder loaded into the base
     model's engine (a LoRA adapter, or a full fine-tuning checkpoint's weights); `model` is a whole HF model folder
     (a full fine-tuning run's `model/` export) that the engine loads instead of the base model."""
 

@@ -19,7 +19,7 @@ def build_tiny_model(out: Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from rl.models import embedded_gguf
+    from rl.model_path import embedded_gguf
 
     if (out / "config.json").is_file():
         return out
@@ -95,7 +95,7 @@ def typed_config(**dotted):
     cross-field checks run, so a bad combination raises ConfigError."""
     from omegaconf import OmegaConf
 
-    from rl.config import TrainConfig
+    from rl.config.schema import TrainConfig
 
     dotlist = [f"{k}={v}" for k, v in dotted.items()]
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(dotlist)))
@@ -125,7 +125,7 @@ def scratch_run_dir() -> Path:
 
 def run_spec(model: Path | str, *overrides: str, run_dir: Path | str | None = None):
     """The RunSpec train.py builds for a config with these overrides, with `model` as the resolved model path."""
-    from rl.specs import build_from_overrides
+    from rl.config.resolve import build_from_overrides
 
     return build_from_overrides(str(model), *overrides, run_dir=run_dir or scratch_run_dir())
 

@@ -1,6 +1,6 @@
 """The learner role: policy-gradient steps on the sampled token ids, with the behaviour logprobs from the actors.
 
-A plain class (no Ray) built from a `LearnerSpec`; `rl/placement.py` wraps it as a Ray actor. Its model comes
+A plain class (no Ray) built from a `LearnerSpec`; `rl/runtime/placement.py` wraps it as a Ray actor. Its model comes
 from rl/learner/models.py (PEFT, PEFT on 4-bit weights, Unsloth, or full fine-tuning), its batches from
 batching.py, its data-parallel reduction from parallel.py, and what it sends out from export.py. The reference
 policy for a KL penalty is the same model with the adapter disabled (no second copy in memory); a full
@@ -22,7 +22,7 @@ from rl.learner import attention, export, packing
 from rl.learner.batching import Batcher, loss_tokens, to_host
 from rl.learner.models import load_policy
 from rl.learner.parallel import DataParallel
-from rl.specs import LearnerSpec
+from rl.config.resolve import LearnerSpec
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from rl.specs import LearnerSpec
+from rl.config.resolve import LearnerSpec
 
 
 @dataclass

@@ -3,7 +3,7 @@ vllm_ext.py) and transformers `generate` (hf.py, for debugging). `rollout_class`
 
 from __future__ import annotations
 
-from rl.specs import RolloutSpec
+from rl.config.resolve import RolloutSpec
 
 
 def rollout_class(spec: RolloutSpec) -> type:

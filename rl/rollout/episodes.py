@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from envs.protocol import Episode
-from rl.data import turn_seed
-from rl.specs import EpisodeSpec
+from rl.data.prompts import turn_seed
+from rl.config.resolve import EpisodeSpec
 from rl.types import Completion, EpisodeInfo, PromptRollout, Sampling
 
 # generate(prompts, sampling, max_tokens per prompt or None) -> one PromptRollout per prompt (sampling.n each)
@@ -46,7 +46,7 @@ class EnvTokens:
     and the generation prompt; the text after MARK is the template's end of the assistant turn, the env's messages
     and the start of the next assistant turn. The model's own end-of-turn token (its EOS, which it generated) is
     taken off the front when the text starts with it, so the closing is not doubled. Without a chat template the
-    messages are joined by newlines, as rl/data.py joins a prompt's."""
+    messages are joined by newlines, as rl/data/prompts.py joins a prompt's."""
 
     def __init__(self, tokenizer: Any, use_chat_template: bool):
         self.tokenizer, self.use_chat_template = tokenizer, use_chat_template
@@ -126,7 +126,7 @@ def run_episodes(
     """`sampling.n` episodes per prompt, the item of each prompt starting them; rollouts in prompt order.
     `sampling.max_tokens` caps each model turn, `spec.max_tokens` the whole episode after the prompt. `seeds` (one
     per prompt) seed the first turn's request; each later turn of an episode gets a seed from its prompt's, its
-    sample index and the turn (rl/data.py turn_seed), so an episode never depends on which others share a turn."""
+    sample index and the turn (rl/data/prompts.py turn_seed), so an episode never depends on which others share a turn."""
     env_tokens = EnvTokens(tokenizer, spec.use_chat_template)
     first_sampling = replace(sampling, max_tokens=min(sampling.max_tokens, spec.max_tokens))
     first = generate(prompts, first_sampling, None, seeds)

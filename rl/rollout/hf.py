@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from rl.rollout.episodes import EpisodeEngine
-from rl.specs import RolloutSpec
+from rl.config.resolve import RolloutSpec
 from rl.types import Adapter, Completion, PromptRollout, Sampling
 
 
@@ -110,7 +110,7 @@ def hf_generate(
     """Sample `sampling.n` completions per prompt with transformers `generate`; the behaviour logprobs are of the
     processed distribution (after temperature and top-p), the one sampled from, as vLLM's processed_logprobs.
     Shared by HFRollout and the learners' own generation (Learner.generate). Each prompt's n samples are one
-    `generate` call on a freshly seeded torch RNG: with `seeds` (one per prompt, rl/data.py prompt_seed) the
+    `generate` call on a freshly seeded torch RNG: with `seeds` (one per prompt, rl/data/prompts.py prompt_seed) the
     samples depend only on the prompt's seed, as a vLLM request's do; without, the seed is drawn from `generator`
     (repeatable through its saved state, but dependent on the prompts before it in the same actor). `max_tokens`:
     a cap per prompt."""

@@ -1,6 +1,6 @@
 """Rollout engines: sample completions with token ids and behaviour logprobs, and load new adapter versions.
 
-A plain class (no Ray) built from a `RolloutSpec`; `rl/placement.py` wraps it as a Ray actor. vLLM is imported
+A plain class (no Ray) built from a `RolloutSpec`; `rl/runtime/placement.py` wraps it as a Ray actor. vLLM is imported
 lazily, inside the engine's constructor, so that it is the first heavy import of the process that owns the engine.
 """
 
@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from rl.rollout.episodes import EpisodeEngine
-from rl.specs import RolloutSpec
-from rl.startup import OutputMark, engine_start_error
+from rl.config.resolve import RolloutSpec
+from rl.preflight.diagnose import OutputMark, engine_start_error
 from rl.types import Adapter, Completion, PromptRollout, Sampling
 
 
@@ -58,7 +58,7 @@ class VLLMRollout(EpisodeEngine):
     lora_mode "native": each adapter version is written to a private temp folder and used as a `LoRARequest`
     (exact, vLLM's LoRA kernels). "merged": the adapter is merged into the engine's weights by the worker
     extension in rl/rollout/vllm_ext.py (base-model decode speed; what `cluster.lora_mode=auto` picks, see
-    rl/specs.py); the base projections are read at start. Full weights (a full fine-tuning learner,
+    rl/config/resolve.py); the base projections are read at start. Full weights (a full fine-tuning learner,
     `spec.full_weights`: no base copy is read) are loaded in place by the same extension, in either mode.
     The adapter arrives as bytes (no shared filesystem) or, on the learner's GPU (`cluster.weight_sync=ipc`), as a
     CUDA IPC handle to its factors; every sample records its version.

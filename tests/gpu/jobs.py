@@ -2,7 +2,7 @@
 line `RESULT <json>`. A fresh process because Unsloth must be a process's first ML import (the parent sets
 RLFT_IMPORT_UNSLOTH=1, which rl/__init__.py reads), and an in-process vLLM engine is not torn down cleanly.
 
-Every job builds its roles from specs as a run does (rl.specs.build_from_overrides), on one GPU.
+Every job builds its roles from specs as a run does (rl.config.resolve.build_from_overrides), on one GPU.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from rl.specs import build_from_overrides  # the first ML-adjacent import: rl/__init__.py may import unsloth first
+from rl.config.resolve import build_from_overrides  # the first ML-adjacent import: rl/__init__.py may import unsloth first
 
 PROMPTS = [
     "What is 7 + 5? Give the final answer as a number at the end.",
@@ -75,11 +75,11 @@ def actor_vs_learner(model: str, lora_mode: str) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from rl.groups import LocalGroup
+    from rl.runtime.groups import LocalGroup
     from rl.learner import Learner
-    from rl.probe import SyncProbe
+    from rl.runtime.probe import SyncProbe
     from rl.rollout.vllm import VLLMRollout
-    from rl.runtime import Runtime
+    from rl.runtime.pool import Runtime
     from rl.types import Sampling
 
     spec = build_from_overrides(

@@ -44,7 +44,7 @@ def job(name: str, **args) -> dict:
 
 @pytest.fixture(scope="module")
 def model() -> str:
-    from rl.models import resolve_model_path
+    from rl.model_path import resolve_model_path
 
     return resolve_model_path("embedded:smollm2-135m-instruct")
 

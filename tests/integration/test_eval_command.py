@@ -1,4 +1,4 @@
-"""`python -m rl.eval` end to end, as a user runs it: a tiny adapter trained for one step, then the base model and
+"""`python -m rl.tools.eval` end to end, as a user runs it: a tiny adapter trained for one step, then the base model and
 that adapter evaluated side by side on a real vLLM CPU engine; the table, results.json and the per-sample files
 are checked against each other."""
 
@@ -47,7 +47,7 @@ def test_eval_command_base_vs_adapter_on_vllm(tiny_model, tmp_path):
         f"adapter={run}",  # last: the failing call below replaces it
     ]
     proc = subprocess.run(
-        [sys.executable, "-m", "rl.eval", *args], cwd=REPO, env=repo_env(), capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "rl.tools.eval", *args], cwd=REPO, env=repo_env(), capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"trained: run {run / 'adapter'}" in proc.stdout
@@ -74,7 +74,7 @@ def test_eval_command_base_vs_adapter_on_vllm(tiny_model, tmp_path):
         assert f"{m['eval/accuracy']:.3f}" in doc["table"]
 
     proc = subprocess.run(
-        [sys.executable, "-m", "rl.eval", *args[:-1], f"adapter={tmp_path / 'nothing'}"],
+        [sys.executable, "-m", "rl.tools.eval", *args[:-1], f"adapter={tmp_path / 'nothing'}"],
         cwd=REPO,
         env=repo_env(),
         capture_output=True,

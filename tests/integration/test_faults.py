@@ -43,9 +43,10 @@ def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, 
     from transformers import AutoTokenizer
 
     import rl.rollout
-    from rl import app, driver, specs
-    from rl.config import AlgorithmConfig, ClusterConfig, DType, ModelConfig, RolloutBackend, TrainConfig
-    from rl.data import PromptData
+    from rl import app, driver
+from rl.config import resolve as specs
+    from rl.config.schema import AlgorithmConfig, ClusterConfig, DType, ModelConfig, RolloutBackend, TrainConfig
+    from rl.data.prompts import PromptData
     from rl.metrics import MetricsLogger
     from rl.types import Sampling
 

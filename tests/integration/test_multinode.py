@@ -281,9 +281,10 @@ def killed_actor_run(address: str, model: str, run_dir: str) -> None:
     from transformers import AutoTokenizer
 
     import rl.rollout
-    from rl import app, driver, specs
-    from rl.config import AlgorithmConfig, ClusterConfig, DType, ModelConfig, TrainConfig
-    from rl.data import PromptData
+    from rl import app, driver
+from rl.config import resolve as specs
+    from rl.config.schema import AlgorithmConfig, ClusterConfig, DType, ModelConfig, TrainConfig
+    from rl.data.prompts import PromptData
     from rl.metrics import MetricsLogger
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)

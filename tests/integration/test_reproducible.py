@@ -1,6 +1,6 @@
 """The same config and seed give the same run with Ray + vLLM CPU, and a resumed run equals an uninterrupted one
 (staleness 0): metrics (timings aside), adapters, evaluation and rollout dumps, bit for bit. Every prompt's
-request carries its own sampling seed (rl/data.py prompt_seed), so what the engine batches with it does not
+request carries its own sampling seed (rl/data/prompts.py prompt_seed), so what the engine batches with it does not
 matter. Also the quiet console: a run prints its own lines only, each role's log is in <run dir>/logs/, and
 `verbose=true` shows the roles' lines (which change nothing in the results). Three runs (each starts a vLLM
 engine): a, 3 steps; b, the first 2 of them with verbose=true, then resume=auto for the third."""

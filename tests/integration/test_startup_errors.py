@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from rl.tools import plan
+from rl.preflight import plan
 from tests.helpers import run_train, tiny_args
 
 SMALL_RUN = ["steps=1", "prompts_per_step=2", "algorithm.group_size=4", "eval_size=0", "model.max_new_tokens=16"]
@@ -56,7 +56,7 @@ def test_kv_cache_share_too_small_on_cpu(tiny_model, tmp_path):
     assert suggested == plan.vllm_cpu_fraction(used * 2**30, 8 * 272 * 2 * 2 * 64 * 4, total * 2**30)
     assert_no_driver_traceback(proc)
     log = (tmp_path / "hydra" / "train.log").read_text()
-    assert "rl.startup.RoleStartFailed: rollout actor 0 failed to start: ValueError: Available memory" in log
+    assert "rl.preflight.diagnose.RoleStartFailed: rollout actor 0 failed to start: ValueError: Available memory" in log
     # the engine's own traceback: on CPU the engine core runs in the actor's process (rl/app.py actor_env), so the
     # worker's frames are in the role's traceback; a separate engine process's would come as "vLLM engine output"
     assert "cpu_worker.py" in log

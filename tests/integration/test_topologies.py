@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from rl.config import AlgorithmConfig, ClusterConfig, ClusterMode, DType, ModelConfig, RolloutBackend, TrainConfig
+from rl.config.schema import AlgorithmConfig, ClusterConfig, ClusterMode, DType, ModelConfig, RolloutBackend, TrainConfig
 from tests.helpers import REPO, make_samples, metric_rows, run_train, scratch_run_dir
 
 pytestmark = pytest.mark.slow
@@ -70,7 +70,7 @@ def test_topology_trains_two_steps(topology, extra, tiny_model, tmp_path):
 
 
 def tiny_spec(model: Path, loss_agg: str = "seq_mean_token_mean", run_dir: Path | None = None, **cluster):
-    from rl import specs
+    from rl.config import resolve as specs
 
     return specs.build(tiny_config(model, loss_agg, **cluster), run_dir or scratch_run_dir(), model_path=str(model))
 
@@ -146,7 +146,7 @@ def test_actor_left_on_an_old_adapter_version_stops_the_run(tiny_model, tmp_path
     from rl.app import build_runtime
     from rl.driver import train
     from rl.metrics import MetricsLogger
-    from rl.runtime import VersionMismatch
+    from rl.runtime.pool import VersionMismatch
     from tests.helpers import LengthReward
 
     spec = tiny_spec(tiny_model, num_actors=2, num_learners=1, run_dir=tmp_path)

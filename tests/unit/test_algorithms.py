@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rl import algorithms as alg
-from rl.config import PolicyLossKnobs as Knobs
+from rl.config.schema import PolicyLossKnobs as Knobs
 from tests.unit import verl_reference
 
 VERL = verl_reference.load()
@@ -416,7 +416,7 @@ def test_positive_weight_scales_only_the_positive_samples(loss_name):
 
 
 def test_positive_weight_is_checked():
-    from rl.config import ConfigError
+    from rl.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="algorithm.positive_weight must be >= 0"):
         Knobs(positive_weight=-1.0)

@@ -7,16 +7,16 @@ import math
 
 import pytest
 
-from rl import specs
-from rl.config import AlgorithmConfig, ConfigError, TrainConfig
-from rl.data import PromptData
+from rl.config import resolve as specs
+from rl.config.schema import AlgorithmConfig, ConfigError, TrainConfig
+from rl.data.prompts import PromptData
 from rl.driver import train
 from rl.errors import RunStopped
-from rl.groups import LocalGroup, MemberDied
+from rl.runtime.groups import LocalGroup, MemberDied
 from rl.metrics import MetricsLogger
-from rl.runtime import Runtime, VersionMismatch
-from rl.sampler import Sampler
-from rl.specs import DataSpec, RuntimeSpec, SamplerSpec
+from rl.runtime.pool import Runtime, VersionMismatch
+from rl.data.sampler import Sampler
+from rl.config.resolve import DataSpec, RuntimeSpec, SamplerSpec
 from rl.types import Adapter, Completion, PromptRollout, Sampling
 from tests.helpers import metric_rows
 
@@ -271,7 +271,7 @@ def test_prompts_in_flight_at_a_checkpoint_are_generated_again_on_resume(tmp_pat
 def test_async_and_fault_keys_are_checked():
     from omegaconf import OmegaConf
 
-    from rl.config import ConfigError
+    from rl.config.schema import ConfigError
 
     def typed(**overrides) -> TrainConfig:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), overrides))

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from rl import checkpoint
-from rl.config import ConfigError, TrainConfig
-from rl.data import PromptData
+from rl.config.schema import ConfigError, TrainConfig
+from rl.data.prompts import PromptData
 from rl.metrics import MetricsLogger
-from rl.specs import DataSpec
+from rl.config.resolve import DataSpec
 from rl.types import Adapter, Sampling
 from tests.helpers import make_learner, make_samples, metric_rows, run_spec
 
@@ -184,8 +184,8 @@ class EngineWithoutRngState:
 
 
 def test_restore_run_pushes_the_adapter_and_skips_engines_without_rng_state(tmp_path):
-    from rl.groups import LocalGroup
-    from rl.runtime import Runtime
+    from rl.runtime.groups import LocalGroup
+    from rl.runtime.pool import Runtime
 
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": str(i)} for i in range(4)]
     data = PromptData(items, CharTokenizer(), DataSpec(10, False, 0))

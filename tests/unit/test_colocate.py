@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from rl.config import ConfigError
-from rl.groups import LocalGroup
-from rl.placement import role_plans
-from rl.runtime import Runtime
-from rl.specs import PlacementSpec, RuntimeSpec, build
+from rl.config.schema import ConfigError
+from rl.runtime.groups import LocalGroup
+from rl.runtime.placement import role_plans
+from rl.runtime.pool import Runtime
+from rl.config.resolve import PlacementSpec, RuntimeSpec, build
 from rl.types import Adapter, TrainSample
 from tests.helpers import typed_config
 

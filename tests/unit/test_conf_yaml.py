@@ -1,8 +1,8 @@
 """YAML holds values, the schema holds defaults: no file of conf/ (train.yaml, cluster/, model/, algorithm/,
-logger/) restates a default of rl/config.py, and the demo (`python train.py`, no overrides) is the schema's defaults.
+logger/) restates a default of rl/config/schema.py, and the demo (`python train.py`, no overrides) is the schema's defaults.
 
 A restated default is a second copy that drifts (train.yaml said `steps: 24` while the schema said 20): change the
-default in rl/config.py, or state the key only where the option differs from it. reward/, env/ and experiment/ are
+default in rl/config/schema.py, or state the key only where the option differs from it. reward/, env/ and experiment/ are
 `_target_` and override files, not checked here. An algorithm bundle keeps `name:` (its label in logs and sweeps)
 even when it equals the default.
 """
@@ -15,7 +15,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from rl.config import (
+from rl.config.schema import (
     AlgorithmConfig,
     ClusterConfig,
     CurriculumConfig,
@@ -68,9 +68,9 @@ def test_yaml_states_only_values_that_differ_from_the_schema(name):
         node, schema, keep = compose_with([]), TrainConfig, NOT_VALUES
     restated = restated_defaults(stated, node, schema, keep)
     assert not restated, (
-        f"conf/{name} restates defaults of rl/config.py {schema.__name__}: "
+        f"conf/{name} restates defaults of rl/config/schema.py {schema.__name__}: "
         + ", ".join(f"{k}: {raw[k]}" for k in restated)
-        + "; delete these lines, or change the default in rl/config.py if the demo should use this value"
+        + "; delete these lines, or change the default in rl/config/schema.py if the demo should use this value"
     )
 
 
@@ -101,4 +101,4 @@ def test_the_demo_is_the_schema_defaults():
         for f in dataclasses.fields(node)
         if f.name not in SCHEMAS and getattr(node, f.name) != getattr(default, f.name)
     }
-    assert not differ, f"the demo's config differs from rl/config.py's defaults at {sorted(differ)}"
+    assert not differ, f"the demo's config differs from rl/config/schema.py's defaults at {sorted(differ)}"

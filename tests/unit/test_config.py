@@ -9,8 +9,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rl import specs
-from rl.config import ConfigError, TrainConfig, register_configs
+from rl.config import resolve as specs
+from rl.config.schema import ConfigError, TrainConfig, register_configs
 from tests.helpers import REPO, run_train
 
 CONF = REPO / "conf"
@@ -123,7 +123,7 @@ def test_config_fields_are_documented():
     import dataclasses
     import typing
 
-    source = (REPO / "rl" / "config.py").read_text().splitlines()
+    source = (REPO / "rl" / "config" / "schema.py").read_text().splitlines()
     for cls in (TrainConfig, *[t for t in typing.get_type_hints(TrainConfig).values() if dataclasses.is_dataclass(t)]):
         for f in dataclasses.fields(cls):
             if f.name in ("model", "algorithm", "cluster", "reward", "env", "logger"):
@@ -132,4 +132,4 @@ def test_config_fields_are_documented():
             if line.rstrip().endswith(("(", "[")) or "field(" in line and "#" not in line:
                 idx = source.index(line)
                 line = " ".join(source[idx : idx + 3])
-            assert "#" in line, f"{cls.__name__}.{f.name} has no one-line description in rl/config.py"
+            assert "#" in line, f"{cls.__name__}.{f.name} has no one-line description in rl/config/schema.py"

@@ -1,4 +1,4 @@
-"""Curricula (rl/curriculum.py) driven through the real Sampler with fake roles: pass-rate tracking, skipping solved
+"""Curricula (rl/data/curriculum.py) driven through the real Sampler with fake roles: pass-rate tracking, skipping solved
 and hopeless prompts (and revisiting them), a reasoning-gym task's difficulty raised through reasoning-gym's own
 curriculum, the metrics, and the state a checkpoint saves and a resume restores (with batches in flight too)."""
 
@@ -9,12 +9,13 @@ import pickle
 import pytest
 
 from envs.reasoning_gym import ReasoningGymEnv
-from rl import checkpoint, specs
-from rl.config import ConfigError, CurriculumConfig, CurriculumKind, TrainConfig
-from rl.curriculum import DifficultyCurriculum, PassRateCurriculum, build_curriculum, histogram, pass_rates
-from rl.data import PromptData
-from rl.sampler import Sampler
-from rl.specs import CurriculumSpec, DataSpec, SamplerSpec
+from rl import checkpoint
+from rl.config import resolve as specs
+from rl.config.schema import ConfigError, CurriculumConfig, CurriculumKind, TrainConfig
+from rl.data.curriculum import DifficultyCurriculum, PassRateCurriculum, build_curriculum, histogram, pass_rates
+from rl.data.prompts import PromptData
+from rl.data.sampler import Sampler
+from rl.config.resolve import CurriculumSpec, DataSpec, SamplerSpec
 from rl.types import Sampling
 from tests.unit.test_async import FakeActor, FakeLearner, NumberTokenizer, fake_runtime
 

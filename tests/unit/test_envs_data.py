@@ -150,7 +150,7 @@ def test_env_configs_compose_and_build(tmp_path):
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from rl.config import register_configs
+    from rl.config.schema import register_configs
 
     register_configs()
     conf = str(Path(__file__).resolve().parents[2] / "conf")

@@ -11,13 +11,13 @@ import torch
 from envs.protocol import Episode
 from envs.retry import RetryEnv
 from rl import algorithms
-from rl.config import ConfigError
-from rl.data import turn_seed
+from rl.config.schema import ConfigError
+from rl.data.prompts import turn_seed
 from rl.evaluation import mask_spans
 from rl.rollout.episodes import EnvTokens, run_episodes
-from rl.runtime import _args
-from rl.samples import episode_metrics, kl_reward_penalty, prepare_samples
-from rl.specs import EpisodeSpec
+from rl.runtime.pool import _args
+from rl.data.prepare import episode_metrics, kl_reward_penalty, prepare_samples
+from rl.config.resolve import EpisodeSpec
 from rl.types import Completion, EpisodeInfo, PromptRollout, Sampling, TrainSample
 from tests.helpers import make_learner, run_spec
 

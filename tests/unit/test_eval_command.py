@@ -1,4 +1,4 @@
-"""`python -m rl.eval` without an engine: its config (conf/eval.yaml), the four kinds of trained policy it reads
+"""`python -m rl.tools.eval` without an engine: its config (conf/eval.yaml), the four kinds of trained policy it reads
 (rl/checkpoint.py find_policy), its specs, its table and its choice of eval sets. The engine runs in
 tests/integration/test_eval_command.py."""
 
@@ -10,9 +10,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from rl import checkpoint
-from rl.config import ConfigError
-from rl.eval import compose, format_table, select_items
-from rl.specs import build_eval
+from rl.config.schema import ConfigError
+from rl.tools.eval import compose, format_table, select_items
+from rl.config.resolve import build_eval
 from rl.types import Adapter, TrainedPolicy
 from tests.helpers import REPO
 
@@ -111,11 +111,11 @@ def test_select_items_keeps_the_named_sets_and_names_the_ones_there_are():
 
 
 def test_results_json_is_written_whole(tmp_path):
-    from rl.eval import write_results
+    from rl.tools.eval import write_results
 
     _, cfg = compose([])
     spec = build_eval(cfg, tmp_path, None, model_path="/m")
     path = write_results(spec, {"base": {"eval/accuracy": 0.5}}, "table", ["env=chain_sum"])
     doc = json.loads(path.read_text())
-    assert doc["command"] == "python -m rl.eval env=chain_sum" and doc["metrics"]["base"]["eval/accuracy"] == 0.5
+    assert doc["command"] == "python -m rl.tools.eval env=chain_sum" and doc["metrics"]["base"]["eval/accuracy"] == 0.5
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]

@@ -10,7 +10,7 @@ from math import comb
 import pytest
 from omegaconf import OmegaConf
 
-from rl.config import ConfigError, TrainConfig
+from rl.config.schema import ConfigError, TrainConfig
 from rl.evaluation import atomic_jsonl, eval_metrics, pass_at_k, write_row
 from rl.metrics import MetricsLogger, progress_text
 
@@ -164,9 +164,9 @@ class EchoRuntime:
 
 
 def test_evaluation_keeps_its_reward_counters_out_of_the_next_training_step(tmp_path):
-    from rl.data import PromptData
+    from rl.data.prompts import PromptData
     from rl.evaluation import evaluate
-    from rl.specs import DataSpec, EvalSpec
+    from rl.config.resolve import DataSpec, EvalSpec
     from tests.unit.test_async import NumberTokenizer
 
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": str(i)} for i in range(3)]

@@ -1,15 +1,15 @@
-"""Filters and reward shaping (rl/filters.py) and how a step applies them (rl/samples.py, rl/sampler.py)."""
+"""Filters and reward shaping (rl/data/filters.py) and how a step applies them (rl/data/prepare.py, rl/data/sampler.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rl import filters
-from rl.data import PromptData
-from rl.sampler import Sampler
-from rl.samples import prepare_samples
-from rl.specs import DataSpec, SamplerSpec
+from rl.data import filters
+from rl.data.prompts import PromptData
+from rl.data.sampler import Sampler
+from rl.data.prepare import prepare_samples
+from rl.config.resolve import DataSpec, SamplerSpec
 from rl.types import Completion, PromptRollout, Sampling
 from tests.helpers import run_spec
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl.config import ConfigError
+from rl.config.schema import ConfigError
 from rl.flat import pack, unpack
-from rl.groups import LocalGroup
+from rl.runtime.groups import LocalGroup
 from rl.learner.export import adapter_tensors
 from rl.rollout.vllm_ext import lora_factors
-from rl.runtime import Runtime
-from rl.specs import RuntimeSpec, build
+from rl.runtime.pool import Runtime
+from rl.config.resolve import RuntimeSpec, build
 from rl.types import Adapter
 from tests.helpers import make_learner, typed_config
 

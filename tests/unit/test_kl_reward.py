@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from rl.config import AlgorithmConfig, ConfigError
-from rl.samples import kl_reward_penalty
+from rl.config.schema import AlgorithmConfig, ConfigError
+from rl.data.prepare import kl_reward_penalty
 from rl.types import Completion, PromptRollout
 from tests.helpers import run_spec
 

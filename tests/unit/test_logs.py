@@ -43,7 +43,7 @@ def test_follower_prints_new_warnings_of_each_role_with_its_prefix(tmp_path):
         f.write(VLLM_INFO + "\n" + VLLM_WARNING + "\n" + "\n".join(TRACEBACK) + "\n" + "partial line")
     (tmp_path / "learner0.log").write_text("WARNING a learner's warning\nINFO a learner's info\n")
     with (tmp_path / "driver.log").open("a") as f:  # the driver's own records are not echoed
-        f.write("[rl.placement][WARNING] - x\n")
+        f.write("[rl.runtime.placement][WARNING] - x\n")
     follower.stop()  # the last poll happens here
     assert out.getvalue().splitlines() == [
         "[actor0] (MainProcess pid=1) WARNING 12-01 10:28:32 [cpu.py:224] Triton is not installed.",
@@ -63,12 +63,12 @@ def test_verbose_follower_shows_every_line(tmp_path):
 
 def test_a_role_process_sends_its_output_and_its_children_to_its_log_file(tmp_path):
     """rl/__init__.py redirects file descriptors 1 and 2, so a process the role starts (vLLM's engine core) writes
-    there too; OutputMark (rl/startup.py) reads what was written after it, once although both descriptors point
+    there too; OutputMark (rl/preflight/diagnose.py) reads what was written after it, once although both descriptors point
     to the file."""
     path = tmp_path / "logs" / "actor0.log"
     code = (
         "import rl, subprocess, sys\n"
-        "from rl.startup import OutputMark\n"
+        "from rl.preflight.diagnose import OutputMark\n"
         "print('before the mark')\n"
         "mark = OutputMark()\n"
         "print('to stdout'); print('to stderr', file=sys.stderr)\n"
@@ -93,7 +93,7 @@ def test_a_role_process_sends_its_output_and_its_children_to_its_log_file(tmp_pa
 def test_deterministic_reaches_the_learner_and_gpu_engines(tiny_model, monkeypatch):
     from rl.app import actor_env, learner_env
 
-    # actor_env passes the driver's VLLM_* on; tests that run an engine in this process (local mode, rl.eval) set some
+    # actor_env passes the driver's VLLM_* on; tests that run an engine in this process (local mode, rl.tools.eval) set some
     for key in [k for k in os.environ if k.startswith("VLLM_")]:
         monkeypatch.delenv(key)
     on = run_spec(tiny_model, "deterministic=true")

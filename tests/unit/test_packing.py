@@ -110,7 +110,7 @@ def test_auto_packs_on_cpu_and_falls_back_to_padded_where_the_model_refuses(tiny
     """micro_batch_tokens=null (auto, the default) packs a PEFT learner's rows (CPU and GPU budgets) and pads with
     Unsloth and in deterministic GPU runs; where the model's attention would mix packed sequences, auto trains padded
     with a warning and an explicit budget fails."""
-    from rl.specs import CPU_PACKED_TOKENS, GPU_PACKED_TOKENS, build_from_overrides
+    from rl.config.resolve import CPU_PACKED_TOKENS, GPU_PACKED_TOKENS, build_from_overrides
     from tests.helpers import LEARNER_TEST_OVERRIDES
 
     auto = make_learner(tiny_model)

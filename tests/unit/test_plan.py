@@ -1,4 +1,4 @@
-"""Preflight plan (rl/tools/plan.py, `train.py plan=true`): parameter counts and memory of Qwen2.5 shapes against hand
+"""Preflight plan (rl/preflight/plan.py, `train.py plan=true`): parameter counts and memory of Qwen2.5 shapes against hand
 arithmetic and published numbers, the GPU map, the config-facing wrapper, and the CLI (no Ray, no vLLM, no torch)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from rl.config import ConfigError, TrainConfig
-from rl.tools import plan
+from rl.config.schema import ConfigError, TrainConfig
+from rl.preflight import plan
 from tests.helpers import REPO, run_train
 
 # config.json fields of Qwen/Qwen2.5-0.5B-Instruct and Qwen/Qwen2.5-7B-Instruct (written by hand from the hub files)

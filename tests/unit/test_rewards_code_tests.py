@@ -98,7 +98,7 @@ def test_reward_config_takes_the_sandbox_limits():
 def test_bad_sandbox_config_fails_at_load_naming_the_key():
     from omegaconf import OmegaConf
 
-    from rl.config import ConfigError, SandboxConfig
+    from rl.config.schema import ConfigError, SandboxConfig
 
     with pytest.raises(ConfigError, match="sandbox.cpu_s must be > 0"):
         OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SandboxConfig), {"cpu_s": 0}))

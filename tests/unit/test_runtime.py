@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from rl.config import ConfigError, TrainConfig
-from rl.groups import LocalGroup, merge_learner_metrics, shard_groups
-from rl.runtime import Runtime, VersionMismatch
+from rl.config.schema import ConfigError, TrainConfig
+from rl.runtime.groups import LocalGroup, merge_learner_metrics, shard_groups
+from rl.runtime.pool import Runtime, VersionMismatch
 from rl.types import Completion, PromptRollout, Sampling, TrainSample
 
 

@@ -1,4 +1,4 @@
-"""Per-prompt sampling seeds (rl/data.py prompt_seed): derived from the run seed and the prompt's draw number, they
+"""Per-prompt sampling seeds (rl/data/prompts.py prompt_seed): derived from the run seed and the prompt's draw number, they
 travel with their prompt to whichever actor gets it (a dead actor's prompts, a stale sample's redo), so the
 samples of a prompt are the same whatever the placement, the staleness, the dynamic-sampling rounds or a resume;
 and HF generation with seeds is independent of the batch a prompt is in."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from rl.data import SEED_BITS, prompt_seed
-from rl.groups import LocalGroup
-from rl.runtime import Runtime
-from rl.specs import RuntimeSpec
+from rl.data.prompts import SEED_BITS, prompt_seed
+from rl.runtime.groups import LocalGroup
+from rl.runtime.pool import Runtime
+from rl.config.resolve import RuntimeSpec
 from rl.types import Sampling
 from tests.unit.test_async import FakeActor, FakeLearner, run_loop
 

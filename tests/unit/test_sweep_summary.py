@@ -120,7 +120,7 @@ def test_hydra_config_wires_the_callback_and_the_ray_cluster_launcher():
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from rl.config import register_configs
+    from rl.config.schema import register_configs
     from tests.helpers import REPO
 
     register_configs()

@@ -1,6 +1,6 @@
 """Curricula: which prompts the sampler sends next (`curriculum=none|pass_rate|difficulty`).
 
-The sampler (rl/sampler.py) stays the one owner of the data, its cursor and the queue of batches in flight; a
+The sampler (rl/data/sampler.py) stays the one owner of the data, its cursor and the queue of batches in flight; a
 curriculum is asked for the next batch's prompts (`choose`) and told every generated group's pass rate
 (`observe`: the fraction of its G samples whose reward >= eval_correct_threshold, every round of dynamic sampling
 included, before any filter). Three kinds:
@@ -21,7 +21,7 @@ included, before any filter). Three kinds:
 
 State for checkpoints: the chooser's part (revisit generator, level) is snapshotted before each batch is sent, so
 a checkpoint with batches in flight (staleness > 0) saves the choice point before the oldest of them, as the data
-position is saved (rl/sampler.py); the statistics (pass rates, window) are saved as they are at the checkpoint. At
+position is saved (rl/data/sampler.py); the statistics (pass rates, window) are saved as they are at the checkpoint. At
 staleness 0 nothing is in flight and a resume chooses exactly as the uninterrupted run; with batches in flight the
 resumed run re-chooses them with the newer statistics (the same data position, possibly other skips).
 """
@@ -35,9 +35,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rl.config import ConfigError
-from rl.data import PromptData
-from rl.specs import CurriculumSpec
+from rl.config.schema import ConfigError
+from rl.data.prompts import PromptData
+from rl.config.resolve import CurriculumSpec
 
 # pass-rate histogram buckets of the metrics: exactly 0, (0, 0.5), [0.5, 1), exactly 1
 BUCKETS = ("0", "lt_half", "ge_half", "1")

@@ -1,12 +1,12 @@
-"""Evaluate a base model and a trained policy without training: `python -m rl.eval [overrides]`.
+"""Evaluate a base model and a trained policy without training: `python -m rl.tools.eval [overrides]`.
 
-    python -m rl.eval                                                   # the base model on the env's held-out set
-    python -m rl.eval adapter=outputs/run eval_n_samples=8              # base vs trained, greedy + avg@8 / pass@8
-    python -m rl.eval adapter=outputs/run/checkpoints/step_0010 compare_base=false env=gsm8k reward=boxed
+    python -m rl.tools.eval                                                   # the base model on the env's held-out set
+    python -m rl.tools.eval adapter=outputs/run eval_n_samples=8              # base vs trained, greedy + avg@8 / pass@8
+    python -m rl.tools.eval adapter=outputs/run/checkpoints/step_0010 compare_base=false env=gsm8k reward=boxed
 
 An entry script like train.py, composed by Hydra from conf/eval.yaml: the training groups and keys (model, env,
 reward, cluster, eval_size, eval_n_samples, eval_pass_k, eval_temperature, eval_correct_threshold, ...) mean what they
-mean in a run, plus `adapter`, `compare_base`, `eval_only` and `eval_out` (rl/config.py EvalCommandConfig).
+mean in a run, plus `adapter`, `compare_base`, `eval_only` and `eval_out` (rl/config/schema.py EvalCommandConfig).
 `adapter` is an adapter folder, a run directory, a checkpoint or an HF model folder (rl/checkpoint.py find_policy).
 
 The rollout engine is the run's own (rl/rollout: vLLM, or `cluster.rollout_backend=hf`), one engine in this process
@@ -26,11 +26,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rl.config import ConfigError, EvalCommandConfig, register_configs
+from rl.config.schema import ConfigError, EvalCommandConfig, register_configs
 from rl.entry import build_target, fail, one_line_config_error
-from rl.specs import EvalCommandSpec
+from rl.config.resolve import EvalCommandSpec
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 
 def compose(argv: list[str]) -> tuple[Any, EvalCommandConfig]:
@@ -74,10 +74,10 @@ def evaluate_policies(spec: EvalCommandSpec, env: Any, reward_fn: Any) -> dict[s
     from rl import evaluation, logs
     from rl.app import actor_env
     from rl.checkpoint import read_adapter
-    from rl.data import PromptData
-    from rl.groups import LocalGroup
+    from rl.data.prompts import PromptData
+    from rl.runtime.groups import LocalGroup
     from rl.rollout import rollout_class
-    from rl.runtime import Runtime
+    from rl.runtime.pool import Runtime
 
     tokenizer = AutoTokenizer.from_pretrained(spec.rollout.model_path, trust_remote_code=spec.rollout.trust_remote_code)
     data = PromptData(select_items(env.eval_items(), spec.eval_only, spec.eval.size), tokenizer, spec.data)
@@ -157,7 +157,7 @@ def write_results(spec: EvalCommandSpec, results: dict[str, dict[str, float]], t
     from rl.atomic import replace_when_done, write_bytes
 
     doc = {
-        "command": "python -m rl.eval " + " ".join(argv),
+        "command": "python -m rl.tools.eval " + " ".join(argv),
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "model": spec.rollout.model_path,
         "policy": spec.policy.describe() if spec.policy else None,
@@ -176,7 +176,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 0
     dcfg, cfg = compose(argv)
-    from rl import specs
+    from rl.config import resolve as specs
     from rl.checkpoint import find_policy  # imports torch: after the config is known to be valid
 
     out_dir = Path(cfg.eval_out or f"outputs/eval/{dt.datetime.now():%Y-%m-%d/%H-%M-%S}")

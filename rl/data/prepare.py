@@ -12,8 +12,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from rl import algorithms, filters
-from rl.specs import SampleSpec
+from rl import algorithms
+from rl.data import filters
+from rl.config.resolve import SampleSpec
 from rl.types import Completion, PromptRollout, TrainSample, completions_of
 
 RefLogprobs = Callable[[list[PromptRollout]], list[list[float]]]

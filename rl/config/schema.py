@@ -3,7 +3,7 @@
 The shapes, defaults and one-line descriptions live here; `conf/*.yaml` states only what differs from them. Hydra
 merges every YAML file and command-line override into these dataclasses, so an unknown key or a wrong type fails
 at composition time. Cross-field checks are in `__post_init__` and raise `ConfigError` naming the key and the fix;
-registry names and `auto` values are resolved right after, by rl/specs.py, before anything starts.
+registry names and `auto` values are resolved right after, by rl/config/resolve.py, before anything starts.
 
 This module must stay import-light (no torch, no vllm, no ray): `python train.py --help` imports it.
 
@@ -41,13 +41,13 @@ class RolloutBackend(str, Enum):
 
 
 class LearnerBackend(str, Enum):
-    auto = "auto"  # unsloth on CUDA when the package is installed, else peft (resolved in rl/specs.py)
+    auto = "auto"  # unsloth on CUDA when the package is installed, else peft (resolved in rl/config/resolve.py)
     peft = "peft"  # transformers + PEFT LoRA (any device; bitsandbytes NF4 with model.load_in_4bit on CUDA)
     unsloth = "unsloth"  # Unsloth FastLanguageModel (CUDA only)
 
 
 class LoraMode(str, Enum):
-    auto = "auto"  # = merged on every device (rl/specs.py says why)
+    auto = "auto"  # = merged on every device (rl/config/resolve.py says why)
     merged = "merged"  # each adapter version merged into the engine's weights (base-model decode speed)
     native = "native"  # vLLM's LoRA kernels (LoRARequest), the adapter kept apart from the weights
 
@@ -95,7 +95,7 @@ class LoggerKind(str, Enum):
 
 class CurriculumKind(str, Enum):
     none = "none"  # prompts in the data's seeded order
-    pass_rate = "pass_rate"  # skip prompts whose recent pass rate says solved or hopeless (rl/curriculum.py)
+    pass_rate = "pass_rate"  # skip prompts whose recent pass rate says solved or hopeless (rl/data/curriculum.py)
     difficulty = "difficulty"  # raise a reasoning-gym task's difficulty level when its accuracy passes raise_at
 
 
@@ -350,7 +350,7 @@ class ClusterConfig:
 
 @dataclass
 class CurriculumConfig:
-    kind: CurriculumKind = CurriculumKind.none  # none | pass_rate | difficulty (rl/curriculum.py)
+    kind: CurriculumKind = CurriculumKind.none  # none | pass_rate | difficulty (rl/data/curriculum.py)
     solved: float = 1.0  # pass_rate: skip a prompt whose recent pass rate is >= this (1: every sample correct)
     hopeless: float = 0.0  # pass_rate: skip a prompt whose recent pass rate is <= this (0: no sample correct)
     ema: float = 0.5  # pass_rate: weight of the old estimate when a visit's pass rate is folded in (0: last visit only)
@@ -441,7 +441,7 @@ class TrainConfig:
     keep_last: int = 2  # checkpoints kept; older ones are deleted after each save (0: keep all)
     max_nonfinite_steps: int = 3  # stop the run after this many steps in a row with a NaN/inf loss (each is skipped)
     resume: str | None = None  # null: start fresh | auto: latest checkpoint in output_dir | a checkpoints/step_N path
-    plan: bool = False  # print the GPU map and a memory estimate per role, then exit (nothing starts; rl/tools/plan.py)
+    plan: bool = False  # print the GPU map and a memory estimate per role, then exit (nothing starts; rl/preflight/plan.py)
     plan_gpu_memory_gib: float | None = None  # GPU memory plan=true assumes per GPU (null: nvidia-smi's, else 80)
 
     def __post_init__(self) -> None:
@@ -519,7 +519,7 @@ class TrainConfig:
 
 @dataclass
 class EvalCommandConfig(TrainConfig):
-    """`python -m rl.eval` (conf/eval.yaml): the training config (the same groups and eval_* keys, so a run's
+    """`python -m rl.tools.eval` (conf/eval.yaml): the training config (the same groups and eval_* keys, so a run's
     overrides evaluate it as it was trained) plus what to evaluate and where to write it."""
 
     adapter: str | None = (
@@ -531,7 +531,7 @@ class EvalCommandConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.eval_size > 0, f"eval_size must be > 0 for python -m rl.eval (got {self.eval_size})")
+        _check(self.eval_size > 0, f"eval_size must be > 0 for python -m rl.tools.eval (got {self.eval_size})")
         _check(
             self.adapter is not None or self.compare_base,
             "compare_base=false without adapter=... evaluates nothing: give adapter=<adapter folder, run dir or checkpoint>",

@@ -17,7 +17,7 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from rl.config import ConfigError
+from rl.config.schema import ConfigError
 
 EMBEDDED = {
     # name: (distribution, file inside it, folder name in the cache)

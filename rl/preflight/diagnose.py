@@ -6,7 +6,7 @@ can be computed) that fixes it. The one place that turns a start-up error into w
   what those processes wrote (`OutputMark`: a Ray actor's stdout and stderr are one file, `<run dir>/logs/
   actor0.log` (rl/logs.py), which the processes it starts inherit) and raises `EngineStartError` with the root
   cause (`engine_root_cause`).
-- rl/placement.py (Ray actors) and rl/app.py (cluster.mode=local) turn a role's failed constructor into
+- rl/runtime/placement.py (Ray actors) and rl/app.py (cluster.mode=local) turn a role's failed constructor into
   `RoleStartFailed(role, cause)`, the cause as one `Type: message` line (`cause_of`; from a Ray actor only the
   text of its traceback arrives); rl/app.py makes it a `StartupError` with `explain(role, cause, spec)`.
 - A placement group Ray cannot place is described by `placement_failure` (the resources asked, those the
@@ -208,7 +208,7 @@ def _short(text: str, n: int = 240) -> str:
 def _kv_need(spec: Any) -> tuple[float, int, int]:
     """(KV bytes, sequences, tokens each) one actor needs to hold the step's sequences at once (0 bytes when the
     model's shape is unknown)."""
-    from rl.tools.plan import DTYPE_BYTES, load_shape
+    from rl.preflight.plan import DTYPE_BYTES, load_shape
 
     seqs = math.ceil(spec.sampler.prompts_per_step * spec.sampler.sampling.n / spec.placement.num_actors)
     seq_len = spec.rollout.max_model_len
@@ -234,7 +234,7 @@ def _cpu_kv_cache(cause: str, spec: Any) -> str | None:
     m = _CPU_KV.search(cause)
     if not m:
         return None
-    from rl.tools.plan import vllm_cpu_fraction
+    from rl.preflight.plan import vllm_cpu_fraction
 
     node, available, total, kv, requested = m.group(1), *map(float, m.groups()[1:])
     used = requested - kv
@@ -307,7 +307,7 @@ def _kv_too_small(cause: str, spec: Any) -> str | None:
         seq_len, needed, have = int(m.group(1)), float(m.group(2)), float(m.group(3))
         suggestion = ""
         if not spec.placement.use_gpu:
-            from rl.tools.plan import numa_node_memory
+            from rl.preflight.plan import numa_node_memory
 
             total = numa_node_memory().total / GiB
             suggestion = f"={math.ceil(100 * (f + 1.1 * (needed - have) / total)) / 100:g}"
@@ -371,7 +371,7 @@ def _cpu_kv_hint(spec: Any) -> str:
     that the share leaves none, else ''."""
     if spec.placement.use_gpu or spec.rollout.backend.value != "vllm":
         return ""
-    from rl.tools.plan import DTYPE_BYTES, load_shape, numa_node_memory, vllm_cpu_fraction, vllm_cpu_non_kv_bytes
+    from rl.preflight.plan import DTYPE_BYTES, load_shape, numa_node_memory, vllm_cpu_fraction, vllm_cpu_non_kv_bytes
 
     try:
         shape, _ = load_shape(spec.model_path)
@@ -396,7 +396,7 @@ def _cpu_kv_hint(spec: Any) -> str:
 def _plan_memory(spec: Any) -> str:
     """'plan=true estimates actor X GiB, learner Y GiB of a Z GiB GPU; ' for a run's spec, or ''."""
     try:
-        from rl.tools import plan
+        from rl.preflight import plan
 
         shape, _ = plan.load_shape(spec.model_path)
         if shape is None:

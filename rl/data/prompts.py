@@ -1,5 +1,5 @@
 """Training and held-out prompts: tokenised once (chat template applied here) and served in a seeded, repeating
-order whose position a checkpoint saves. The sampler (rl/sampler.py) is the only reader of the cursor. Also the
+order whose position a checkpoint saves. The sampler (rl/data/sampler.py) is the only reader of the cursor. Also the
 sampling seed of each prompt's request (`prompt_seed`), derived from where the prompt sits in the run."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import hashlib
 import random
 from typing import Any
 
-from rl.config import ConfigError
-from rl.specs import DataSpec
+from rl.config.schema import ConfigError
+from rl.config.resolve import DataSpec
 
 
 class PromptData:

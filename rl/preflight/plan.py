@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl.config import ConfigError
-from rl.specs import resolve_lora_mode, resolve_micro_batch_tokens
+from rl.config.schema import ConfigError
+from rl.config.resolve import resolve_lora_mode, resolve_micro_batch_tokens
 
 GiB = 1024**3
 NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)  # 4-bit code + 8-bit absmax per 64 + fp32 per 256 absmax blocks = 4.127
@@ -158,7 +158,7 @@ class ModelShape:
 def load_shape(path: str) -> tuple[ModelShape | None, str]:
     """Shapes for `model.path` without loading the model: (shape, where config.json came from) or (None, why
     not). A local path that is not a model folder is a ConfigError (the run would fail the same way)."""
-    from rl import models
+    from rl import model_path as models
 
     if path.startswith("embedded:"):
         name = path.removeprefix("embedded:")
@@ -365,7 +365,7 @@ def ram_bytes() -> float:
 
 def vllm_cpu_non_kv_bytes(weights: float) -> float:
     """What a vLLM CPU engine's process uses when it sizes its KV cache, for `weights` bytes of weights (the
-    estimate behind VLLM_CPU_BASE_BYTES; a failed start reports the real number, see rl/startup.py)."""
+    estimate behind VLLM_CPU_BASE_BYTES; a failed start reports the real number, see rl/preflight/diagnose.py)."""
     return VLLM_CPU_BASE_BYTES + VLLM_CPU_WEIGHT_FACTOR * weights
 
 

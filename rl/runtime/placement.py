@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from rl.errors import UserFacingError
-from rl.groups import MemberDied
+from rl.runtime.groups import MemberDied
 from rl.logs import role_log_env
-from rl.runtime import Runtime
-from rl.specs import PlacementSpec, RuntimeSpec
-from rl.startup import RoleStartFailed, cause_of
+from rl.runtime.pool import Runtime
+from rl.config.resolve import PlacementSpec, RuntimeSpec
+from rl.preflight.diagnose import RoleStartFailed, cause_of
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class RayStartError(UserFacingError):
@@ -238,11 +238,11 @@ def wait_placed(
 ) -> None:
     """Wait until Ray has placed the group, at most `timeout_s`; with `fail_fast` (a local Ray: no autoscaler adds
     nodes) stop as soon as Ray calls it infeasible. A group not placed is removed and ends the run with the
-    resources asked and those the cluster has (rl/startup.py)."""
+    resources asked and those the cluster has (rl/preflight/diagnose.py)."""
     import ray
     from ray.util.placement_group import placement_group_table, remove_placement_group
 
-    from rl.startup import placement_failure
+    from rl.preflight.diagnose import placement_failure
 
     t0 = time.monotonic()
     ready = pg.ready()
@@ -270,7 +270,7 @@ def build_ray_runtime(p: PlacementSpec, runtime_spec: RuntimeSpec, *, rollout: R
     pg, plans = place_roles(p)
     handles: dict[str, list] = {"actor": [], "learner": []}
 
-    def wait_ready(role: str) -> None:  # a constructor's error (model load, engine start), role named: rl/startup.py
+    def wait_ready(role: str) -> None:  # a constructor's error (model load, engine start), role named: rl/preflight/diagnose.py
         for i, h in enumerate(handles[role]):
             try:
                 ray.get(h.__ray_ready__.remote())

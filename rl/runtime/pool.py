@@ -1,6 +1,6 @@
 """The roles of a run (rollout actors, learners) driven as one: sharding, adapter versions, sync, actor faults.
 
-`Runtime` holds two groups of role members (rl/groups.py: in this process or Ray actors) and splits work among
+`Runtime` holds two groups of role members (rl/runtime/groups.py: in this process or Ray actors) and splits work among
 them. The logic (sharding prompts, publishing the adapter, checking versions, replacing dead actors' work) is
 written once, here.
 
@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl.groups import Group, MemberDied, merge_learner_metrics, shard, shard_groups
-from rl.specs import RuntimeSpec
+from rl.runtime.groups import Group, MemberDied, merge_learner_metrics, shard, shard_groups
+from rl.config.resolve import RuntimeSpec
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample, completions_of, prompts_of
 
 REJOIN_TIMEOUT_S = 600.0  # how long to wait for a restarting actor when no other actor is live
@@ -57,7 +57,7 @@ class Runtime:
     `actor_max_restarts` times); its prompts go to a live actor; the restarted one (a restart runs __init__ again:
     base model, version 0) gets no work until it answers again, and then the current adapter before anything
     else; a console line and `fault/actor_restarts` say so. A learner's death is not handled here: it ends the
-    run (rl/driver.py). The probe of each sync is rl/probe.py's; the calls it makes are here.
+    run (rl/driver.py). The probe of each sync is rl/runtime/probe.py's; the calls it makes are here.
 
     Learner generation (`learner_chunk_size`, DistRL-LLM): the first chunk of each generate call's prompts goes
     to the learners, which sample them with their own model concurrently with the actors.
@@ -118,7 +118,7 @@ class Runtime:
         generation, DistRL-LLM), the rest sharded over the live actors. Calls queue behind each member's earlier
         calls, so an adapter load sent before applies to them and one sent after does not. `items` (the prompts'
         env items) go to the actors only with a multi-turn env, whose episodes start from them. `seeds` (one per
-        prompt, rl/data.py prompt_seed) travel with their prompts wherever they go, a re-sent prompt's included,
+        prompt, rl/data/prompts.py prompt_seed) travel with their prompts wherever they go, a re-sent prompt's included,
         so a prompt's samples do not depend on the actor or batch it lands in; None samples unseeded."""
         n_learn = min(self.learner_chunk_size * len(self.learners), len(prompts))
         learner_parts = shard(prompts[:n_learn], len(self.learners)) if n_learn else []

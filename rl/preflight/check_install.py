@@ -1,4 +1,4 @@
-"""`python -m rl.tools.check_install`: fail fast, with one line per problem, if the environment cannot run the demo.
+"""`python -m rl.preflight.check_install`: fail fast, with one line per problem, if the environment cannot run the demo.
 
 Run at the end of `make install`; catches what a pip resolve does not (PyPI's torchvision beside the CPU torch
 breaks transformers' model classes; the embedded model wheel must be present).
@@ -37,7 +37,7 @@ def main() -> int:
                 f"{banned} is installed and breaks transformers beside torch 2.13 CPU: pip uninstall {banned}"
             )
     try:
-        from rl.models import embedded_gguf
+        from rl.model_path import embedded_gguf
 
         embedded_gguf("smollm2-135m-instruct")
     except Exception as e:  # noqa: BLE001

@@ -3,7 +3,7 @@
 The sampler is the one owner of the data cursor and of the queue depth (`cluster.staleness`, ColossalChat's
 `n_behind`; the one-step overlap of AReaL/PipelineRL in its simplest form). With staleness k the prompts of step t
 are sent to the actors when step t-k starts, so while the learners train on step t the actors already generate
-steps t+1..t+k with the adapter of an earlier step (at most k syncs old; rl/runtime.py enforces the bound and the
+steps t+1..t+k with the adapter of an earlier step (at most k syncs old; rl/runtime/pool.py enforces the bound and the
 loss's importance ratio uses the behaviour logprobs the actors return). Nothing here waits early: each actor runs
 its calls in order, so an adapter load sent after a generation applies to the generations sent after it.
 k = 0 is the synchronous loop (one batch in flight, sent at the start of its own step).
@@ -14,13 +14,13 @@ drawn in data order) and the queue is refilled behind it, so prompts are always 
 drawn. A checkpoint saves the data position before the oldest batch still in flight: a resumed run generates those
 prompts again (with the checkpoint's adapter) and never skips or repeats a trained prompt.
 
-Which prompts a batch holds is the curriculum's choice (rl/curriculum.py; `curriculum=none` is the data order):
+Which prompts a batch holds is the curriculum's choice (rl/data/curriculum.py; `curriculum=none` is the data order):
 the sampler asks it for the next batch when it sends one, and tells it every generated group's pass rate when it
 collects one, every dynamic-sampling round included. A curriculum may also hand over a new set of prompts (a
 raised difficulty level): batches in flight keep the prompts they were drawn from.
 
 Each prompt's request carries a seed derived from the run seed and the prompt's draw number in the data stream
-(`rl.data.prompt_seed`), so its samples are the same whichever actor, batch or round it lands in, and a resumed
+(`rl.data.prompts.prompt_seed`), so its samples are the same whichever actor, batch or round it lands in, and a resumed
 run (which draws from the saved data position again) sends the same seeds as an uninterrupted one.
 """
 
@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rl import filters
-from rl.curriculum import Curriculum, Sequential, pass_rates
-from rl.data import PromptData, prompt_seed
-from rl.runtime import PendingGeneration, Runtime
-from rl.specs import SamplerSpec
+from rl.data import filters
+from rl.data.curriculum import Curriculum, Sequential, pass_rates
+from rl.data.prompts import PromptData, prompt_seed
+from rl.runtime.pool import PendingGeneration, Runtime
+from rl.config.resolve import SamplerSpec
 from rl.types import PromptRollout, completions_of
 
 RewardFn = Callable[..., list[float]]
@@ -167,7 +167,7 @@ class Sampler:
 
     def state_dict(self) -> dict:
         """The data position a checkpoint saves: before the oldest batch still in flight (see the module doc), with
-        the curriculum's state (its choice point then, its statistics now: rl/curriculum.py)."""
+        the curriculum's state (its choice point then, its statistics now: rl/data/curriculum.py)."""
         if self._pending:
             before = self._pending[0].before
         else:

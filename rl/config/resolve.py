@@ -5,7 +5,7 @@ overlong buffer, output folders, `model.path`), checks the registry names (advan
 and returns a `RunSpec`. Every role takes its own spec (`LearnerSpec`, `RolloutSpec`, `PlacementSpec`, ...), so a
 knob reaches its use as a typed field and never through a keyword list copied from layer to layer.
 
-Import-light at module level (no torch, no vllm, no ray): `rl/tools/plan.py` resolves with it too.
+Import-light at module level (no torch, no vllm, no ray): `rl/preflight/plan.py` resolves with it too.
 
 Past 400 lines because it is the one reader of the config: every role's spec and every `auto` it resolves sit
 here, so that no other module reads a config key; split, the resolutions would need each other's specs.
@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from rl.config import (
+from rl.config.schema import (
     ClusterMode,
     ConfigError,
     EvalCommandConfig,
@@ -144,7 +144,7 @@ class PlacementSpec:
 
 @dataclass(frozen=True)
 class RuntimeSpec:
-    """How the driver spreads work over the roles (rl/runtime.py)."""
+    """How the driver spreads work over the roles (rl/runtime/pool.py)."""
 
     staleness: int = 0  # adapter versions the actors may lag (the version bound; the sampler keeps that many ahead)
     actor_max_restarts: int = 0
@@ -156,7 +156,7 @@ class RuntimeSpec:
 
 @dataclass(frozen=True)
 class CurriculumSpec:
-    """Which prompts the sampler sends next (rl/curriculum.py); the fields are `curriculum.*` (rl/config.py)."""
+    """Which prompts the sampler sends next (rl/data/curriculum.py); the fields are `curriculum.*` (rl/config/schema.py)."""
 
     kind: str = "none"  # none | pass_rate | difficulty
     threshold: float = 1.0  # a sample passes when its reward >= this (eval_correct_threshold)
@@ -172,7 +172,7 @@ class CurriculumSpec:
 
 @dataclass(frozen=True)
 class SamplerSpec:
-    """One step's batch (rl/sampler.py): prompts, sampling, the queue depth, dynamic sampling, the curriculum."""
+    """One step's batch (rl/data/sampler.py): prompts, sampling, the queue depth, dynamic sampling, the curriculum."""
 
     prompts_per_step: int
     sampling: Sampling
@@ -180,12 +180,12 @@ class SamplerSpec:
     filter_range: tuple[float, float] | None = None  # dynamic sampling (DAPO eq. 11): keep groups in this range
     max_rounds: int = 1  # batches generated at most per step
     curriculum: CurriculumSpec = CurriculumSpec()
-    seed: int = 0  # the run seed: each prompt's sampling seed derives from it (rl/data.py prompt_seed)
+    seed: int = 0  # the run seed: each prompt's sampling seed derives from it (rl/data/prompts.py prompt_seed)
 
 
 @dataclass(frozen=True)
 class SampleSpec:
-    """From rewards to the learner's samples (rl/samples.py): shaping, advantages, masks, selection."""
+    """From rewards to the learner's samples (rl/data/prepare.py): shaping, advantages, masks, selection."""
 
     advantage: str  # ADVANTAGE_ESTIMATORS name
     group_size: int
@@ -365,13 +365,13 @@ def check_run_dir_is_new(cfg: TrainConfig, run_dir: Path) -> None:
 def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None, new_run: bool = True) -> RunSpec:
     """The run's specs. `model_path` defaults to resolving `model.path` (converts an embedded model once);
     `new_run`: `run_dir` is a training run's directory (another run's is refused unless it resumes)."""
-    from rl.filters import default_overlong_buffer
+    from rl.data.filters import default_overlong_buffer
 
     check_registry_names(cfg)
     if new_run:
         check_run_dir_is_new(cfg, Path(run_dir))
     if model_path is None:
-        from rl.models import resolve_model_path
+        from rl.model_path import resolve_model_path
 
         model_path = resolve_model_path(cfg.model.path)
     m, a, c = cfg.model, cfg.algorithm, cfg.cluster
@@ -525,7 +525,7 @@ def build(cfg: TrainConfig, run_dir: Path, *, model_path: str | None = None, new
 
 @dataclass(frozen=True)
 class EvalCommandSpec:
-    """`python -m rl.eval` resolved: one rollout engine per policy (the base model, then the trained policy), the
+    """`python -m rl.tools.eval` resolved: one rollout engine per policy (the base model, then the trained policy), the
     evaluation, which eval sets, and where the results go."""
 
     rollout: RolloutSpec  # the base model's engine (a trained HF model folder gets a copy with its path)

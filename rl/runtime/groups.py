@@ -1,7 +1,7 @@
 """The members of one role behind one interface, in this process or as Ray actors, and how work is split.
 
 A `Group` is either plain objects called in this process (`LocalGroup`, cluster.mode=local and tests) or Ray actor
-handles (`rl/placement.py`'s RayGroup); `rl/runtime.py` is written once against the interface.
+handles (`rl/runtime/placement.py`'s RayGroup); `rl/runtime/pool.py` is written once against the interface.
 """
 
 from __future__ import annotations
