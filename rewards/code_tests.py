@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 from envs.sandbox import SandboxLimits, run_many
 
-_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+_LANGS = ("python3", "python", "py")  # fence tags that open a Python block (any case); a bare fence does too
+_BLANK = " \t"
 MARK = "#rlft-result "  # starts each result line the harness prints
 
 _HARNESS = """\
@@ -44,17 +44,57 @@ for _i, _args in enumerate(_inputs):
 
 def extract_code(completion: str) -> str:
     """The last fenced code block (```python, ```py or bare ```; an unclosed last fence runs to the end), or the
-    whole completion when it has none."""
-    blocks = _FENCE.findall(completion)
-    return blocks[-1] if blocks else completion
+    whole completion when it has none.
+
+    A hand-written scanner, linear in the completion's length: it runs in the trainer on whatever the model wrote,
+    outside every sandbox limit, and a regex with two optional blank runs around the tag backtracks
+    quadratically on a fence followed by a long run of blanks."""
+    text, block, start = completion, None, _fence(completion, 0)
+    while start >= 0:
+        body = _opened_at(text, start + 3)
+        if body is None:
+            start = _fence(text, start + 1)
+            continue
+        end = _fence(text, body)
+        if end < 0:
+            return text[body:]
+        block, start = text[body:end], _fence(text, end + 3)
+    return completion if block is None else block
+
+
+def _fence(text: str, at: int) -> int:
+    return text.find("```", at)
+
+
+def _opened_at(text: str, i: int) -> int | None:
+    """Where the code starts when a fence's tag and blanks from `i` end with a newline, else None."""
+    n = len(text)
+    while i < n and text[i] in _BLANK:
+        i += 1
+    if i < n and text[i] == "\n":
+        return i + 1
+    for lang in _LANGS:
+        if text[i : i + len(lang)].lower() == lang:
+            j = i + len(lang)
+            while j < n and text[j] in _BLANK:
+                j += 1
+            if j < n and text[j] == "\n":
+                return j + 1
+    return None
 
 
 def same_value(got: Any, want: Any) -> bool:
-    """Decoded JSON values equal: same kind (a bool never equals a number), floats within 1e-6 relative."""
+    """Decoded JSON values equal: same kind (a bool never equals a number), integers exactly, floats within 1e-6
+    relative (an integer too large for a float, NaN or an infinity is simply unequal to a float, never an error)."""
     if isinstance(want, bool) or isinstance(got, bool):
         return type(got) is type(want) and got == want
+    if type(want) is int and type(got) is int:
+        return got == want
     if isinstance(want, int | float) and isinstance(got, int | float):
-        return math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9)
+        try:
+            return math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9)
+        except OverflowError:
+            return False
     if isinstance(want, list) and isinstance(got, list):
         return len(got) == len(want) and all(same_value(g, w) for g, w in zip(got, want))
     if isinstance(want, dict) and isinstance(got, dict):
@@ -63,60 +103,93 @@ def same_value(got: Any, want: Any) -> bool:
 
 
 def parse_results(stdout: str, n: int) -> dict[int, Any]:
-    """index -> reported value (the first report of each index; a test that raised reports nothing usable)."""
+    """index -> reported value (the first report of each index; a test that raised reports nothing usable).
+
+    Any line a program can print is either a report or ignored: malformed JSON, nesting deep enough to exhaust the
+    parser's recursion, integers past Python's digit limit and the like are skipped, never raised."""
     out: dict[int, Any] = {}
     for line in stdout.split("\n"):
         if not line.startswith(MARK):
             continue
         try:
             rec = json.loads(line[len(MARK) :])
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(rec, list) and len(rec) == 2 and type(rec[0]) is int and 0 <= rec[0] < n and rec[0] not in out:
             out[rec[0]] = rec[1]
     return out
 
 
+def score_output(stdout: str, want: list[Any]) -> tuple[float, str]:
+    """(pass fraction, reason) of a program's output against the expected values (as JSON gives them back)."""
+    got = parse_results(stdout, len(want))
+    passed = 0
+    for i, w in enumerate(want):
+        try:
+            passed += i in got and same_value(got[i], w)
+        except RecursionError:  # a reported value nested past the interpreter's depth: not a pass
+            pass
+    if not got:
+        return 0.0, "no result reported"
+    return passed / len(want), f"{passed}/{len(want)} tests passed"
+
+
+def _cases(meta: Any) -> tuple[str, list[dict]] | None:
+    """(entry point, tests) when the item carries well-formed tests, else None."""
+    if not isinstance(meta, dict):
+        return None
+    entry, cases = meta.get("entry_point"), meta.get("tests")
+    if not isinstance(entry, str) or not isinstance(cases, list) or not cases:
+        return None
+    if not all(isinstance(c, dict) and isinstance(c.get("input"), list | tuple) and "output" in c for c in cases):
+        return None
+    return entry, cases
+
+
 class CodeTestsReward:
     """Pass fraction (0..1) of each item's tests, each completion's program run in the sandbox.
 
-    limits: the sandbox config (`${sandbox}`: cpu_s, wall_s, memory_mb, max_procs, max_output_bytes, workers);
-    workers programs run at once.
+    limits: the sandbox config (`${sandbox}`, the fields of envs.sandbox.SandboxLimits, or that object itself);
+    `limits.workers` programs run at once. Every program output yields a score (0 when it reports nothing usable)
+    and `reasons` says why, per completion of the last call; nothing a program prints can raise here.
     """
 
     check_suite = "code"  # rewards/check.py judges it with the code suite (rewards/check_code.py)
 
-    def __init__(self, limits: dict[str, Any] | None = None):
-        cfg = dict(limits or {})
-        self.workers = int(cfg.pop("workers", 2))
-        self.limits = SandboxLimits(**cfg)
+    def __init__(self, limits: dict[str, Any] | SandboxLimits | None = None):
+        self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**dict(limits or {}))
         self.errors = self.timeouts = 0
+        self.reasons: list[str] = []  # why each completion of the last call scored what it did
         self._seconds: list[float] = []
+
+    @property
+    def workers(self) -> int:
+        return self.limits.workers
 
     def __call__(
         self, completions: list[str], *, answer: list[Any] | None = None, metadata: list[dict], **kwargs
     ) -> list[float]:
         jobs, tests, scores = [], [], [0.0] * len(completions)
+        self.reasons = ["item has no tests"] * len(completions)
         for k, (text, meta) in enumerate(zip(completions, metadata)):
-            cases = (meta or {}).get("tests")
-            entry = (meta or {}).get("entry_point")
-            if not cases or not isinstance(entry, str):
+            found = _cases(meta)
+            if found is None:
                 self.errors += 1  # the item has no tests: a data problem, counted, never a crash
                 continue
-            program = _HARNESS.format(code=extract_code(text), mark=MARK)
+            entry, cases = found
+            program = _HARNESS.format(code=extract_code(str(text)), mark=MARK)
             stdin = json.dumps([entry, [c["input"] for c in cases]]) + "\n"
             jobs.append((program, stdin))
             tests.append((k, cases))
-        for (k, cases), res in zip(tests, run_many(jobs, self.limits, self.workers)):
+        for (k, cases), res in zip(tests, run_many(jobs, self.limits, self.limits.workers)):
             self._seconds.append(res.seconds)
             self.timeouts += res.timed_out
             if res.error and res.error.startswith("sandbox"):
                 self.errors += 1
-            got = parse_results(res.stdout, len(cases))
             # the expected values as JSON gives them back (tuples are lists, dict keys strings), like the reports
             want = [json.loads(json.dumps(c["output"])) for c in cases]
-            passed = sum(i in got and same_value(got[i], w) for i, w in enumerate(want))
-            scores[k] = passed / len(cases)
+            scores[k], why = score_output(res.stdout, want)
+            self.reasons[k] = f"{why} ({res.error})" if res.error else why
         return scores
 
     def pop_metrics(self) -> dict[str, float]:
