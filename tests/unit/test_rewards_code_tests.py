@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from envs.code_tasks import FAMILIES, CodeTasksEnv, make_item
 from rewards.check import build_reward, run_check
 from rewards.check_code import CODE_EXPLOITS, CODE_PROBLEMS
-from rewards.code_tests import CodeTestsReward, extract_code, parse_results, same_value
+from rewards.code_tests import MARK, CodeTestsReward, extract_code, parse_results, same_value, score_output
 
 LIMITS = {"cpu_s": 1, "wall_s": 2, "memory_mb": 256, "max_output_bytes": 8192, "workers": 2}
 
@@ -41,8 +42,6 @@ def test_same_value_is_strict_about_kinds_and_tolerant_about_float_rounding():
 
 
 def test_parse_results_keeps_the_first_report_of_each_index():
-    from rewards.code_tests import MARK
-
     out = f"noise\n{MARK}[0, 5]\n{MARK}[0, 6]\n{MARK}[9, 1]\n{MARK}not json\n{MARK}[1, [1, 2]]\n"
     assert parse_results(out, 2) == {0: 5, 1: [1, 2]}
 
@@ -141,3 +140,118 @@ def test_every_family_has_at_least_30_distinct_tasks():
     rng = random.Random(0)
     sizes = {f.name: len({repr(f.params(rng)) for _ in range(3000)}) for f in FAMILIES}
     assert min(sizes.values()) >= 30, sizes
+
+
+# ------------------------------------------------------------------ the trainer side of the reward (attack class 7)
+
+_OLD_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+def _regex_extract(text: str) -> str:
+    """The regex extract_code replaced: the scanner must agree with it wherever it finishes."""
+    blocks = _OLD_FENCE.findall(text)
+    return blocks[-1] if blocks else text
+
+
+def test_extract_code_agrees_with_the_regex_it_replaced_on_random_text():
+    rng = random.Random(0)
+    alphabet = ["`", "``", "```", " ", "\t", "\n", "\r", "py", "python", "Python3", "x = 1", "PY", "3", "pyt"]
+    for _ in range(5000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 24)))
+        assert extract_code(text) == _regex_extract(text), repr(text)
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "```" + " " * 1_000_000,  # the regex backtracks between the two blank runs: about 10^11 steps
+        "```py" + " \t" * 500_000,
+        "```" * 400_000,
+        "```python\n" * 100_000,
+        "``" + "` " * 500_000,
+        "```python\nx = 1\n" + "````" * 250_000,
+    ],
+    ids=["blanks", "tag-blanks", "fences", "openers", "half-fences", "closers"],
+)
+def test_extract_code_is_linear_on_a_megabyte_of_adversarial_text(completion):
+    """Sizes at which a quadratic scan would not finish within any test run; the results are the regex's on a
+    cut-down copy of the same shape."""
+    out = extract_code(completion)
+    assert isinstance(out, str) and len(out) <= len(completion)
+    small = completion[:3000]
+    assert extract_code(small) == _regex_extract(small)
+
+
+def _json_bomb(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize(
+    "stdout",
+    [
+        f"{MARK}[0, {_json_bomb(100_000)}]",  # nesting past the JSON parser's recursion limit
+        f"{MARK}[0, {'9' * 50_000}]",  # an integer past Python's digit limit
+        f"{MARK}[0, 1{'0' * 400}]\n{MARK}[1, NaN]\n{MARK}[2, Infinity]\n{MARK}[3, -Infinity]",
+        f'{MARK}[0, "\ufffd\ufffd"]\n{MARK}[1, "a\\u0000b"]\n\x00\x00{MARK}[2, 5]',
+        f"{MARK}" + "x" * 3_000_000,
+        "\n".join(f'{MARK}[{i}, {{"a": [1, 2, {{"b": null}}]}}]' for i in range(50_000)),
+        f'{MARK}[true, 5]\n{MARK}[-1, 5]\n{MARK}[1e300, 5]\n{MARK}{{"0": 5}}\n{MARK}[0]\n{MARK}null',
+    ],
+    ids=["deep", "digits", "huge-nan-inf", "utf8-nul", "megabytes", "many", "shapes"],
+)
+def test_any_output_scores_without_raising(stdout):
+    want = [1.5, 7, "seven", [7]]
+    score, why = score_output(stdout, want)
+    assert score == 0.0 and isinstance(why, str)
+
+
+def test_same_value_never_raises_on_extreme_numbers():
+    assert not same_value(10**400, 1.5) and not same_value(1.5, 10**400) and same_value(10**400, 10**400)
+    assert not same_value(float("nan"), 1.0) and not same_value(float("inf"), 1.0)
+
+
+def test_fuzzed_outputs_never_raise_and_never_score_without_the_answers():
+    """Random and adversarial program outputs (structure, numbers, bytes) through the reward's parser: a score in
+    [0, 1] every time, and 0 unless the output carries a right answer (none of these can: the answers are
+    strings the fuzzer never writes)."""
+    rng = random.Random(1)
+    want = ["answer-a", "answer-b", ["answer-c"]]
+    atoms = ['"x"', "1", "-0", "1e999", "NaN", "true", "null", "[", "]", "{", "}", ",", ":", '"\\ud800"', "9" * 5000]
+    for _ in range(2000):
+        parts = []
+        for _ in range(rng.randrange(1, 6)):
+            body = "".join(rng.choice(atoms) for _ in range(rng.randrange(0, 12)))
+            idx = rng.choice(["0", "1", "2", "-1", "true", "1.0", "99999999999999999999"])
+            parts.append(rng.choice([f"{MARK}[{idx}, {body}]", f"{MARK}{body}", body, "\x00\udcff" + body]))
+        score, _ = score_output("\n".join(parts), want)
+        assert score == 0.0
+
+
+def test_fuzzed_completions_through_the_whole_reward_never_raise(reward):
+    """Completions with fences, blanks and hostile output routines, scored for real: every call returns one
+    score per completion, 0 for each (none solves rotate_left), and a reason for each."""
+    it = item()
+    rng = random.Random(2)
+    printers = [
+        "import sys\nsys.stdout.buffer.write(b'\\xff\\xfe\\x00' * 1000)\n",
+        f"print({MARK!r} + '[0, ' + '[' * 50000 + ']' * 50000 + ']')\n",
+        f"print({MARK!r} + '[0, ' + '9' * 10000 + ']')\n",
+        f"print({MARK!r} + '[0, NaN]')\n",
+        "print('x' * 10**6)\n",
+        "",
+    ]
+    completions = []
+    for _ in range(6):
+        body = rng.choice(printers) + "def rotate_left(items):\n    return None\n"
+        fence = rng.choice(["```python\n", "```py \n", "```\n", "``` \t\n", ""])
+        completions.append(rng.choice(["", "text\n", "```bash\nls\n```\n"]) + fence + body + rng.choice(["```", ""]))
+    scores = reward(completions, answer=[it["answer"]] * 6, metadata=[it["metadata"]] * 6)
+    assert scores == [0.0] * 6 and len(reward.reasons) == 6 and all(reward.reasons)
+    reward.pop_metrics()
+
+
+def test_malformed_items_score_zero_and_are_counted(reward):
+    bad = [None, {"entry_point": 3, "tests": [{"input": [1], "output": 1}]}, {"entry_point": "f", "tests": "no"},
+           {"entry_point": "f", "tests": [{"input": 1, "output": 1}]}, {"entry_point": "f", "tests": [{"output": 1}]}]  # fmt: skip
+    assert reward(["x = 1"] * len(bad), answer=[""] * len(bad), metadata=bad) == [0.0] * len(bad)
+    assert reward.pop_metrics()["reward/errors"] == len(bad)
