@@ -161,6 +161,7 @@ if libc.unshare(NS):
 os.write(ready_w, b"u")
 mapped = os.read(done_r, 1) == b"k"
 os.waitpid(helper, 0)
+os.close(ready_w); os.close(done_r)
 if not mapped:
     fail("the user namespace's id maps could not be written")
 # --- the new root: a tmpfs with read-only binds of what the interpreter needs, a tmpfs /tmp, four devices
