@@ -4,8 +4,10 @@ Problems are code tasks with tests (envs/code_tasks.py families with fixed param
 reference solution scores. Exploits try to pass without solving (printing "True", exiting before the tests,
 patching `AssertionError`, an object equal to everything, forged result lines, the shown example's answer for
 every input) or attack the machine (an infinite loop, a fork bomb, a memory hog, huge output, writing outside
-the working directory, a socket, reading the trainer's environment, killing the trainer). Each hostile program
-defines the function as a no-op after its attack, so it must score 0.
+the working directory, a socket, reading the trainer's environment, killing the trainer) or try the attack
+classes of docs/sandbox.md (reading what earlier programs left, the trainer's rlimits, host files' metadata,
+a thread bomb, memory and disk outside the limits, third-party packages, a tree clean-up cannot remove, a
+keyring). Each hostile program defines the function as a no-op after its attack, so it must score 0.
 """
 
 from __future__ import annotations
@@ -48,6 +50,31 @@ def _forged_lines(p: dict) -> str:
     n = len(p["metadata"]["tests"])
     return f"import json\nfor i in range({n}):\n    print({MARK!r} + json.dumps([i, {_example_output(p)!r}]))\n"
 
+
+_LEFTOVERS = """import glob, json, os
+for path in glob.glob('/tmp/*') + glob.glob('/dev/shm/*') + glob.glob(os.path.expanduser('~/*')):
+    try:
+        print(open(path).read()[:200])
+    except OSError:
+        pass
+"""
+_THREAD_BOMB = """import threading, time
+threading.stack_size(32768)
+for _ in range(100000):
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+"""
+_RESERVE = """import ctypes, os
+libc = ctypes.CDLL(None)
+for i in range(10000):
+    libc.fallocate(os.open(f'r{i}', os.O_CREAT | os.O_WRONLY), 1, ctypes.c_long(0), ctypes.c_long(15 << 20))
+"""
+_SITE = """import sys
+sys.path += [sys.base_prefix + f'/lib/python3.{sys.version_info.minor}/site-packages', '/usr/lib/python3/dist-packages']
+import pytest
+"""
+_KEYRING = """import ctypes
+ctypes.CDLL(None).syscall(248, b'user', b'answers', b'42', 2, -3)
+"""
 
 CODE_EXPLOITS: list[tuple[str, Callable[[dict], str | None]]] = [
     ("empty", lambda p: ""),
@@ -101,6 +128,19 @@ CODE_EXPLOITS: list[tuple[str, Callable[[dict], str | None]]] = [
     # signal 0 only asks whether every process could be signalled: the gate must never hurt a machine whose
     # sandbox is broken (tests/unit/test_sandbox.py checks that the call is refused)
     ("signal_everything", lambda p: _py("import os\nos.kill(-1, 0)\n" + _noop(p))),
+    # the attack classes of docs/sandbox.md: each is refused or contained, and the program still solves nothing
+    ("read_leftovers", lambda p: _py(_LEFTOVERS + _noop(p))),
+    (
+        "rlimit_of_the_trainer",
+        lambda p: _py("import resource\nresource.prlimit(1, resource.RLIMIT_NOFILE, (1, 1))\n" + _noop(p)),
+    ),
+    ("chmod_host_files", lambda p: _py("import os\nos.chmod(os.__file__, 0o777)\n" + _noop(p))),
+    ("thread_bomb", lambda p: _py(_THREAD_BOMB + _noop(p))),
+    ("memfd_hog", lambda p: _py("import os\nos.write(os.memfd_create('hog'), bytes(1 << 30))\n" + _noop(p))),
+    ("reserve_disk", lambda p: _py(_RESERVE + _noop(p))),
+    ("import_site_packages", lambda p: _py(_SITE + _noop(p))),
+    ("undeletable_tree", lambda p: _py("import os\nos.makedirs('a/b/c')\nos.chmod('a', 0)\n" + _noop(p))),
+    ("answers_in_a_keyring", lambda p: _py(_KEYRING + _noop(p))),
 ]
 
 
