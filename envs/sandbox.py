@@ -509,8 +509,8 @@ def _launch(code: str, stdin: str, limits: SandboxLimits, info: dict[str, object
         "cpu_s": limits.cpu_s,
         "max_open_files": limits.max_open_files,
         # RLIMIT_NPROC counts every task of the uid in the program's own user namespace; a non-root trainer's
-        # launcher shares that uid and counts once
-        "tasks": limits.max_procs + limits.max_threads + (0 if root else 1),
+        # launcher and init share that uid (a root trainer's are uid 0 there) and count too
+        "tasks": limits.max_procs + limits.max_threads + (0 if root else 2),
         "landlock": bool(info["landlock_abi"]),
         "pivot_root": _ARCHES[_machine()][1]["pivot_root"],
         "seccomp": seccomp_program(no_processes=limits.max_procs == 1).hex(),

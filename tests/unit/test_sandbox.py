@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -179,3 +180,30 @@ def test_seccomp_program_is_whole_instructions():
     prog = seccomp_program(no_processes=True)
     assert prog is not None and len(prog) % 8 == 0 and len(prog) // 8 < 150
     assert len(seccomp_program(no_processes=False)) < len(prog)
+
+
+_SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.mark.skipif(not ROOT or not os.access(_SYSTEM_PYTHON, os.X_OK), reason="needs root and a system python3")
+def test_a_non_root_trainer_gets_the_same_sandbox():
+    """The unprivileged path (the launcher maps its own uid; its helper writes no root mapping): run as uid 1000
+    with the system interpreter (ours may sit in root's home), the program is uid 1000 and PID 2, sees no host
+    tree, and its thread limit is exact."""
+    probe = (
+        "import sys\nsys.path.insert(0, sys.argv[1])\nfrom envs.sandbox import SandboxLimits, isolation, run_python\n"
+        "assert isolation()['ready'], isolation()\n"
+        'r = run_python(\'import os, threading, time\\nprint(os.getuid(), os.getpid(), sorted(os.listdir("/")))\\n'
+        "threading.stack_size(65536)\\nn = 0\\ntry:\\n    for _ in range(50):\\n"
+        "        threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\\n        n += 1\\n"
+        "except RuntimeError:\\n    pass\\nprint(n)', limits=SandboxLimits(max_threads=5))\n"
+        "print(r.stdout, end='')\n"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [_SYSTEM_PYTHON, "-I", "-c", probe, root],
+        user=1000, group=1000, extra_groups=[], capture_output=True, text=True, timeout=120, cwd="/",
+    )  # fmt: skip
+    if "Permission denied" in out.stderr:
+        pytest.skip(f"uid 1000 cannot read the repository at {root}")
+    assert out.stdout.splitlines() == ["1000 2 ['dev', 'etc', 'tmp', 'usr']", "5"], out
