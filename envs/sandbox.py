@@ -403,6 +403,8 @@ import json, os, sys, importlib
 dynload = [p for p in sys.path if p.endswith("lib-dynload") and os.path.isdir(p)]
 for d in dynload:
     for name in sorted(os.listdir(d)):
+        if name.startswith(("_test", "xx", "_xx", "_ctypes_test")):  # CPython's own test modules: not needed
+            continue
         try:
             importlib.import_module(name.split(".")[0])
         except BaseException:
@@ -428,7 +430,7 @@ def _layout() -> tuple[tuple[str, ...], tuple[str, ...]]:
     probe = subprocess.run(
         [sys.executable, "-I", "-S", "-c", _PROBE], capture_output=True, text=True, timeout=120, env=_env("/")
     )
-    found = json.loads(probe.stdout)
+    found = json.loads(probe.stdout.strip().splitlines()[-1])  # the last line: a module may print on import
     exe_dir = os.path.dirname(found["exe"])
     dirs = {os.path.dirname(m) for m in found["mapped"] if os.path.isfile(m)} - {exe_dir}
     dirs |= {os.path.realpath(p) for p in found["path"] if os.path.isdir(p)}
@@ -464,7 +466,7 @@ def isolation() -> dict[str, object]:
     else:
         try:
             info["binds"], info["hidden"] = _layout()
-        except (OSError, ValueError, KeyError, subprocess.SubprocessError) as e:
+        except (OSError, ValueError, KeyError, IndexError, subprocess.SubprocessError) as e:
             info["problem"] = f"sandbox: could not list what the interpreter needs: {e}"
         else:
             r = _launch("print('ok')", "", SandboxLimits(wall_s=60), info)

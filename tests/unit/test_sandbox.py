@@ -40,6 +40,16 @@ def test_runs_a_program_with_stdin_and_reports_its_exit():
     assert crashed.exit_code == 1 and "ZeroDivisionError" in crashed.stderr
 
 
+def test_the_standard_library_and_its_extension_modules_work():
+    """The binds hold every shared library the interpreter's extension modules need (found by the probe)."""
+    modules = "array bisect collections ctypes datetime decimal fractions hashlib heapq itertools json math random re"
+    modules += " sqlite3 statistics string struct textwrap unicodedata zlib lzma bz2 ssl"
+    r = run(
+        f"for m in {modules.split()!r}:\n    __import__(m)\nimport hashlib\nprint(hashlib.sha256(b'').hexdigest()[:8])"
+    )
+    assert r.ok and r.stdout == "e3b0c442\n", r
+
+
 def test_large_stdin_is_fed_without_deadlock():
     r = run("import sys\nprint(len(sys.stdin.read()))", stdin="x" * 1_000_000, max_output_bytes=100)
     assert r.stdout == "1000000\n"
