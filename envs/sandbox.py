@@ -210,6 +210,8 @@ os.chdir("/tmp")
 # launcher, and under it the program (PID 2: as init it would ignore its own signals, SIGXCPU among them)
 alive_r, alive_w = os.pipe()
 status_r, status_w = os.pipe()
+import gc
+gc.freeze()  # the collector in the forks below then leaves the launcher's objects (and their shared pages) alone
 init = os.fork()
 if init:
     os.close(alive_r); os.close(status_w)
@@ -296,7 +298,34 @@ sys.argv = ["main.py"]
 g = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
 with open("main.py", encoding="utf-8", errors="replace") as f:
     src = f.read()
-exec(compile(src, "main.py", "exec"), g)
+# Run it, then end the way the interpreter would (exit code, traceback, non-daemon threads, atexit, flushed output)
+# but through os._exit: a forked interpreter tearing itself down writes to every page it shares with the
+# launcher, which costs more than many programs take to run.
+status = 0
+try:
+    exec(compile(src, "main.py", "exec"), g)
+except SystemExit as e:
+    if e.code is None or isinstance(e.code, int):
+        status = (e.code or 0) & 0xFF
+    else:
+        print(e.code, file=sys.stderr)
+        status = 1
+except BaseException:
+    sys.excepthook(*sys.exc_info())
+    status = 1
+try:
+    if "threading" in sys.modules:
+        sys.modules["threading"]._shutdown()
+    import atexit
+    atexit._run_exitfuncs()
+except BaseException:
+    sys.excepthook(*sys.exc_info())
+for stream in (sys.stdout, sys.stderr):
+    try:
+        stream.flush()
+    except BaseException:
+        pass
+os._exit(status)
 """
 
 # ---------------------------------------------------------------------------------------------------- seccomp

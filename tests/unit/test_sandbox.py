@@ -50,6 +50,18 @@ def test_the_standard_library_and_its_extension_modules_work():
     assert r.ok and r.stdout == "e3b0c442\n", r
 
 
+def test_a_program_ends_the_way_the_interpreter_would_end_it():
+    """The program process leaves through os._exit (see the launcher) after doing what interpreter exit does."""
+    r = run(
+        "import atexit, sys, threading, time\natexit.register(lambda: print('atexit ran'))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread joined'))).start()\n"
+        "sys.stdout.write('unflushed')\nsys.exit('bye')"
+    )
+    assert (r.exit_code, r.stdout, r.stderr) == (1, "unflushedthread joined\natexit ran\n", "bye\n"), r
+    assert run("import sys\nsys.exit(300)").exit_code == 300 & 0xFF
+    assert run("import sys\nsys.exit()").exit_code == 0
+
+
 def test_large_stdin_is_fed_without_deadlock():
     r = run("import sys\nprint(len(sys.stdin.read()))", stdin="x" * 1_000_000, max_output_bytes=100)
     assert r.stdout == "1000000\n"
