@@ -255,3 +255,16 @@ def test_malformed_items_score_zero_and_are_counted(reward):
            {"entry_point": "f", "tests": [{"input": 1, "output": 1}]}, {"entry_point": "f", "tests": [{"output": 1}]}]  # fmt: skip
     assert reward(["x = 1"] * len(bad), answer=[""] * len(bad), metadata=bad) == [0.0] * len(bad)
     assert reward.pop_metrics()["reward/errors"] == len(bad)
+
+
+def test_reference_solutions_score_one_under_the_default_limits():
+    """The default `sandbox` node (every limit at its default, including threads, open files and disk)."""
+    env = CodeTasksEnv(size=len(FAMILIES), seed=1, eval_size=0)
+    items = env.train_items()
+    assert {it["metadata"]["task"] for it in items} == {f.name for f in FAMILIES}
+    scores = CodeTestsReward()(
+        [f"```python\n{it['answer']}```" for it in items],
+        answer=[it["answer"] for it in items],
+        metadata=[it["metadata"] for it in items],
+    )
+    assert scores == [1.0] * len(items)
