@@ -1,8 +1,8 @@
 """Run model-written Python in a confined child process: the code reward (rewards/code_tests.py) and the Python tool
 run every program through `run_python` (threat model, layers and limits: docs/sandbox.md).
 
-One program, one launcher process, fresh namespaces. The launcher (trusted code, run as `python -I -S`) reads the
-program from its stdin, then:
+Each program gets a launcher process, fresh namespaces and an init. The launcher (trusted code, run as
+`python -I -S`) reads the program from its stdin, then:
 - enters new user, mount, PID, IPC, UTS, network and cgroup namespaces; a short-lived helper forked before that
   maps the program's user: uid 1000 inside, the unprivileged host uid 65534 when the trainer is root (else the
   trainer's own uid, which is not root), so host files only root may read or change stay out of reach;
@@ -59,7 +59,7 @@ FILE_LIMIT_MB = 16  # RLIMIT_FSIZE: the largest single file a program may write
 class SandboxLimits:
     """Limits of one program run: the `sandbox` config node (docs/sandbox.md), checked when built."""
 
-    cpu_s: float = 5  # CPU seconds per program: SIGXCPU, then SIGKILL one second later (RLIMIT_CPU)
+    cpu_s: float = 5  # CPU seconds per process: SIGXCPU, then SIGKILL one second later (RLIMIT_CPU)
     wall_s: float = 10  # wall-clock seconds per program; then it and everything it started are killed
     memory_mb: int = 512  # address space per process, MiB (RLIMIT_AS; MemoryError past it)
     disk_mb: int = 64  # its working directory /tmp, MiB: a tmpfs (RAM) where every file and reserved block counts
@@ -175,7 +175,9 @@ def keep_flags(path):  # a remount must repeat the flags the kernel locked on th
     return (f & (NOSUID | NODEV | NOEXEC)) | (2048 if f & 2048 else 0) | atime
 def read_only(path):
     mount(None, path, None, REMOUNT | BIND | RDONLY | NOSUID | NODEV | keep_flags(path))
-mount(None, "/", None, REC | PRIVATE)
+if libc.mount(None, b"/", None, REC | PRIVATE, None):
+    fail("mounts in the new namespaces refused (" + os.strerror(ctypes.get_errno()) + "): Ubuntu 24.04 gives "
+         "unprivileged user namespaces no capabilities unless kernel.apparmor_restrict_unprivileged_userns=0")
 mount("tmpfs", "/tmp", "tmpfs", NOSUID | NODEV, "mode=0755,size=64k,nr_inodes=64")
 os.mkdir("/tmp/old"); os.mkdir("/tmp/new")
 check(libc.syscall(cfg["pivot_root"], b"/tmp", b"/tmp/old"), "pivot_root")  # the host's tree is now /old
