@@ -386,6 +386,7 @@ def _ins(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return code.to_bytes(2, sys.byteorder) + bytes([jt, jf]) + (k & 0xFFFFFFFF).to_bytes(4, sys.byteorder)
 
 
+_CLONE_NEW = 0x7E020080  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME
 PID_MARK = 0x7A7A7A7A  # replaced by the launcher with the program's own pid (the one process it may act on)
 
 
@@ -393,9 +394,9 @@ def seccomp_program(no_processes: bool) -> bytes | None:
     """The filter as bytes for this machine (None: an architecture we have no syscall table for).
 
     Denied with EPERM: everything in `_DENIED`; kill/tkill/tgkill and prlimit64 unless aimed at the process itself
-    (its pid, which the launcher writes over PID_MARK, or 0); with `no_processes` also fork/vfork and clone without
-    CLONE_THREAD (clone3 gets ENOSYS, so the C library falls back to clone for threads). Another architecture
-    (e.g. 32-bit calls on x86_64) kills the process."""
+    (its pid, which the launcher writes over PID_MARK, or 0); clone with any CLONE_NEW* flag; with `no_processes`
+    also fork/vfork and clone without CLONE_THREAD. clone3 gets ENOSYS (the C library falls back to clone).
+    Another architecture (e.g. 32-bit calls on x86_64) kills the process."""
     import platform
 
     arch = _ARCHES.get(platform.machine())
@@ -412,11 +413,16 @@ def seccomp_program(no_processes: bool) -> bytes | None:
         denied += [n for n in ("fork", "vfork") if n in nr]
     for name in denied:
         out += [_ins(jeq, nr[name], 0, 1), _ins(ret, _EPERM)]
+    # clone3 passes its flags in memory the filter cannot read: ENOSYS, so the C library falls back to clone
+    out += [_ins(jeq, nr["clone3"], 0, 1), _ins(ret, _ENOSYS)]
+    # clone: never with a new namespace (a nested user namespace would give it capabilities there); with
+    # `no_processes` only for threads
+    refuse_namespaces = [_ins(ld, lo0), _ins(jset, _CLONE_NEW, 0, 1), _ins(ret, _EPERM)]
     if no_processes:
-        out += [_ins(jeq, nr["clone3"], 0, 1), _ins(ret, _ENOSYS)]
-        # clone: allowed only for threads
-        out += [_ins(jeq, nr["clone"], 0, 4), _ins(ld, lo0), _ins(jset, 0x00010000, 1, 0), _ins(ret, _EPERM)]
-        out += [_ins(ret, _ALLOW)]
+        block = [*refuse_namespaces, _ins(jset, 0x00010000, 1, 0), _ins(ret, _EPERM), _ins(ret, _ALLOW)]
+    else:
+        block = [*refuse_namespaces, _ins(ret, _ALLOW)]
+    out += [_ins(jeq, nr["clone"], 0, len(block)), *block]
     for name in ("kill", "tkill", "tgkill", "prlimit64"):
         # only itself: its pid (in the namespace it sees) or 0 (kill: its process group; prlimit64: itself)
         out += [_ins(jeq, nr[name], 0, 5), _ins(ld, lo0), _ins(jeq, PID_MARK, 2, 0)]

@@ -249,6 +249,22 @@ def test_host_files_it_can_see_are_read_only_and_the_rest_are_not_there():
     ]
 
 
+def test_no_nested_namespaces_even_where_processes_are_allowed():
+    """A nested user namespace would hand the program every capability there (mounts, more kernel surface)."""
+    code = (
+        _TRY + _CTYPES + "attempt('unshare', lambda: sysc(272, 0x10000000))\n"  # unshare(CLONE_NEWUSER)
+        "def clone_new_user():\n    pid = libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0)\n"  # clone(NEWUSER | SIGCHLD)
+        "    if pid == 0:\n        os._exit(0)\n    if pid < 0:\n        raise OSError(ctypes.get_errno(), 'clone')\n"
+        "    os.waitpid(pid, 0)\n"
+        "attempt('clone', clone_new_user)\n"
+        "attempt('fork', lambda: os.waitpid(os.fork() or os._exit(0), 0))\n"
+    )
+    if os.uname().machine != "x86_64":
+        pytest.skip("syscall numbers of this test are x86_64's")
+    got = lines(run(code, max_procs=2))
+    assert got == {"unshare": "PermissionError", "clone": "PermissionError", "fork": "ok"}, got
+
+
 @pytest.mark.skipif(not ROOT, reason="a non-root trainer's programs keep its (non-root) uid")
 def test_a_root_trainers_program_is_not_root_on_the_host():
     """RLIMIT_NPROC is not enforced for host uid 0: a thread limit that holds shows the program is not uid 0 on the
