@@ -229,3 +229,8 @@ def test_a_non_root_trainer_gets_the_same_sandbox():
     if "Permission denied" in out.stderr:
         pytest.skip(f"uid 1000 cannot read the repository at {root}")
     assert out.stdout.splitlines() == ["1000 2 ['dev', 'etc', 'tmp', 'usr']", "5"], out
+
+
+def test_text_that_is_not_valid_unicode_in_code_or_stdin_never_raises():
+    r = run("import sys\nprint(repr(sys.stdin.read()))  # \ud800", stdin="a\udcffb\x00")
+    assert r.ok and r.stdout == "'a?b\\x00'\n", r
