@@ -115,8 +115,9 @@ def score_output(stdout: str, want: list[Any]) -> tuple[float, str]:
     return passed / len(want), f"{passed}/{len(want)} tests passed"
 
 
-def _cases(meta: Any) -> tuple[str, list[dict]] | None:
-    """(entry point, tests) when the item carries well-formed tests, else None."""
+def _cases(meta: Any) -> tuple[str, list[Any]] | None:
+    """(the program's stdin, the expected values as JSON gives them back) when the item carries well-formed tests
+    (an entry point, inputs as argument lists, outputs, all JSON data), else None."""
     if not isinstance(meta, dict):
         return None
     entry, cases = meta.get("entry_point"), meta.get("tests")
@@ -124,7 +125,13 @@ def _cases(meta: Any) -> tuple[str, list[dict]] | None:
         return None
     if not all(isinstance(c, dict) and isinstance(c.get("input"), list | tuple) and "output" in c for c in cases):
         return None
-    return entry, cases
+    try:
+        stdin = json.dumps([entry, [c["input"] for c in cases]]) + "\n"
+        # tuples become lists and dict keys strings, as in what the harness reports
+        want = [json.loads(json.dumps(c["output"])) for c in cases]
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return stdin, want
 
 
 class CodeTestsReward:
@@ -155,20 +162,16 @@ class CodeTestsReward:
         for k, (text, meta) in enumerate(zip(completions, metadata)):
             found = _cases(meta)
             if found is None:
-                self.errors += 1  # the item has no tests: a data problem, counted, never a crash
+                self.errors += 1  # no usable tests: a data problem, counted, never a crash
                 continue
-            entry, cases = found
-            program = _HARNESS.format(code=extract_code(str(text)), mark=MARK)
-            stdin = json.dumps([entry, [c["input"] for c in cases]]) + "\n"
-            jobs.append((program, stdin))
-            tests.append((k, cases))
-        for (k, cases), res in zip(tests, run_many(jobs, self.limits, self.limits.workers)):
+            stdin, want = found
+            jobs.append((_HARNESS.format(code=extract_code(str(text)), mark=MARK), stdin))
+            tests.append((k, want))
+        for (k, want), res in zip(tests, run_many(jobs, self.limits, self.limits.workers)):
             self._seconds.append(res.seconds)
             self.timeouts += res.timed_out
             if res.error and res.error.startswith("sandbox"):
                 self.errors += 1
-            # the expected values as JSON gives them back (tuples are lists, dict keys strings), like the reports
-            want = [json.loads(json.dumps(c["output"])) for c in cases]
             scores[k], why = score_output(res.stdout, want)
             self.reasons[k] = f"{why} ({res.error})" if res.error else why
         return scores

@@ -252,7 +252,8 @@ def test_fuzzed_completions_through_the_whole_reward_never_raise(reward):
 
 def test_malformed_items_score_zero_and_are_counted(reward):
     bad = [None, {"entry_point": 3, "tests": [{"input": [1], "output": 1}]}, {"entry_point": "f", "tests": "no"},
-           {"entry_point": "f", "tests": [{"input": 1, "output": 1}]}, {"entry_point": "f", "tests": [{"output": 1}]}]  # fmt: skip
+           {"entry_point": "f", "tests": [{"input": 1, "output": 1}]}, {"entry_point": "f", "tests": [{"output": 1}]},
+           {"entry_point": "f", "tests": [{"input": [{1, 2}], "output": 1}]}, {"entry_point": "f", "tests": [{"input": [1], "output": object()}]}]  # fmt: skip
     assert reward(["x = 1"] * len(bad), answer=[""] * len(bad), metadata=bad) == [0.0] * len(bad)
     assert reward.pop_metrics()["reward/errors"] == len(bad)
 
