@@ -1,7 +1,7 @@
 """Train an LLM with RL on verifiable rewards: `python train.py [overrides]`, `python train.py -m ...` to sweep.
 
-Composes conf/train.yaml with Hydra, validates it into typed objects (rl/config/schema.py), resolves it into frozen specs
-(rl/config/resolve.py), builds the environment and reward, and hands them to rl/app.py. No maths here. Heavy libraries
+Composes conf/train.yaml with Hydra, validates it into the typed schema (rl/config/schema.py), fills its `auto`
+values (rl/config/resolve.py), builds the environment and reward, and hands them to rl/app.py. No maths here. Heavy libraries
 (torch, vLLM, Ray) are imported only after the config is valid, so `--help` and `--cfg job` stay instant.
 """
 
@@ -15,8 +15,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from envs.protocol import Environment
 from rl.config.schema import ConfigError, TrainConfig, register_configs
-from rl.entry import build_target, fail, one_line_config_error
+from rl.entry import build_target, check_renamed, fail, one_line_config_error
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 log = logging.getLogger("train")
@@ -51,6 +52,7 @@ def precheck_overrides(argv: list[str]) -> TrainConfig | None:
         "-p",
         "--package",
     }
+    check_renamed([a for a in argv if "=" in a and not a.startswith("-")])  # sweeps (-m) too
     if any(a in flags or a.split("=")[0] in flags for a in argv):
         return None
     overrides = [a for a in argv if not a.startswith("hydra.") and not a.startswith("+hydra.")]
@@ -106,25 +108,27 @@ def main(dcfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     if cfg.logger.group is None and hydra_cfg.mode == RunMode.MULTIRUN:
         cfg.logger.group = str(hydra_cfg.sweep.dir)  # a sweep's jobs are one wandb group
-    run_dir = Path(cfg.output_dir or hydra_cfg.runtime.output_dir)
-    from rl.config import resolve as specs  # registry names are checked and `auto` values resolved here, before anything starts
+    run_dir = Path(cfg.run.output_dir or hydra_cfg.runtime.output_dir)
+    from rl.config.resolve import resolve  # registry names checked and `auto` values filled, before anything starts
 
     try:
-        spec = specs.build(cfg, run_dir)
+        cfg = resolve(cfg, run_dir)
     except ConfigError as e:
         fail(str(e))
     from rl import logs
 
-    logs.setup_driver(spec.placement.log_dir, cfg.verbose)  # <run dir>/logs/driver.log; a quiet console
+    logs.setup_driver(cfg.log_dir, cfg.run.verbose)  # <run dir>/logs/driver.log; a quiet console
     env = build_target(dcfg.env, "env")
+    if not isinstance(env, Environment):
+        fail(
+            f"env: {dcfg.env._target_} is not an environment: it needs train_items() and eval_items() (envs/protocol.py)"
+        )
     reward = build_target(dcfg.reward, "reward")
     from rl import app  # heavy imports start here
     from rl.errors import UserFacingError
 
     try:
-        summary = app.run(
-            spec, env=env, reward_fn=reward, resolved=OmegaConf.to_container(dcfg, resolve=True), logger_spec=cfg.logger
-        )
+        summary = app.run(cfg, env=env, reward_fn=reward, resolved=OmegaConf.to_container(dcfg, resolve=True))
     except ConfigError as e:
         fail(str(e))
     except UserFacingError as e:

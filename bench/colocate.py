@@ -70,10 +70,10 @@ def train_args(layout: str, model: str, prompts: Path, out: Path, steps: int, ov
         # random weights, 4-bit learner against a bf16 engine: at 7B their logprobs differ by about 1.07 nats a token
         # before training, and that floor moved by up to 0.22 at a step with a working sync (docs/benchmarks.md); the
         # bench measures speed, so the probe keeps a wider margin than the default 0.2
-        "sync_probe_threshold=0.5",
-        f"steps={steps}",
+        "run.sync_probe_threshold=0.5",
+        f"run.steps={steps}",
         "logger=jsonl",
-        f"output_dir={out}",
+        f"run.output_dir={out}",
         f"hydra.run.dir={out}/hydra",
         *LAYOUTS[layout],
         *overrides,

@@ -86,15 +86,20 @@ def demo_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
     return out
 
 
-def learner_spec(path: str, *overrides: str, rank: int = 16, dtype: str = "float32", seed: int = 0, threads=None):
-    """The LearnerSpec a run builds for LoRA rank `rank` (alpha 2r) on all 7 projections, learner weights in `dtype`,
-    no KL term, plus config overrides; `path` is taken as the resolved model path."""
-    from rl.config.resolve import build_from_overrides
+def learner_config(path: str, *overrides: str, rank: int = 16, dtype: str = "float32", seed: int = 0, threads=None):
+    """The resolved config a run's learner takes for LoRA rank `rank` (alpha 2r) on all 7 projections, learner
+    weights in `dtype`, no KL term, plus config overrides; `path` is taken as the resolved model path."""
+    from rl.config.resolve import from_overrides
 
-    keys = [f"model.lora_rank={rank}", f"model.lora_alpha={2 * rank}", f"model.learner_dtype={dtype}", f"seed={seed}"]
+    keys = [
+        f"model.lora_rank={rank}",
+        f"model.lora_alpha={2 * rank}",
+        f"model.learner_dtype={dtype}",
+        f"run.seed={seed}",
+    ]
     keys.append("algorithm.kl_coef=0")  # no reference forward unless the overrides ask for one
     keys.append(f"cluster.learner_threads={threads if threads else 'null'}")
-    return build_from_overrides(path, *keys, *overrides).learner
+    return from_overrides(path, *keys, *overrides)
 
 
 def random_adapter(path: str, rank: int = 16, *, dtype: str = "float32", seed: int = 0, threads: int | None = None):
@@ -104,7 +109,7 @@ def random_adapter(path: str, rank: int = 16, *, dtype: str = "float32", seed: i
 
     from rl.learner import Learner
 
-    learner = Learner(learner_spec(path, rank=rank, dtype=dtype, seed=seed, threads=threads))
+    learner = Learner(learner_config(path, rank=rank, dtype=dtype, seed=seed, threads=threads))
     with torch.no_grad():
         for name, p in learner.model.named_parameters():
             if "lora_B" in name:

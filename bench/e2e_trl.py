@@ -97,17 +97,17 @@ def ours_args(steps: int, out: Path, threads: int | None, work: Work = CPU, ours
     machine the README supports) with `steps` steps, no eval and no checkpoints; on a GPU one vLLM actor and
     `ours.learner` taking turns on it, the adapter synced by `ours.sync`."""
     args = [
-        f"steps={steps}",
-        "eval_size=0",
-        "save_interval=0",
+        f"run.steps={steps}",
+        "eval.size=0",
+        "checkpoint.interval=0",
         "logger=jsonl",
-        f"output_dir={out}",
+        f"run.output_dir={out}",
         f"hydra.run.dir={out}/hydra",
-        f"prompts_per_step={work.prompts}",
+        f"run.prompts_per_step={work.prompts}",
         f"algorithm.group_size={work.G}",
         f"model.max_new_tokens={work.max_new}",
         f"model.lora_rank={RANK}",
-        f"micro_batch_size={work.micro}",
+        f"learner.micro_batch_size={work.micro}",
     ]
     if work.device == "cuda":
         args += [
@@ -122,7 +122,7 @@ def ours_args(steps: int, out: Path, threads: int | None, work: Work = CPU, ours
             f"cluster.weight_sync={ours.sync}",
         ]
     if ours.packed_tokens is not None:
-        args.append(f"micro_batch_tokens={ours.packed_tokens}")
+        args.append(f"learner.micro_batch_tokens={ours.packed_tokens}")
     if threads:
         args += [f"cluster.actor_threads={threads}", f"cluster.learner_threads={threads}"]
     return args

@@ -38,7 +38,7 @@ import time
 from bench.common import (
     LORA_TARGETS,
     add_model_args,
-    learner_spec,
+    learner_config,
     machine,
     machine_label,
     model_path,
@@ -74,27 +74,27 @@ def build_ours(args, path: str, *, share_prompt_prefix: bool, packed: bool = Fal
     """Our learner; returns an object whose `train_step(samples)` is timed."""
     from rl.learner import Learner
 
-    spec = learner_spec(
+    cfg = learner_config(
         path,
         "model.learner_backend=peft",  # the raw side's library: `auto` would take Unsloth on a GPU that has it
-        f"micro_batch_size={args.micro_batch_size}",
-        f"micro_batch_tokens={args.micro_batch_tokens if packed else 0}",
-        f"packed_attention={args.packed_attention}",
-        f"share_prompt_prefix={share_prompt_prefix}",
+        f"learner.micro_batch_size={args.micro_batch_size}",
+        f"learner.micro_batch_tokens={args.micro_batch_tokens if packed else 0}",
+        f"learner.packed_attention={args.packed_attention}",
+        f"learner.share_prompt_prefix={share_prompt_prefix}",
         f"cluster.use_gpu={args.device == 'cuda'}",
         f"algorithm.kl_coef={args.kl}",
         rank=args.rank,
         dtype=args.dtype,
         threads=args.threads,
     )
-    return Learner(spec)
+    return Learner(cfg)
 
 
 def without_entropy_metric(learner):
     """Our learner without the policy/entropy metric's extra pass over the vocabulary (to time what it costs)."""
     from rl.learner.batching import token_logprobs
 
-    t = learner.spec.loss.temperature
+    t = learner.cfg.algorithm.temperature
     learner._logprobs = lambda logits, targets: (token_logprobs(logits, targets, t), None)
     return learner
 

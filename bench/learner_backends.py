@@ -125,26 +125,26 @@ def library_step(model, args):
 def build_ours(args, path: str):
     """rl.learner.Learner as a run builds it, stepping on TrainSamples of the same shapes; each step's metrics are
     kept in the returned list, and `--split-step`'s rates are the returned extra fields."""
-    from bench.common import learner_spec
+    from bench.common import learner_config
     from rl.learner import Learner
     from rl.types import TrainSample
 
     backend = {"unsloth": "unsloth", "peft-bnb": "peft", "peft": "peft"}[args.backend]
-    spec = learner_spec(
+    cfg = learner_config(
         path,
         f"model.learner_backend={backend}",
         f"model.load_in_4bit={args.backend in ('unsloth', 'peft-bnb')}",
         f"model.lora_targets=[{','.join(TARGETS)}]",
         "algorithm.lr=1e-5",
-        f"micro_batch_size={args.batch}",
-        "share_prompt_prefix=false",
+        f"learner.micro_batch_size={args.batch}",
+        "learner.share_prompt_prefix=false",
         f"model.max_prompt_tokens={args.seq // 2}",
         f"model.max_new_tokens={args.seq - args.seq // 2}",
         f"cluster.use_gpu={args.device == 'cuda'}",
         rank=args.rank,
         dtype="bfloat16" if args.device == "cuda" else "float32",
     )
-    learner = Learner(spec)
+    learner = Learner(cfg)
     rng = random.Random(0)
     half = args.seq // 2
     samples = [

@@ -133,7 +133,7 @@ def raw_vllm_rate(path: str, prompts: list[list[int]], args, side: str) -> dict:
     if side == "raw_engine":
         from rl.rollout.vllm import engine_kwargs as actor_engine_kwargs
 
-        llm = LLM(**actor_engine_kwargs(our_spec(path, prompts, args)))
+        llm = LLM(**actor_engine_kwargs(our_config(path, prompts, args)))
     else:
         llm = LLM(model=path, seed=0, **engine_kwargs(path, prompts, args))
     start_s = time.perf_counter() - t0
@@ -158,9 +158,10 @@ def sampling_of(args):
     return Sampling(n=args.n, temperature=1.0, top_p=1.0, max_tokens=args.max_tokens)
 
 
-def our_spec(path: str, prompts: list[list[int]], args):
-    """The RolloutSpec of our actor on the bench's engine settings, as a run builds it (lora_mode auto resolved)."""
-    from rl.config.resolve import build_from_overrides
+def our_config(path: str, prompts: list[list[int]], args):
+    """The resolved config our actor takes on the bench's engine settings, as a run resolves it (cluster.lora_mode
+    auto resolved)."""
+    from rl.config.resolve import from_overrides
 
     e = engine_kwargs(path, prompts, args)
     keys = [
@@ -172,18 +173,18 @@ def our_spec(path: str, prompts: list[list[int]], args):
         f"model.max_prompt_tokens={e['max_model_len'] - args.max_tokens}",
         f"model.max_new_tokens={args.max_tokens}",
     ]
-    return build_from_overrides(path, *keys).rollout
+    return from_overrides(path, *keys)
 
 
 def ours_rate(path: str, prompts: list[list[int]], args) -> dict:
     """Generated tokens/s of our actor: one generate call with every prompt of the step."""
     from rl.rollout.vllm import VLLMRollout
 
-    spec = our_spec(path, prompts, args)
-    lora_mode = spec.lora_mode
+    cfg = our_config(path, prompts, args)
+    lora_mode = cfg.cluster.lora_mode.value
     adapter = random_adapter(path, 16, threads=args.threads)
     t0 = time.perf_counter()
-    r = VLLMRollout(spec)
+    r = VLLMRollout(cfg)
     start_s = time.perf_counter() - t0
     load_s = [r.load_adapter(adapter)["seconds"]]
     for v in range(2, 4):  # later versions: what each training step pays (the first also reads the base)

@@ -84,14 +84,14 @@ def actor_overrides(path: str, n_prompts: int, n_actors: int, args) -> list[str]
 
 
 def measure_actors(path: str, prompts: list[list[int]], n_actors: int, pinned: bool, args) -> dict:
-    """Generated tokens/s of `n_actors` Ray rollout actors splitting one step's prompts (rl.runtime.pool.Runtime)."""
+    """Generated tokens/s of `n_actors` Ray rollout actors splitting one step's prompts (rl.runtime.runtime.Runtime)."""
     import ray
 
+    from rl.config.resolve import from_overrides
+    from rl.rollout.vllm import VLLMRollout, cpu_threads_env
     from rl.runtime.groups import shard
     from rl.runtime.placement import RayGroup
-    from rl.rollout.vllm import VLLMRollout, cpu_threads_env
-    from rl.runtime.pool import Runtime
-    from rl.config.resolve import build_from_overrides
+    from rl.runtime.runtime import Runtime
     from rl.types import Sampling
 
     cores = os.cpu_count() or 1
@@ -104,7 +104,7 @@ def measure_actors(path: str, prompts: list[list[int]], n_actors: int, pinned: b
             env = cpu_threads_env(None)  # what the framework sets with cluster.actor_threads=null
         handles.append(
             ray.remote(num_cpus=1, runtime_env={"env_vars": env})(VLLMRollout).remote(
-                build_from_overrides(path, *actor_overrides(path, len(prompts), n_actors, args)).rollout
+                from_overrides(path, *actor_overrides(path, len(prompts), n_actors, args))
             )
         )
     ray.get([h.__ray_ready__.remote() for h in handles])

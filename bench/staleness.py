@@ -34,14 +34,14 @@ def train_args(staleness: int, model: Path, run_dir: Path, args: argparse.Namesp
     share = vllm_memory_fraction(str(model), sequences, seq_len, dtype="float32")
     return [
         f"model.path={model}",
-        f"output_dir={run_dir}",
+        f"run.output_dir={run_dir}",
         "cluster=2a1l",
         f"cluster.staleness={staleness}",
         "cluster.actor_threads=1",
         "cluster.learner_threads=1",
         f"cluster.gpu_memory_utilization={share}",
-        f"steps={args.steps}",
-        f"prompts_per_step={args.prompts}",
+        f"run.steps={args.steps}",
+        f"run.prompts_per_step={args.prompts}",
         f"algorithm.group_size={args.group_size}",
         f"algorithm.lr={args.lr}",
         f"model.max_new_tokens={args.max_new_tokens}",
@@ -49,10 +49,10 @@ def train_args(staleness: int, model: Path, run_dir: Path, args: argparse.Namesp
         "model.learner_dtype=float32",
         "reward._target_=tests.helpers.LengthReward",
         "~reward.extract",
-        "eval_size=0",
-        "save_interval=0",
+        "eval.size=0",
+        "checkpoint.interval=0",
         "logger=none",
-        "seed=0",
+        "run.seed=0",
     ]
 
 

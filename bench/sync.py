@@ -19,7 +19,7 @@ The prototypes (merged mode, same actor and learner): 1. the learner's ObjectRef
 (no copy through the driver); 2. the adapter sent in bf16 (half the bytes; the merged weights are bf16 anyway);
 3. W0 + s * B @ A as one fused fp32 addmm per module in the worker (no separate delta pass).
 The step share: a demo-shaped step on the same actors (8 prompts x 8 samples x 32 tokens, GRPO with the k3 KL,
-rank 16) through rl.runtime.pool.Runtime: generate, train_step, sync, probe; and, with --metrics, the mean
+rank 16) through rl.runtime.runtime.Runtime: generate, train_step, sync, probe; and, with --metrics, the mean
 time/sync_s / time/step_s of a real run's metrics.jsonl.
 
 Past 400 lines because each piece above is timed by its own small instrumented copy of the real call, kept in one
@@ -33,10 +33,10 @@ import json
 import statistics
 import time
 
-from bench.common import add_threads_arg, demo_prompts, learner_spec, machine, machine_label, vllm_memory_fraction
+from bench.common import add_threads_arg, demo_prompts, learner_config, machine, machine_label, vllm_memory_fraction
+from rl.config.resolve import from_overrides
 from rl.learner import Learner
 from rl.rollout.vllm import VLLMRollout
-from rl.config.resolve import build_from_overrides
 
 # ------------------------------------------------------------------------------------------------ roles
 
@@ -213,7 +213,7 @@ def median_dict(rows: list[dict]) -> dict:
 
 
 def demo_step(ray, runtime, prompts, version: int) -> dict:
-    """One demo-shaped step through rl.runtime.pool.Runtime; random rewards stand in for the task reward."""
+    """One demo-shaped step through rl.runtime.runtime.Runtime; random rewards stand in for the task reward."""
     import random
 
     from rl.data.prepare import prepare_samples
@@ -225,9 +225,7 @@ def demo_step(ray, runtime, prompts, version: int) -> dict:
     rollouts = runtime.generate(prompts, Sampling(n=8, temperature=1.0, max_tokens=32))
     t["rollout_s"] = time.perf_counter() - t0
     rewards = [float(rng.random() < 0.5) for r in rollouts for _ in r.completions]
-    samples, _, _ = prepare_samples(
-        rollouts, rewards, build_from_overrides("/unused", "model.max_new_tokens=32").samples
-    )
+    samples, _, _ = prepare_samples(rollouts, rewards, from_overrides("/unused", "model.max_new_tokens=32"))
     t0 = time.perf_counter()
     runtime.train_step(samples)
     t["learn_s"] = time.perf_counter() - t0
@@ -342,10 +340,10 @@ def main() -> None:
     import ray
     from transformers import AutoTokenizer
 
-    from rl.runtime import placement
     from rl.model_path import resolve_model_path
     from rl.rollout.vllm import cpu_threads_env
-    from rl.runtime.pool import Runtime
+    from rl.runtime import placement
+    from rl.runtime.runtime import Runtime
 
     path = resolve_model_path(args.model)
     ranks = [int(r) for r in args.ranks.split(",")]
@@ -379,14 +377,14 @@ def main() -> None:
             # one actor and one learner alive at a time: the machine is shared and a learner is ~0.6 GB
             keys = actor_overrides(path, mode, max(ranks))
             actor = ray.remote(num_cpus=1, runtime_env={"env_vars": actor_env})(BenchRollout).remote(
-                build_from_overrides(path, *keys).rollout
+                from_overrides(path, *keys)
             )
             ray.get(actor.__ray_ready__.remote())
             for r in ranks:
                 # the demo's GRPO (its KL is used by the demo-shaped step); LoRA factors sent in bf16, as a run
                 # does for a bf16 vLLM engine
-                spec = learner_spec(path, "algorithm.kl_coef=0.01", rank=r, dtype="bfloat16", threads=args.threads)
-                learner = ray.remote(num_cpus=1)(BenchLearner).remote(spec)
+                cfg = learner_config(path, "algorithm.kl_coef=0.01", rank=r, dtype="bfloat16", threads=args.threads)
+                learner = ray.remote(num_cpus=1)(BenchLearner).remote(cfg)
                 version += 1
                 ray.get(learner.randomise_adapter.remote(version))
                 runtime = Runtime(placement.RayGroup([actor]), placement.RayGroup([learner]))

@@ -86,9 +86,6 @@ class DataEnv:
     def train_items(self) -> list[dict[str, Any]]:
         return self._train
 
-    def eval_sets(self) -> dict[str, list[dict[str, Any]]]:
-        return self._eval_sets
-
     def eval_items(self) -> list[dict[str, Any]]:
         """All eval sets, interleaved (a, b, a, b, ...) so that a cap on the total keeps a share of each."""
         out, sets = [], list(self._eval_sets.values())

@@ -97,7 +97,7 @@ def load_rows(src: Source, strict: bool = True) -> tuple[list[tuple[str, dict[st
 
 def final_answer(value: Any, fmt: str, where: str, field: str) -> str:
     """The ground-truth answer string of one row."""
-    from rewards.extract import last_boxed
+    from envs.boxed import last_boxed
 
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # AMC stores 142.0

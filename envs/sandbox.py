@@ -55,7 +55,7 @@ HOST_UID_FOR_ROOT = 65534  # the host uid (nobody) a root trainer's programs run
 FILE_LIMIT_MB = 16  # RLIMIT_FSIZE: the largest single file a program may write
 
 
-@dataclass(frozen=True)
+@dataclass
 class SandboxLimits:
     """Limits of one program run: the `sandbox` config node (docs/sandbox.md), checked when built."""
 
@@ -525,8 +525,10 @@ def _env(home: str) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------------- run
 
 
-def run_python(code: str, *, stdin: str = "", limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-    """Run `code` as a program with `stdin`, under `limits`; never raises for anything the program does."""
+def run_python(code: str, *, stdin: str = "", limits: SandboxLimits | None = None) -> SandboxResult:
+    """Run `code` as a program with `stdin`, under `limits` (None: the defaults); never raises for anything the
+    program does."""
+    limits = limits or SandboxLimits()
     info = isolation()
     if not info["ready"]:
         return SandboxResult("", "", None, False, f"sandbox unavailable: {info['problem']}", 0.0)
@@ -589,10 +591,11 @@ def _machine() -> str:
 
 
 def run_many(
-    jobs: Sequence[tuple[str, str]], limits: SandboxLimits = SandboxLimits(), workers: int | None = None
+    jobs: Sequence[tuple[str, str]], limits: SandboxLimits | None = None, workers: int | None = None
 ) -> list[SandboxResult]:
     """`run_python(code, stdin=stdin)` for each (code, stdin), `workers` (default `limits.workers`) at a time
     (threads, each waiting on its own launcher process), in the order given."""
+    limits = limits or SandboxLimits()
     workers = limits.workers if workers is None else workers
     if workers <= 1 or len(jobs) <= 1:
         return [run_python(c, stdin=s, limits=limits) for c, s in jobs]

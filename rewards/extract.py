@@ -1,42 +1,11 @@
-"""Answer extraction: the `\\boxed{...}` contents and the `<answer>...</answer>` content of a completion.
+"""Answer extraction: the `<answer>...</answer>` content of a completion (the `\\boxed{...}` contents: envs/boxed.py).
 
 Pure string functions (no math-verify, no sympy), shared one way by the format rewards (rewards/format.py: is
-the answer well-formed) and the math rewards (rewards/math.py: is it right), and by envs/hf.py for the gold
-answers of boxed solutions.
+the answer well-formed) and the math rewards (rewards/math.py: is it right). The boxed parser itself is
+envs/boxed.py's (the prompt sources read gold answers with it too).
 """
 
 from __future__ import annotations
-
-import re
-
-BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
-
-
-def boxed_contents(text: str) -> list[str]:
-    """Contents of every top-level `\\boxed{...}` / `\\fbox{...}`, in order (balanced braces; an unclosed box is
-    ignored; `\\{` and `\\}` do not count as braces)."""
-    out, pos = [], 0
-    while True:
-        m = BOX_START.search(text, pos)
-        if m is None:
-            return out
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            ch = text[i]
-            if ch == "\\":
-                i += 2
-                continue
-            depth += (ch == "{") - (ch == "}")
-            i += 1
-        if depth:
-            return out
-        out.append(text[m.end() : i - 1])
-        pos = i
-
-
-def last_boxed(text: str) -> str | None:
-    found = boxed_contents(text)
-    return found[-1] if found else None
 
 
 def answer_tag_content(completion: str, think_in_prompt: bool = False) -> str | None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rewards.extract import BOX_START, answer_tag_content, boxed_contents
+from envs.boxed import BOX_START, boxed_contents
+from rewards.extract import answer_tag_content
 
 _AFTER_FINAL_BOX = re.compile(r"[\s$.!\\\])]*")  # what may follow the final box in strict mode: `$`, `.`, `\]`
 

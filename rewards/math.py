@@ -23,7 +23,8 @@ import threading
 from functools import lru_cache
 from typing import Any
 
-from rewards.extract import answer_tag_content, boxed_contents
+from envs.boxed import boxed_contents
+from rewards.extract import answer_tag_content
 from rewards.format import FormatReward
 
 

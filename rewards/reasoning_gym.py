@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rewards.extract import BOX_START, boxed_contents
+from envs.boxed import BOX_START, boxed_contents
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 # final_number: a sign only where a minus cannot be an operator; thousands commas only in groups of three, so

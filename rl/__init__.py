@@ -1,7 +1,7 @@
 """rlft: distributed RL fine-tuning of LLMs (Ray, vLLM rollout actors, LoRA learners).
 
 Unsloth patches torch, transformers and PEFT when it is imported, so in a process that runs an Unsloth learner
-it must be the first ML import. Learner processes get `RLFT_IMPORT_UNSLOTH=1` from rl/runtime/placement.py; this file
+it must be the first ML import. Learner processes get `RLFT_IMPORT_UNSLOTH=1` from rl/app.py (learner_env); this file
 runs before any rl module (and so before torch) when Ray unpickles the learner class in such a process.
 
 A role process whose environment names a log file (`RLFT_LOG_FILE`, set per role by rl/runtime/placement.py) sends its

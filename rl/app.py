@@ -1,5 +1,6 @@
-"""Assemble a run from its specs: tokenizer, logger, the roles (in this process or as Ray actors); run the loop;
-tear everything down whatever happens."""
+"""Assemble a run from its resolved config: tokenizer, logger, the roles (in this process or as Ray actors); run
+the loop; tear everything down whatever happens. A role that fails to start is explained here, by
+rl/preflight/diagnose.py (the training loop itself never imports the preflight package)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rl.preflight import diagnose as startup
-from rl.config.schema import ClusterMode
-from rl.runtime.groups import LocalGroup
+from rl.config.choices import ClusterMode
+from rl.config.schema import TrainConfig
+from rl.errors import RoleStartFailed, StartupError, cause_of
 from rl.logs import LogFollower
-from rl.runtime.pool import Runtime
-from rl.config.resolve import LearnerSpec, PlacementSpec, RunSpec
-from rl.preflight.diagnose import StartupError
+from rl.preflight.diagnose import explain
+from rl.runtime.groups import LocalGroup
+from rl.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
 
-def run(spec: RunSpec, *, env: Any, reward_fn: Any, resolved: dict, logger_spec: Any) -> dict[str, float]:
-    """Train as `spec` says; returns the summary. `logger_spec` is the typed `logger` config group."""
+def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict) -> dict[str, float]:
+    """Train as the resolved `cfg` says; returns the summary. `resolved` is the config as plain data (logged)."""
     import transformers
     from transformers import AutoTokenizer
 
@@ -30,15 +31,15 @@ def run(spec: RunSpec, *, env: Any, reward_fn: Any, resolved: dict, logger_spec:
     from rl.runtime.placement import RayStartError
 
     t0 = time.perf_counter()
-    if not spec.placement.verbose:  # the driver's transformers only tokenises: its notices on tokenizer configs
+    if not cfg.run.verbose:  # the driver's transformers only tokenises: its notices on tokenizer configs
         transformers.logging.set_verbosity_error()  # (e.g. "Ignoring clean_up_tokenization_spaces") stay out
     try:
-        tokenizer = AutoTokenizer.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     except Exception as e:
-        raise StartupError(startup.explain("the tokenizer", startup.cause_of(e), spec, "did not load")) from e
-    lg = logger_spec
+        raise StartupError(explain("the tokenizer", cause_of(e), cfg, "did not load")) from e
+    lg = cfg.logger
     logger = MetricsLogger(
-        spec.run_dir,
+        cfg.run_dir,
         kind=lg.kind.value,
         wandb_mode=lg.mode.value,
         project=lg.project,
@@ -47,37 +48,37 @@ def run(spec: RunSpec, *, env: Any, reward_fn: Any, resolved: dict, logger_spec:
         tags=lg.tags,
         config=resolved,
         console_every=lg.console_every,
-        total_steps=spec.steps,
+        total_steps=cfg.run.steps,
     )
-    p, sampling = spec.placement, spec.sampler.sampling
+    c, verbose = cfg.cluster, cfg.run.verbose
     print(
-        f"run dir: {spec.run_dir}\nmodel: {spec.model_path}\n{p.mode.value}: {p.num_actors} rollout actor(s), "
-        f"{p.num_learners} learner(s); algorithm {resolved.get('algorithm', {}).get('name')}; {spec.steps} steps x "
-        f"{spec.sampler.prompts_per_step} prompts x {sampling.n} samples",
+        f"run dir: {cfg.run_dir}\nmodel: {cfg.model.path}\n{c.mode.value}: {c.num_actors} rollout actor(s), "
+        f"{c.num_learners} learner(s); algorithm {cfg.algorithm.name}; {cfg.run.steps} steps x "
+        f"{cfg.run.prompts_per_step} prompts x {cfg.algorithm.group_size} samples",
         flush=True,
     )
-    # the roles' warnings and errors on the console (every line from their start on with verbose=true)
-    follower = LogFollower(p.log_dir, p.verbose)
-    if p.verbose:
+    # the roles' warnings and errors on the console (every line from their start on with run.verbose=true)
+    follower = LogFollower(cfg.log_dir, verbose)
+    if verbose:
         follower.start()
     try:
-        runtime, teardown = build_runtime(spec)
+        runtime, teardown = build_runtime(cfg)
     except RayStartError:  # a UserFacingError already: one line naming the key to change
         follower.stop()
         logger.close()
         raise
-    except startup.RoleStartFailed as e:  # its cause in one line, with the key that fixes it
+    except RoleStartFailed as e:  # its cause in one line, with the key that fixes it
         follower.stop()
         logger.close()
-        raise StartupError(startup.explain(e.role, e.cause, spec)) from e
+        raise StartupError(explain(e.role, e.cause, cfg)) from e
     except BaseException:
         follower.stop()
         logger.close()
         raise
-    if not p.verbose:
+    if not verbose:
         follower.start()  # from here on: what the roles print while they run, their start-up chatter left out
     try:
-        summary = train(spec, runtime, tokenizer, env, reward_fn, logger, resolved)
+        summary = train(cfg, runtime, tokenizer, env, reward_fn, logger, resolved)
     finally:
         follower.stop()  # before the teardown: the roles' shutdown chatter stays in their files
         teardown()
@@ -86,39 +87,36 @@ def run(spec: RunSpec, *, env: Any, reward_fn: Any, resolved: dict, logger_spec:
     before, after = summary.get("eval/accuracy_before"), summary.get("eval/accuracy_after")
     if before is not None and after is not None:
         print(
-            f"held-out accuracy (greedy, {spec.eval.size} prompts): before {before:.3f} -> after {after:.3f} "
+            f"held-out accuracy (greedy, {cfg.eval.size} prompts): before {before:.3f} -> after {after:.3f} "
             f"({after - before:+.3f}); total {summary['time/total_s']:.0f} s",
             flush=True,
         )
     return summary
 
 
-def build_runtime(spec: RunSpec) -> tuple[Runtime, Callable[[], None]]:
+def build_runtime(cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
     """Create the roles (in this process, or as Ray actors); returns the runtime and a function that tears it down."""
     from rl.learner import Learner
     from rl.rollout import rollout_class
 
-    p = spec.placement
-    if p.mode == ClusterMode.local:
-        os.environ.update(actor_env(p) | deterministic_env(spec.learner))
-        if not p.verbose:  # the roles share the driver's console here: vLLM's own INFO lines are left out
+    c = cfg.cluster
+    if c.mode == ClusterMode.local:
+        os.environ.update(actor_env(cfg) | deterministic_env(cfg))
+        if not cfg.run.verbose:  # the roles share the driver's console here: vLLM's own INFO lines are left out
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        if spec.learner.backend == "unsloth":  # too late to come first here (torch is loaded); models.py warns
+        if cfg.model.learner_backend == "unsloth":  # too late to come first here (torch is loaded); models.py warns
             import unsloth  # noqa: F401
-        learner = start_role("learner 0", Learner, spec.learner)
-        rollout = start_role("rollout actor 0", rollout_class(spec.rollout), spec.rollout)
-        runtime = Runtime(LocalGroup([rollout]), LocalGroup([learner]), spec.runtime)
+        learner = start_role("learner 0", Learner, cfg)
+        rollout = start_role("rollout actor 0", rollout_class(cfg), cfg)
+        runtime = Runtime(LocalGroup([rollout]), LocalGroup([learner]), cfg)
         return runtime, runtime.close
 
     from rl.runtime import placement
 
-    started = placement.start_ray(p.address, p.ray_num_cpus, p.verbose)
+    started = placement.start_ray(c.address, c.ray_num_cpus, cfg.run.verbose)
     try:
         runtime = placement.build_ray_runtime(
-            p,
-            spec.runtime,
-            rollout=(rollout_class(spec.rollout), spec.rollout, actor_env(p)),
-            learner=(Learner, spec.learner, learner_env(spec.learner)),
+            cfg, rollout=(rollout_class(cfg), actor_env(cfg)), learner=(Learner, learner_env(cfg))
         )
     except BaseException:
         placement.stop_ray(started)
@@ -131,20 +129,20 @@ def build_runtime(spec: RunSpec) -> tuple[Runtime, Callable[[], None]]:
     return runtime, teardown
 
 
-def start_role(role: str, cls: type, role_spec: Any) -> Any:
+def start_role(role: str, cls: type, cfg: TrainConfig) -> Any:
     """A role built in this process (cluster.mode=local); a failed constructor becomes RoleStartFailed, as a Ray
     actor's does in rl/runtime/placement.py."""
     try:
-        return cls(role_spec)
+        return cls(cfg)
     except Exception as e:
-        raise startup.RoleStartFailed(role, startup.cause_of(e)) from e
+        raise RoleStartFailed(role, cause_of(e)) from e
 
 
-def actor_env(placement: PlacementSpec) -> dict[str, str]:
+def actor_env(cfg: TrainConfig) -> dict[str, str]:
     """Environment of a rollout actor's process: the driver's VLLM_* settings (they reach actors on other nodes
     too), on CPU the cores its vLLM engine may use and its engine core in the actor's process, and with
-    `deterministic=true` on GPUs vLLM's batch-invariant mode (vLLM >= 0.11 reads VLLM_BATCH_INVARIANT in its GPU
-    worker; the CPU build has no such mode).
+    `run.deterministic=true` on GPUs vLLM's batch-invariant mode (vLLM >= 0.11 reads VLLM_BATCH_INVARIANT in its
+    GPU worker; the CPU build has no such mode).
 
     Why in-process on CPU: vLLM CPU's numerics depend on which requests share a step, so a seeded sample can change
     with its batch-mates (docs/benchmarks.md, "Reproducible runs"). An engine core in its own process starts stepping
@@ -154,18 +152,18 @@ def actor_env(placement: PlacementSpec) -> dict[str, str]:
     from rl.rollout.vllm import cpu_threads_env
 
     env = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
-    if not placement.use_gpu:
-        return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} | env | cpu_threads_env(placement.actor_threads)
-    return env | ({"VLLM_BATCH_INVARIANT": "1"} if placement.deterministic else {})
+    if not cfg.cluster.use_gpu:
+        return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} | env | cpu_threads_env(cfg.cluster.actor_threads)
+    return env | ({"VLLM_BATCH_INVARIANT": "1"} if cfg.run.deterministic else {})
 
 
-def learner_env(learner: LearnerSpec) -> dict[str, str]:
+def learner_env(cfg: TrainConfig) -> dict[str, str]:
     """Environment of a learner's process: Unsloth must be its first ML import (rl/__init__.py reads this)."""
-    env = {"RLFT_IMPORT_UNSLOTH": "1"} if learner.backend == "unsloth" else {}
-    return env | deterministic_env(learner)
+    env = {"RLFT_IMPORT_UNSLOTH": "1"} if cfg.model.learner_backend == "unsloth" else {}
+    return env | deterministic_env(cfg)
 
 
-def deterministic_env(learner: LearnerSpec) -> dict[str, str]:
-    """With `deterministic=true`, cuBLAS's fixed workspace: torch.use_deterministic_algorithms needs it on CUDA,
-    and cuBLAS reads it only when it starts."""
-    return {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"} if learner.deterministic else {}
+def deterministic_env(cfg: TrainConfig) -> dict[str, str]:
+    """With `run.deterministic=true`, cuBLAS's fixed workspace: torch.use_deterministic_algorithms needs it on
+    CUDA, and cuBLAS reads it only when it starts."""
+    return {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"} if cfg.run.deterministic else {}

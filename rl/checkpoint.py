@@ -1,6 +1,8 @@
 """Checkpoints: everything a run needs to continue exactly where it stopped, written so that a crash never
 leaves a checkpoint that looks complete but is not; the run's result (adapter or full model) in the formats
 other tools load; and finding a trained policy in any of these layouts again (`find_policy`, python -m rl.tools.eval).
+A run writes one every `checkpoint.interval` steps and after its last, keeps the `checkpoint.keep_last` newest, and
+`run.resume=auto` continues from the latest:
 
     <run_dir>/checkpoints/step_0003/
         adapter/            adapter_config.json + adapter_model.safetensors (PEFT format: PeftModel.from_pretrained,
@@ -17,7 +19,7 @@ leaves a temp folder that is ignored (and removed by the next save).
 
 Not restored, by design or because there is nothing to restore:
 - vLLM's sampler: its generator cannot be read or set from outside, and nothing needs it: every training prompt's
-  request carries its own seed, derived from the run seed and the prompt's draw number (rl/data/prompts.py prompt_seed),
+  request carries its own seed, derived from the run seed and the prompt's draw number (rl/seeds.py prompt_seed),
   and a resumed run draws the same prompts from the saved data position, so it samples what the uninterrupted
   run sampled (tests/integration/test_reproducible.py). The hf backend's generator (used for unseeded calls) is
   saved.
@@ -43,7 +45,8 @@ import torch
 
 from rl.atomic import fsync_dir, replace_when_done, write_bytes
 from rl.config.schema import ConfigError
-from rl.runtime.pool import Runtime
+from rl.runtime.roles import Learner, RolloutActor
+from rl.runtime.runtime import Runtime
 from rl.types import Adapter, TrainedPolicy
 
 CHECKPOINTS = "checkpoints"
@@ -69,8 +72,8 @@ def latest(run_dir: Path) -> Path | None:
 
 
 def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint to resume from: None (start fresh), "auto" (the latest in run_dir, None if there is none)
-    or a checkpoint folder (an error naming `resume` if it is not one)."""
+    """The checkpoint `run.resume` names: None (start fresh), "auto" (the latest in run_dir, None if there is none)
+    or a checkpoint folder (an error naming run.resume if it is not one)."""
     if resume is None:
         return None
     if resume == "auto":
@@ -78,8 +81,8 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
     path = Path(resume)
     if not (path / "trainer.pkl").is_file():
         raise ConfigError(
-            f"resume={resume}: not a checkpoint folder (no trainer.pkl); give a <run>/checkpoints/step_N folder "
-            "or resume=auto"
+            f"run.resume={resume}: not a checkpoint folder (no trainer.pkl); give a <run>/checkpoints/step_N folder "
+            "or run.resume=auto"
         )
     return path
 
@@ -109,7 +112,8 @@ def save(
     config: dict | None = None,
     keep_last: int = 0,
 ) -> Path:
-    """Write checkpoint `step` atomically, then delete all but the `keep_last` newest (0 keeps all).
+    """Write checkpoint `step` atomically, then delete all but the `keep_last` newest (checkpoint.keep_last; 0 keeps
+    all).
 
     learner_state: Learner.state_dict() (its "adapter" goes to the PEFT folder, the rest to learner.pkl)."""
     root = Path(run_dir) / CHECKPOINTS
@@ -161,7 +165,7 @@ def save_run(
         "rng": rng_state(),
         "rollout": rollout_states(runtime),
     }
-    learner_state = runtime.learners.call("state_dict", [()])[0]
+    learner_state = runtime.learners.call(Learner.state_dict, [()])[0]
     return save(
         run_dir, step, learner_state=learner_state, trainer_state=trainer_state, config=config, keep_last=keep_last
     )
@@ -172,24 +176,21 @@ def restore_run(path: Path, runtime: Runtime, data: Any) -> int:
     (the versions continue), then the data order and the RNG states (last: the sync itself draws random numbers).
     Returns the checkpoint's step."""
     trainer_state, learner_state = load(path)
-    runtime.learners.broadcast("load_state", learner_state)
+    runtime.learners.broadcast(Learner.load_state, learner_state)
     runtime.sync()
     data.load_state(trainer_state["data"])
     states = trainer_state.get("rollout")
     if states is not None and len(states) == len(runtime.actors):
-        runtime.actors.call("load_state", [(s,) for s in states])
+        runtime.actors.call(RolloutActor.load_state, [(s,) for s in states])
     set_rng_state(trainer_state["rng"])
     step = trainer_state["step"]
     print(f"resumed from {path}: step {step}, adapter version {runtime.version}, data cursor {data.cursor}", flush=True)
     return step
 
 
-def rollout_states(runtime: Runtime) -> list[dict] | None:
-    """Each actor's sampling RNG, or None for engines that cannot export it (VLLMRollout has no state_dict)."""
-    try:
-        return runtime.actors.broadcast("state_dict")
-    except AttributeError:
-        return None
+def rollout_states(runtime: Runtime) -> list[dict]:
+    """Each actor's sampling RNG (empty for engines whose RNG no sample depends on: vLLM's)."""
+    return runtime.actors.broadcast(RolloutActor.state_dict)
 
 
 # ------------------------------------------------------------------------------------------------ a run's result

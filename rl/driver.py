@@ -20,21 +20,21 @@ import numpy as np
 import torch
 
 from rl import checkpoint, evaluation
+from rl.config.schema import TrainConfig
 from rl.data.curriculum import build_curriculum
-from rl.data.prompts import PromptData
-from rl.errors import RunStopped
-from rl.runtime.groups import MemberDied, shard
-from rl.metrics import MetricsLogger
-from rl.runtime.probe import SyncProbe
-from rl.runtime.pool import Runtime
-from rl.data.sampler import Batch, RewardFn, Sampler
 from rl.data.prepare import kl_reward_penalty, prepare_samples, rollout_metrics
-from rl.config.resolve import RunSpec
+from rl.data.prompts import PromptData
+from rl.data.sampler import Batch, RewardFn, Sampler
+from rl.errors import RunStopped
+from rl.metrics import MetricsLogger
+from rl.runtime.groups import MemberDied, shard
+from rl.runtime.probe import SyncProbe
+from rl.runtime.runtime import Runtime
 from rl.types import TrainSample
 
 
 def train(
-    spec: RunSpec,
+    cfg: TrainConfig,
     runtime: Runtime,
     tokenizer: Any,
     env: Any,
@@ -42,32 +42,32 @@ def train(
     logger: MetricsLogger,
     resolved: dict,
 ) -> dict[str, float]:
-    """Run spec.steps RL steps on `runtime` (from the checkpoint `spec.resume` names, if any); return a summary
+    """Run cfg.run.steps RL steps on `runtime` (from the checkpoint `run.resume` names, if any); return a summary
     (eval accuracy before/after, timings). `resolved` is the config saved with each checkpoint."""
-    seed_everything(spec.seed)
-    train_data, eval_data = load_data(spec, tokenizer, env)
-    curriculum = build_curriculum(spec.sampler.curriculum, env, lambda items: PromptData(items, tokenizer, spec.data))
-    sampler = Sampler(runtime, train_data, reward_fn, spec.sampler, spec.steps, curriculum)
-    s = spec.sampler.sampling
+    steps, a = cfg.run.steps, cfg.algorithm
+    seed_everything(cfg.run.seed)
+    train_data, eval_data = load_data(cfg, tokenizer, env)
+    curriculum = build_curriculum(cfg, env, lambda items: PromptData(items, tokenizer, cfg))
+    sampler = Sampler(runtime, train_data, reward_fn, cfg, steps, curriculum)
     probe = SyncProbe(
         runtime,
         train_data.prompt_ids[:2],
-        s.temperature,
-        s.top_p,
-        threshold=spec.probe_threshold,
+        a.temperature,
+        a.top_p,
+        threshold=cfg.run.sync_probe_threshold,
         deferred=sampler.overlapped,
-        seed=spec.seed,
+        seed=cfg.run.seed,
     )
     summary: dict[str, float] = {
         "data/train_prompts": len(train_data),
         "data/dropped_long_prompts": train_data.dropped + eval_data.dropped,
         "sync/probe_floor": probe.measure_floor(),
     }
-    start = resume(spec, runtime, sampler, logger) + 1
+    start = resume(cfg, runtime, sampler, logger) + 1
     if (
-        spec.eval.size
+        cfg.eval.size
         and start == 1
-        and (acc := log_eval(runtime, eval_data, reward_fn, spec, logger, step=0)) is not None
+        and (acc := log_eval(runtime, eval_data, reward_fn, cfg, logger, step=0)) is not None
     ):
         summary["eval/accuracy_before"] = acc
     nonfinite = 0  # steps in a row whose loss was NaN/inf (each optimizer step skipped)
@@ -76,57 +76,60 @@ def train(
     logger.start_progress(start - 1)
     step = start
     try:
-        for step in range(start, spec.steps + 1):
+        for step in range(start, steps + 1):
             t_step = time.perf_counter()
             batch = sampler.next(step)  # generate (or collect what was sent ahead) + score + dynamic sampling
             m = probe.collect()  # the previous sync's probe, when it was read late (staleness > 0)
-            samples, sm = prepare(spec, runtime, tokenizer, batch, step)  # shaping -> advantages -> masks
-            m |= sm | learn(runtime, samples, spec.updates_per_step)
-            nonfinite = count_nonfinite(m, nonfinite, step, spec)
+            samples, sm = prepare(cfg, runtime, tokenizer, batch, step)  # shaping -> advantages -> masks
+            m |= sm | learn(runtime, samples, a.updates_per_step)
+            nonfinite = count_nonfinite(m, nonfinite, step, cfg)
             m |= runtime.sync()
-            m |= probe.after_sync(step, last=step == spec.steps)
+            m |= probe.after_sync(step, last=step == steps)
             m |= {"time/step_s": time.perf_counter() - t_step}
             m |= runtime.pop_idle(m["time/step_s"])
-            if spec.eval.size and spec.eval.interval and step % spec.eval.interval == 0 and step != spec.steps:
-                m |= evaluation.evaluate(runtime, eval_data, reward_fn, spec.eval, step)
+            if cfg.eval.size and cfg.eval.interval and step % cfg.eval.interval == 0 and step != steps:
+                m |= evaluation.evaluate(runtime, eval_data, reward_fn, cfg, step)
             logger.log(step, m)
             logger.console(step, m)
             summary["reward/last"] = m["reward/mean"]
-            if spec.save_interval and (step % spec.save_interval == 0 or step == spec.steps):
-                checkpoint.save_run(spec.run_dir, step, runtime, sampler, keep_last=spec.keep_last, config=resolved)
-            if nonfinite >= spec.max_nonfinite_steps:
-                raise RunStopped(stop_message(nonfinite_reason(nonfinite, step, spec), spec.run_dir))
+            every = cfg.checkpoint.interval
+            if every and (step % every == 0 or step == steps):
+                checkpoint.save_run(
+                    cfg.run_dir, step, runtime, sampler, keep_last=cfg.checkpoint.keep_last, config=resolved
+                )
+            if nonfinite >= cfg.run.max_nonfinite_steps:
+                raise RunStopped(stop_message(nonfinite_reason(nonfinite, step, cfg), cfg.run_dir))
     except MemberDied as e:
         if e.role != "learner":
             raise
-        raise RunStopped(stop_message(f"learner {e.index} died at step {step} ({e.cause})", spec.run_dir)) from e
+        raise RunStopped(stop_message(f"learner {e.index} died at step {step} ({e.cause})", cfg.run_dir)) from e
     summary["time/train_s"] = time.perf_counter() - t_run
-    checkpoint.export_result(runtime.adapter(), spec.run_dir, source=Path(spec.model_path))
-    if spec.eval.size and (acc := log_eval(runtime, eval_data, reward_fn, spec, logger, step=spec.steps)) is not None:
+    checkpoint.export_result(runtime.adapter(), cfg.run_dir, source=Path(cfg.model.path))
+    if cfg.eval.size and (acc := log_eval(runtime, eval_data, reward_fn, cfg, logger, step=steps)) is not None:
         summary["eval/accuracy_after"] = acc
     return summary
 
 
-def load_data(spec: RunSpec, tokenizer: Any, env: Any) -> tuple[PromptData, PromptData]:
-    train_data = PromptData(env.train_items(), tokenizer, spec.data)
-    eval_data = PromptData(env.eval_items()[: spec.eval.size], tokenizer, spec.data)
+def load_data(cfg: TrainConfig, tokenizer: Any, env: Any) -> tuple[PromptData, PromptData]:
+    train_data = PromptData(env.train_items(), tokenizer, cfg)
+    eval_data = PromptData(env.eval_items()[: cfg.eval.size], tokenizer, cfg)
     if len(train_data) == 0:
         raise ValueError(
             f"no training prompts left: {train_data.dropped} were longer than model.max_prompt_tokens="
-            f"{spec.data.max_prompt_tokens}"
+            f"{cfg.model.max_prompt_tokens}"
         )
     return train_data, eval_data
 
 
-def resume(spec: RunSpec, runtime: Runtime, sampler: Sampler, logger: MetricsLogger) -> int:
+def resume(cfg: TrainConfig, runtime: Runtime, sampler: Sampler, logger: MetricsLogger) -> int:
     """The step a checkpoint ended (0 when starting fresh); its state is loaded into the roles and the sampler."""
-    ckpt = checkpoint.resolve_resume(spec.resume, spec.run_dir)
+    ckpt = checkpoint.resolve_resume(cfg.run.resume, cfg.run_dir)
     if ckpt is None:
-        if spec.resume == "auto":
+        if cfg.run.resume == "auto":
             # the rows a run wrote before it was stopped without a checkpoint are lost work: the run starts over
             dropped = logger.drop_after(-1)
             print(
-                f"resume=auto: no checkpoint in {spec.run_dir / checkpoint.CHECKPOINTS}, starting at step 1"
+                f"run.resume=auto: no checkpoint in {cfg.run_dir / checkpoint.CHECKPOINTS}, starting at step 1"
                 + (f" ({dropped} rows of metrics.jsonl from before dropped)" if dropped else ""),
                 flush=True,
             )
@@ -136,18 +139,21 @@ def resume(spec: RunSpec, runtime: Runtime, sampler: Sampler, logger: MetricsLog
     return step
 
 
-def prepare(spec: RunSpec, runtime: Runtime, tokenizer: Any, batch: Batch, step: int) -> tuple[list[TrainSample], dict]:
+def prepare(
+    cfg: TrainConfig, runtime: Runtime, tokenizer: Any, batch: Batch, step: int
+) -> tuple[list[TrainSample], dict]:
     """Reward shaping (KL in the reward, overlong penalty) -> advantages -> loss masks -> top-k, the batch's
-    metrics, and the step's rollout dump (rollout_save_interval)."""
-    shaped, kl_metrics = kl_reward_penalty(runtime.reference_logprobs, batch.rollouts, batch.rewards, spec.samples)
-    samples, adv, metrics = prepare_samples(batch.rollouts, shaped, spec.samples)
-    if spec.rollout_save_interval and step % spec.rollout_save_interval == 0:
-        path = spec.rollout_save_dir / f"{checkpoint.step_dir_name(step)}.jsonl"
-        evaluation.save_rollouts(path, step, tokenizer, batch.rollouts, batch.rewards, shaped, adv, spec.samples)
+    metrics, and the step's rollout dump (logger.rollouts_interval)."""
+    shaped, kl_metrics = kl_reward_penalty(runtime.reference_logprobs, batch.rollouts, batch.rewards, cfg)
+    samples, adv, metrics = prepare_samples(batch.rollouts, shaped, cfg)
+    every = cfg.logger.rollouts_interval
+    if every and step % every == 0:
+        path = Path(cfg.logger.rollouts_dir) / f"{checkpoint.step_dir_name(step)}.jsonl"
+        evaluation.save_rollouts(path, step, tokenizer, batch.rollouts, batch.rewards, shaped, adv, cfg)
     behind = [runtime.steps_behind(r.adapter_version) for r in batch.rollouts]
     return samples, {
         **kl_metrics,
-        **rollout_metrics(batch.rollouts, batch.rewards, adv, spec.samples.group_size),
+        **rollout_metrics(batch.rollouts, batch.rewards, adv, cfg.algorithm.group_size),
         **batch.stats,
         **metrics,
         **runtime.pop_counts(),
@@ -170,10 +176,10 @@ def learn(runtime: Runtime, samples: list[TrainSample], updates: int) -> dict[st
 
 
 def log_eval(
-    runtime: Runtime, data: PromptData, reward_fn: RewardFn, spec: RunSpec, logger: MetricsLogger, *, step: int
+    runtime: Runtime, data: PromptData, reward_fn: RewardFn, cfg: TrainConfig, logger: MetricsLogger, *, step: int
 ) -> float | None:
     """Evaluate, log (the evaluation before training also on the console) and return the accuracy."""
-    metrics = evaluation.evaluate(runtime, data, reward_fn, spec.eval, step)
+    metrics = evaluation.evaluate(runtime, data, reward_fn, cfg, step)
     if not metrics:
         return None
     logger.log(step, metrics)
@@ -182,30 +188,30 @@ def log_eval(
     return metrics["eval/accuracy"]
 
 
-def count_nonfinite(metrics: dict[str, float], in_a_row: int, step: int, spec: RunSpec) -> int:
+def count_nonfinite(metrics: dict[str, float], in_a_row: int, step: int, cfg: TrainConfig) -> int:
     """Steps in a row whose loss was NaN/inf (the learner skipped their optimizer step); says so on the console."""
     if not metrics["train/skipped_nonfinite"]:
         return 0
     in_a_row += 1
     print(
         f"step {step}: non-finite loss ({metrics['train/loss']}), optimizer step skipped ({in_a_row} in a row; the "
-        f"run stops at max_nonfinite_steps={spec.max_nonfinite_steps})",
+        f"run stops at run.max_nonfinite_steps={cfg.run.max_nonfinite_steps})",
         flush=True,
     )
     return in_a_row
 
 
-def nonfinite_reason(n: int, step: int, spec: RunSpec) -> str:
+def nonfinite_reason(n: int, step: int, cfg: TrainConfig) -> str:
     return (
-        f"{n} steps in a row had a non-finite loss (NaN/inf; max_nonfinite_steps={spec.max_nonfinite_steps}), "
+        f"{n} steps in a row had a non-finite loss (NaN/inf; run.max_nonfinite_steps={cfg.run.max_nonfinite_steps}), "
         f"stopped after step {step}; check the reward for NaN/inf or lower algorithm.lr"
     )
 
 
 def stop_message(reason: str, run_dir: Path) -> str:
     last = checkpoint.latest(run_dir)
-    where = f"last checkpoint: {last}" if last else "no checkpoint was saved yet (save_interval)"
-    return f"{reason}; {where}; resume with: python train.py resume=auto output_dir={run_dir} (same overrides)"
+    where = f"last checkpoint: {last}" if last else "no checkpoint was saved yet (checkpoint.interval)"
+    return f"{reason}; {where}; resume with: python train.py run.resume=auto run.output_dir={run_dir} (same overrides)"
 
 
 def seed_everything(seed: int) -> None:

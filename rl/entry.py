@@ -18,6 +18,38 @@ def fail(msg: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
+# Keys that moved into groups: the old spelling, on the command line or in a YAML file, fails with one line naming
+# the new one.
+RENAMED = {
+    **{k: f"run.{k}" for k in ("seed", "steps", "prompts_per_step", "deterministic", "verbose", "output_dir")},
+    **{k: f"run.{k}" for k in ("resume", "max_nonfinite_steps", "sync_probe_threshold")},
+    **{
+        k: f"learner.{k}" for k in ("micro_batch_size", "micro_batch_tokens", "packed_attention", "share_prompt_prefix")
+    },
+    **{f"eval_{k}": f"eval.{k}" for k in ("size", "interval", "n_samples", "temperature", "pass_k", "save_dir")},
+    "eval_correct_threshold": "eval.correct_threshold",
+    "save_interval": "checkpoint.interval",
+    "keep_last": "checkpoint.keep_last",
+    "rollout_save_interval": "logger.rollouts_interval",
+    "rollout_save_dir": "logger.rollouts_dir",
+}
+
+
+def renamed_hint(key: str) -> str | None:
+    """The one line for a key that moved into a group, or None."""
+    new = RENAMED.get(key)
+    return f"'{key}' is now '{new}': write {new}=... (python -m rl.tools.keys lists every key)" if new else None
+
+
+def check_renamed(overrides: list[str]) -> None:
+    """Fail with one line when a command-line override uses a key's old spelling (`steps=3` -> `run.steps=3`)."""
+    for arg in overrides:
+        key = arg.lstrip("+~").split("=", 1)[0]
+        hint = renamed_hint(key)
+        if hint:
+            fail(hint)
+
+
 def one_line_config_error(e: BaseException, schema: type) -> str:
     """Hydra/OmegaConf composition errors span several lines; keep what names the key and the fix. `schema` is the
     config dataclass the composed config validates into (its field names are the valid keys offered)."""
@@ -25,6 +57,8 @@ def one_line_config_error(e: BaseException, schema: type) -> str:
     text = str(cause)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     full_key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), None)
+    if " not in '" in text and full_key and renamed_hint(full_key):  # an old spelling in a YAML file
+        return renamed_hint(full_key)
     if " not in '" in text and full_key:
         valid = valid_keys(full_key, schema)
         hint = f"; valid keys there: {', '.join(valid)}" if valid else ""

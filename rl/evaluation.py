@@ -1,8 +1,9 @@
 """Held-out evaluation (greedy accuracy, pass@k, per named eval set) and the per-sample jsonl files a run writes
 (eval/step_N.jsonl, rollouts/step_N.jsonl).
 
-`evaluate` and `save_rollouts` take the runtime and a frozen spec; the metrics and rows are plain functions over
-plain data (no Ray, no config objects).
+`evaluate` takes the runtime and the resolved `TrainConfig` (its `eval.*` keys), `save_rollouts` the config for the
+reward shaping it re-applies (`algorithm.*`); the metrics and rows are plain functions over plain data (no Ray, no
+config objects).
 """
 
 from __future__ import annotations
@@ -18,35 +19,38 @@ import torch
 
 from rl.atomic import atomic_jsonl
 from rl.checkpoint import step_dir_name
-from rl.data.prompts import PromptData, prompt_seed
-from rl.runtime.pool import Runtime
-from rl.data.sampler import RewardFn, score
+from rl.config.schema import TrainConfig
 from rl.data.prepare import episode_metrics, shape_rewards
-from rl.config.resolve import EvalSpec, SampleSpec
+from rl.data.prompts import PromptData
+from rl.data.sampler import RewardFn, score
+from rl.runtime.runtime import Runtime
+from rl.seeds import prompt_seed
 from rl.types import Completion, PromptRollout, Sampling, completions_of
 
 
 def evaluate(
-    runtime: Runtime, data: PromptData, reward_fn: RewardFn, spec: EvalSpec, step: int, *, path: Path | None = None
+    runtime: Runtime, data: PromptData, reward_fn: RewardFn, cfg: TrainConfig, step: int, *, path: Path | None = None
 ) -> dict[str, float]:
-    """Greedy accuracy on the held-out prompts and, with spec.n_samples > 0, pass@1 and pass@k over that many
-    samples per prompt (unbiased estimator, Chen et al. 2021 eq. 1), overall and per named eval set (envs/data.py
-    metadata.eval_set); every completion is written to `path` (default spec.save_dir/step_N.jsonl)."""
+    """Greedy accuracy on the held-out prompts and, with eval.n_samples > 0, pass@1 and pass@k (eval.pass_k) over
+    that many samples per prompt at eval.temperature (unbiased estimator, Chen et al. 2021 eq. 1), overall and per
+    named eval set (envs/data.py metadata.eval_set); a completion is correct when its reward >= eval.correct_threshold.
+    Every completion is written to `path` (default <eval.save_dir>/step_N.jsonl)."""
+    ev, max_tokens = cfg.eval, cfg.model.max_new_tokens
     if len(data) == 0:
         return {}
     t0 = time.perf_counter()
     # greedy ignores the seeds; the sampled completions (pass@k) depend on the step and the prompt only;
     # a multi-turn env's evaluation runs its episodes (the items start them; a single-turn run does not send them)
-    seeds = [prompt_seed(spec.seed, i, "eval", step) for i in range(len(data))]
+    seeds = [prompt_seed(cfg.run.seed, i, "eval", step) for i in range(len(data))]
     greedy = runtime.generate(
-        data.prompt_ids, Sampling(n=1, temperature=0.0, max_tokens=spec.max_tokens), items=data.items, seeds=seeds
+        data.prompt_ids, Sampling(n=1, temperature=0.0, max_tokens=max_tokens), items=data.items, seeds=seeds
     )
     runs = [("greedy", greedy, score(reward_fn, greedy, data.items))]
-    n = spec.n_samples
+    n = ev.n_samples
     if n:
         sampled = runtime.generate(
             data.prompt_ids,
-            Sampling(n=n, temperature=spec.temperature, max_tokens=spec.max_tokens),
+            Sampling(n=n, temperature=ev.temperature, max_tokens=max_tokens),
             items=data.items,
             seeds=seeds,
         )
@@ -55,8 +59,8 @@ def evaluate(
         runs[0][2],
         [runs[1][2][i * n : (i + 1) * n] for i in range(len(data))] if n else None,
         [it.get("metadata", {}).get("eval_set") for it in data.items],
-        threshold=spec.threshold,
-        ks=spec.pass_k,
+        threshold=ev.correct_threshold,
+        ks=ev.pass_k,
     )
     out["eval/length_mean"] = float(np.mean([r.completions[0].model_tokens for r in greedy]))
     out |= {f"eval/{k[4:]}": v for k, v in episode_metrics(completions_of(greedy)).items()}
@@ -65,12 +69,12 @@ def evaluate(
     # one slash, as every overall eval metric (eval/<set>/<metric> is a named eval set's)
     if hasattr(reward_fn, "pop_metrics"):
         out |= {f"eval/{k.replace('/', '_')}": v for k, v in reward_fn.pop_metrics().items()}
-    if path is None and spec.save_dir is not None:
-        path = spec.save_dir / f"{step_dir_name(step)}.jsonl"
+    if path is None and ev.save_dir is not None:  # resolved: <run dir>/eval unless set
+        path = Path(ev.save_dir) / f"{step_dir_name(step)}.jsonl"
     if path is not None:
         with atomic_jsonl(path) as f:
             for mode, rollouts, rewards in runs:
-                for row in eval_rows(step, data.items, rollouts, rewards, mode=mode, threshold=spec.threshold):
+                for row in eval_rows(step, data.items, rollouts, rewards, mode=mode, threshold=ev.correct_threshold):
                     write_row(f, row)
     out["time/eval_s"] = time.perf_counter() - t0
     return out
@@ -84,13 +88,13 @@ def save_rollouts(
     rewards: list[float],
     shaped: list[float],
     adv: torch.Tensor,
-    spec: SampleSpec,
+    cfg: TrainConfig,
 ) -> None:
-    """Every completion of a training step (rollout_save_interval) as jsonl, written atomically: task `rewards`,
+    """Every completion of a training step (every logger.rollouts_interval steps) as jsonl, written atomically: task `rewards`,
     the rewards after all shaping (`shaped` is after the KL-in-reward penalty; the overlong penalty is added here,
     as prepare_samples does), the advantages [B*G]. The prompt is decoded from the token ids the model saw."""
     lengths = torch.tensor([c.model_tokens for c in completions_of(rollouts)], dtype=torch.float32)
-    final = shape_rewards(shaped, lengths, spec)[0].tolist()
+    final = shape_rewards(shaped, lengths, cfg)[0].tolist()
     prompts = [tokenizer.decode(r.prompt_ids) for r in rollouts]
     with atomic_jsonl(path) as f:
         for row, c in zip(

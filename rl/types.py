@@ -100,3 +100,15 @@ class TrainedPolicy:
 
     def describe(self) -> str:
         return f"{self.kind} {self.adapter or self.model}"
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """A multi-turn environment as each rollout actor builds and runs it (envs/protocol.py, rl/rollout/episodes.py);
+    filled from `env` by the resolve step
+    (rl/config/resolve.py); it travels to every rollout actor."""
+
+    env: str  # the env's config as JSON (`_target_` and keyword arguments, interpolations resolved)
+    max_turns: int  # env.max_turns
+    max_tokens: int  # env.max_episode_tokens: tokens after the prompt per episode, the model's and the env's
+    use_chat_template: bool  # env messages are rendered with the chat template (else joined by newlines)

@@ -118,16 +118,16 @@ _SCRATCH = tempfile.TemporaryDirectory(prefix="rlft-tests-")  # removed when the
 
 
 def scratch_run_dir() -> Path:
-    """A fresh run directory for a spec built outside a run: roles write their logs under it, so it must be writable
+    """A fresh run directory for a config resolved outside a run: roles write their logs under it, so it must be writable
     and must not be shared with another test."""
     return Path(tempfile.mkdtemp(prefix="run-", dir=_SCRATCH.name))
 
 
 def run_spec(model: Path | str, *overrides: str, run_dir: Path | str | None = None):
-    """The RunSpec train.py builds for a config with these overrides, with `model` as the resolved model path."""
-    from rl.config.resolve import build_from_overrides
+    """The resolved config train.py builds with these overrides, with `model` as the resolved model path."""
+    from rl.config.resolve import from_overrides
 
-    return build_from_overrides(str(model), *overrides, run_dir=run_dir or scratch_run_dir())
+    return from_overrides(str(model), *overrides, run_dir=run_dir or scratch_run_dir())
 
 
 LEARNER_TEST_OVERRIDES = (  # a small fp32 LoRA learner without the KL term, at lr 1e-4
@@ -141,13 +141,13 @@ LEARNER_TEST_OVERRIDES = (  # a small fp32 LoRA learner without the KL term, at 
 
 
 def make_learner(model: Path | str, *overrides: str):
-    """A Learner on `model` (fp32, LoRA on q/v/up, one thread) built from its spec as a run builds it, with config
+    """A Learner on `model` (fp32, LoRA on q/v/up, one thread) built from its config as a run builds it, with config
     overrides; its lora_B starts random (PEFT starts it at zero) so that the adapter changes logprobs."""
     import torch
 
     from rl.learner import Learner
 
-    learner = Learner(run_spec(model, *LEARNER_TEST_OVERRIDES, *overrides).learner)
+    learner = Learner(run_spec(model, *LEARNER_TEST_OVERRIDES, *overrides))
     gen = torch.Generator().manual_seed(1)
     for name, p in learner.model.named_parameters():
         if "lora_B" in name:  # PEFT starts B at zero; give the adapter an effect so the test is not trivial
@@ -194,7 +194,7 @@ def jsonl(path: Path) -> list[dict]:
 
 def assert_same_first_steps(a: Path, b: Path, steps: int = 2) -> None:
     """Run `a` (more steps) and run `b` (`steps` steps, then maybe resumed) agree up to `steps`: metrics, each
-    step's checkpointed adapter and rollout dump (`save_interval=1`, `rollout_save_interval=1`), and the
+    step's checkpointed adapter and rollout dump (`checkpoint.interval=1`, `logger.rollouts_interval=1`), and the
     evaluation before training; and the groups' samples differed (the comparison is not vacuous)."""
     # b's rows up to `steps` are its first part's (a resume keeps them), less the evaluation that ended it
     early = [r for r in metric_rows(b) if r["step"] <= steps and not (r["step"] == steps and "eval/n" in r)]
@@ -210,7 +210,7 @@ def assert_same_first_steps(a: Path, b: Path, steps: int = 2) -> None:
 
 
 def assert_resume_matches(a: Path, b: Path, resumed_stdout: str, steps: int, prompts_per_step: int) -> None:
-    """Run `b`, stopped after `steps - 1` and resumed (`resume=auto`, staleness 0) to `steps`, equals the
+    """Run `b`, stopped after `steps - 1` and resumed (`run.resume=auto`, staleness 0) to `steps`, equals the
     uninterrupted run `a`: training rows, the final evaluation, adapter, rollout and evaluation dumps."""
     k = steps - 1
     assert "resumed from" in resumed_stdout

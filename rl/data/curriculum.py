@@ -2,18 +2,19 @@
 
 The sampler (rl/data/sampler.py) stays the one owner of the data, its cursor and the queue of batches in flight; a
 curriculum is asked for the next batch's prompts (`choose`) and told every generated group's pass rate
-(`observe`: the fraction of its G samples whose reward >= eval_correct_threshold, every round of dynamic sampling
-included, before any filter). Three kinds:
+(`observe`: the fraction of its G samples whose reward >= eval.correct_threshold, every round of dynamic sampling
+included, before any filter). Each reads its `curriculum.*` keys (and run.seed) from the resolved `TrainConfig`.
+Three kinds:
 
 - `Sequential` (none): the data's seeded order, as without a curriculum.
 - `PassRateCurriculum` (pass_rate): per training prompt, an exponential moving average of its pass rate over its
-  visits (`ema` is the old estimate's weight). A prompt whose estimate is >= `solved` or <= `hopeless` is skipped
+  visits (`curriculum.ema` is the old estimate's weight). A prompt whose estimate is >= `solved` or <= `hopeless` is skipped
   before generating (no tokens spent on a group whose advantages would all be zero) and the next one in data order
   is taken instead; with probability `revisit_prob` it is sent anyway, so a skipped prompt comes back now and then
   and its estimate is refreshed (the policy moves: a solved prompt can be forgotten, a hopeless one learned).
   Prompts never visited are always sent. A batch never skips more than the data holds (every prompt would be
   skipped: the rest are sent as drawn). Skipping matters when prompts repeat (a training set smaller than
-  steps x prompts_per_step); on a first pass over the data nothing has a rate yet.
+  run.steps x run.prompts_per_step); on a first pass over the data nothing has a rate yet.
 - `DifficultyCurriculum` (difficulty): a reasoning-gym task's difficulty, stepped with reasoning-gym's own
   curriculum for the task (envs/reasoning_gym.py TaskCurriculum). When the mean pass rate of the last `window`
   prompt groups generated at the current level reaches `raise_at`, the next batch is drawn from a fresh set of
@@ -35,9 +36,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rl.config.schema import ConfigError
+from rl.config.choices import CurriculumKind
+from rl.config.schema import ConfigError, TrainConfig
 from rl.data.prompts import PromptData
-from rl.config.resolve import CurriculumSpec
 
 # pass-rate histogram buckets of the metrics: exactly 0, (0, 0.5), [0.5, 1), exactly 1
 BUCKETS = ("0", "lt_half", "ge_half", "1")
@@ -108,10 +109,10 @@ class Sequential:
 class PassRateCurriculum:
     """Skips solved and hopeless prompts before generating (see the module docstring)."""
 
-    def __init__(self, spec: CurriculumSpec):
-        self.spec = spec
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
         self.rates: dict[int, float] = {}  # data index -> EMA of its pass rate
-        self._rng = random.Random(spec.seed)
+        self._rng = random.Random(cfg.run.seed)
         self._skipped = 0  # since the last pop_metrics
         self._skipped_total = 0
 
@@ -120,14 +121,14 @@ class PassRateCurriculum:
 
     def due_to_skip(self, i: int) -> bool:
         rate = self.rates.get(i)
-        return rate is not None and (rate >= self.spec.solved or rate <= self.spec.hopeless)
+        return rate is not None and (rate >= self.cfg.curriculum.solved or rate <= self.cfg.curriculum.hopeless)
 
     def choose(self, data: PromptData, n: int) -> list[int]:
         chosen: list[int] = []
         skips_left = len(data)  # never more than a pass over the data per batch
         while len(chosen) < n:
             i = data.next_batch(1)[0]
-            if skips_left and self.due_to_skip(i) and self._rng.random() >= self.spec.revisit_prob:
+            if skips_left and self.due_to_skip(i) and self._rng.random() >= self.cfg.curriculum.revisit_prob:
                 skips_left -= 1
                 self._skipped += 1
                 continue
@@ -135,7 +136,7 @@ class PassRateCurriculum:
         return chosen
 
     def observe(self, data: PromptData, idx: Sequence[int], pass_rates: Sequence[float]) -> None:
-        a = self.spec.ema
+        a = self.cfg.curriculum.ema
         for i, rate in zip(idx, pass_rates):
             old = self.rates.get(i)
             self.rates[i] = rate if old is None else a * old + (1 - a) * rate
@@ -170,12 +171,13 @@ class DifficultyCurriculum:
     task: envs.reasoning_gym.TaskCurriculum (level, max_level, raise_level(), set_level(), train_items()).
     make_data: turns items into PromptData (tokenised as the run's other prompts)."""
 
-    def __init__(self, spec: CurriculumSpec, task: Any, make_data: Callable[[list[dict]], PromptData]):
-        self.spec, self.task, self.make_data = spec, task, make_data
-        self.max_level = task.max_level if spec.max_level is None else min(spec.max_level, task.max_level)
+    def __init__(self, cfg: TrainConfig, task: Any, make_data: Callable[[list[dict]], PromptData]):
+        self.cfg, self.task, self.make_data = cfg, task, make_data
+        top = cfg.curriculum.max_level
+        self.max_level = task.max_level if top is None else min(top, task.max_level)
         self.level = task.level  # the level of the data batches are drawn from
         self.target = self.level  # the level the next batch is drawn at (> level: a raise is due)
-        self.window: deque[float] = deque(maxlen=spec.window)
+        self.window: deque[float] = deque(maxlen=cfg.curriculum.window)
         self._data: PromptData | None = None  # the current level's prompts (None: not built yet)
         self._raises = 0  # since the last pop_metrics
 
@@ -199,7 +201,7 @@ class DifficultyCurriculum:
             return
         self.window.extend(pass_rates)
         full = len(self.window) == self.window.maxlen
-        if full and np.mean(self.window) >= self.spec.raise_at and self.level < self.max_level:
+        if full and np.mean(self.window) >= self.cfg.curriculum.raise_at and self.level < self.max_level:
             self.target = self.level + 1
             self.window.clear()
             self._raises += 1
@@ -236,15 +238,16 @@ def check_kind(state: dict, kind: str) -> None:
         )
 
 
-def build_curriculum(spec: CurriculumSpec, env: Any, make_data: Callable[[list[dict]], PromptData]) -> Curriculum:
-    """The curriculum `spec.kind` names; difficulty needs an env with a reasoning-gym task curriculum."""
-    if spec.kind == "pass_rate":
-        return PassRateCurriculum(spec)
-    if spec.kind == "difficulty":
+def build_curriculum(cfg: TrainConfig, env: Any, make_data: Callable[[list[dict]], PromptData]) -> Curriculum:
+    """The curriculum `curriculum.kind` names; difficulty needs an env with a reasoning-gym task curriculum."""
+    kind = cfg.curriculum.kind
+    if kind == CurriculumKind.pass_rate:
+        return PassRateCurriculum(cfg)
+    if kind == CurriculumKind.difficulty:
         if not hasattr(env, "task_curriculum"):
             raise ConfigError(
                 f"curriculum=difficulty needs a reasoning-gym env (env._target_=envs.reasoning_gym.ReasoningGymEnv, "
                 f"e.g. env=chain_sum); {type(env).__name__} has no difficulty levels: use curriculum=pass_rate"
             )
-        return DifficultyCurriculum(spec, env.task_curriculum(), make_data)
+        return DifficultyCurriculum(cfg, env.task_curriculum(), make_data)
     return Sequential()

@@ -1,8 +1,9 @@
 """From a scored batch to the learner's samples: reward shaping -> advantages -> loss masks -> top-k.
 
-Pure functions over plain data and a frozen `SampleSpec` (no Ray, no config objects). Knobs the chosen advantage
-estimator does not use are ignored by it (rl/algorithms.py). `kl_in_reward` needs the reference logprobs, which
-the learner computes: the driver passes a function that returns them.
+Functions over plain data (no Ray) that read their knobs from the resolved `TrainConfig` (`algorithm.*` and the
+completion budget `cfg.completion_tokens`), where they are declared once. Knobs the chosen advantage estimator does
+not use are ignored by it (rl/algorithms.py). `algorithm.kl_in_reward` needs the reference logprobs, which the
+learner computes: the driver passes a function that returns them.
 """
 
 from __future__ import annotations
@@ -13,33 +14,34 @@ import numpy as np
 import torch
 
 from rl import algorithms
+from rl.config.schema import TrainConfig
 from rl.data import filters
-from rl.config.resolve import SampleSpec
 from rl.types import Completion, PromptRollout, TrainSample, completions_of
 
 RefLogprobs = Callable[[list[PromptRollout]], list[list[float]]]
 
 
 def prepare_samples(
-    rollouts: list[PromptRollout], rewards: list[float], spec: SampleSpec
+    rollouts: list[PromptRollout], rewards: list[float], cfg: TrainConfig
 ) -> tuple[list[TrainSample], torch.Tensor, dict]:
     """The learner's samples, the advantages [B*G] (before top-k), and metrics. `rewards` are after any KL-in-reward
     penalty (`kl_reward_penalty`); the overlong penalty is added here."""
     completions = completions_of(rollouts)
     lengths = torch.tensor([c.model_tokens for c in completions], dtype=torch.float32)  # [B*G], loss tokens
-    shaped, metrics = shape_rewards(rewards, lengths, spec)
+    a = cfg.algorithm
+    shaped, metrics = shape_rewards(rewards, lengths, cfg)
     in_loss = (
         filters.truncated_mask([c.finish_reason for c in completions])
-        if spec.filter_truncated
+        if a.filter_truncated_response
         else [True] * len(completions)
     )
-    adv = algorithms.get_advantage(spec.advantage)(
+    adv = algorithms.get_advantage(a.advantage)(
         shaped,
-        spec.group_size,
-        std_normalize=spec.std_normalize,
-        std_unbiased=spec.std_unbiased,
-        pg_baseline=spec.pg_baseline,
-        eps=spec.adv_eps,
+        a.group_size,
+        std_normalize=a.std_normalize,
+        std_unbiased=a.std_unbiased,
+        pg_baseline=a.pg_baseline.value,
+        eps=a.adv_eps,
         lengths=lengths * torch.tensor(in_loss, dtype=torch.float32),
     )
     samples = [
@@ -47,8 +49,8 @@ def prepare_samples(
         for k, (r, c) in enumerate((r, c) for r in rollouts for c in r.completions)
     ]
     metrics["response/masked_truncated_frac"] = 1.0 - sum(in_loss) / max(len(in_loss), 1)
-    if spec.top_k is not None:
-        samples = [samples[i] for i in filters.top_k_per_group(shaped, spec.group_size, spec.top_k).tolist()]
+    if a.top_k is not None:  # resolved: None when it would keep the whole group
+        samples = [samples[i] for i in filters.top_k_per_group(shaped, a.group_size, a.top_k).tolist()]
     metrics["train/samples"] = float(len(samples))
     return samples, adv, metrics
 
@@ -62,34 +64,34 @@ def loss_mask(c: Completion, in_loss: bool) -> list[int]:
 
 
 def shape_rewards(
-    rewards: list[float], lengths: torch.Tensor, spec: SampleSpec
+    rewards: list[float], lengths: torch.Tensor, cfg: TrainConfig
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The rewards the advantages are computed from [B*G]: with DAPO's soft overlong punishment (eq. 13) added."""
+    """The rewards the advantages are computed from [B*G]: with DAPO's soft overlong punishment (eq. 13) added when
+    algorithm.overlong_penalty is on (the resolve step leaves algorithm.overlong_buffer None when it is off)."""
     shaped = torch.tensor(rewards, dtype=torch.float32)  # [B*G]
-    if spec.overlong_buffer is None:
+    a = cfg.algorithm
+    if a.overlong_buffer is None:
         return shaped, {}
-    penalty = filters.overlong_penalty(lengths, spec.max_new_tokens, spec.overlong_buffer, spec.overlong_penalty_factor)
+    penalty = filters.overlong_penalty(lengths, cfg.completion_tokens, a.overlong_buffer, a.overlong_penalty_factor)
     return shaped + penalty, {"reward/overlong_penalty_mean": float(penalty.mean())}
 
 
 def kl_reward_penalty(
-    ref_logprobs: RefLogprobs, rollouts: list[PromptRollout], rewards: list[float], spec: SampleSpec
+    ref_logprobs: RefLogprobs, rollouts: list[PromptRollout], rewards: list[float], cfg: TrainConfig
 ) -> tuple[list[float], dict[str, float]]:
     """KL folded into the reward (InstructGPT, Ouyang et al. 2022, eq. 2; REINFORCE++): each completion's reward
     becomes r - kl_coef * sum_t kl_t, with kl_t estimated on the sampled tokens from the behaviour logprobs and
     the reference policy (the learner with its adapter disabled). The advantages are then computed on that.
-    Without `spec.kl_in_reward_coef` the rewards pass through unchanged."""
-    if not spec.kl_in_reward_coef:
+    Without algorithm.kl_in_reward (`reward_kl_coef` 0) the rewards pass through unchanged."""
+    coef, estimator = cfg.algorithm.reward_kl_coef, cfg.algorithm.kl_estimator.value
+    if not coef:
         return rewards, {}
     ref = ref_logprobs(rollouts)
     completions = completions_of(rollouts)
     per_seq = [  # over the model's tokens: an episode's env tokens have no behaviour logprob
-        float(
-            (algorithms.kl_penalty(torch.tensor(c.logprobs), torch.tensor(q), spec.kl_estimator) * model_mask(c)).sum()
-        )
+        float((algorithms.kl_penalty(torch.tensor(c.logprobs), torch.tensor(q), estimator) * model_mask(c)).sum())
         for c, q in zip(completions, ref)
     ]
-    coef = spec.kl_in_reward_coef
     shaped = [r - coef * k for r, k in zip(rewards, per_seq)]
     return shaped, {
         "reward/kl_penalty_mean": coef * float(np.mean(per_seq)),

@@ -3,16 +3,17 @@
 The sampler is the one owner of the data cursor and of the queue depth (`cluster.staleness`, ColossalChat's
 `n_behind`; the one-step overlap of AReaL/PipelineRL in its simplest form). With staleness k the prompts of step t
 are sent to the actors when step t-k starts, so while the learners train on step t the actors already generate
-steps t+1..t+k with the adapter of an earlier step (at most k syncs old; rl/runtime/pool.py enforces the bound and the
-loss's importance ratio uses the behaviour logprobs the actors return). Nothing here waits early: each actor runs
+steps t+1..t+k with the adapter of an earlier step (at most k syncs old; rl/runtime/sync.py enforces the bound and
+the loss's importance ratio uses the behaviour logprobs the actors return). Nothing here waits early: each actor runs
 its calls in order, so an adapter load sent after a generation applies to the generations sent after it.
 k = 0 is the synchronous loop (one batch in flight, sent at the start of its own step).
 
-Dynamic sampling (DAPO eq. 11): groups whose accuracy lies outside `filter_range` are dropped and another round
-is taken, at most `max_rounds` per step. An extra round takes the next batch of the queue (already in flight,
-drawn in data order) and the queue is refilled behind it, so prompts are always consumed in the order they were
-drawn. A checkpoint saves the data position before the oldest batch still in flight: a resumed run generates those
-prompts again (with the checkpoint's adapter) and never skips or repeats a trained prompt.
+Dynamic sampling (DAPO eq. 11, `algorithm.dynamic_sampling`): groups whose accuracy lies outside
+`algorithm.filter_range` are dropped and another round is taken, at most `algorithm.dynamic_sampling_max_rounds` per
+step. An extra round takes the next batch of the queue (already in flight, drawn in data order) and the queue is
+refilled behind it, so prompts are always consumed in the order they were drawn. A checkpoint saves the data
+position before the oldest batch still in flight: a resumed run generates those prompts again (with the checkpoint's
+adapter) and never skips or repeats a trained prompt.
 
 Which prompts a batch holds is the curriculum's choice (rl/data/curriculum.py; `curriculum=none` is the data order):
 the sampler asks it for the next batch when it sends one, and tells it every generated group's pass rate when it
@@ -20,7 +21,7 @@ collects one, every dynamic-sampling round included. A curriculum may also hand 
 raised difficulty level): batches in flight keep the prompts they were drawn from.
 
 Each prompt's request carries a seed derived from the run seed and the prompt's draw number in the data stream
-(`rl.data.prompts.prompt_seed`), so its samples are the same whichever actor, batch or round it lands in, and a resumed
+(`rl.seeds.prompt_seed`), so its samples are the same whichever actor, batch or round it lands in, and a resumed
 run (which draws from the saved data position again) sends the same seeds as an uninterrupted one.
 """
 
@@ -33,11 +34,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rl.config.schema import TrainConfig
 from rl.data import filters
 from rl.data.curriculum import Curriculum, Sequential, pass_rates
-from rl.data.prompts import PromptData, prompt_seed
-from rl.runtime.pool import PendingGeneration, Runtime
-from rl.config.resolve import SamplerSpec
+from rl.data.prompts import PromptData
+from rl.runtime.pipeline import PendingGeneration
+from rl.runtime.runtime import Runtime
+from rl.seeds import prompt_seed
 from rl.types import PromptRollout, completions_of
 
 RewardFn = Callable[..., list[float]]
@@ -74,34 +77,50 @@ class _Sent:
 
 
 class Sampler:
+    """Reads run.prompts_per_step, run.seed, cluster.staleness, eval.correct_threshold (the curriculum's pass rate),
+    the sampling settings (`cfg.sampling`) and the dynamic-sampling keys of `algorithm` from the resolved `cfg`;
+    `steps` is the last step it will be asked for (the queue is never filled past it)."""
+
     def __init__(
         self,
         runtime: Runtime,
         data: PromptData,
         reward_fn: RewardFn,
-        spec: SamplerSpec,
+        cfg: TrainConfig,
         steps: int,
         curriculum: Curriculum | None = None,
     ):
-        self.runtime, self.reward_fn, self.spec, self.steps = runtime, reward_fn, spec, steps
+        self.runtime, self.reward_fn, self.cfg, self.steps = runtime, reward_fn, cfg, steps
         self.curriculum = curriculum or Sequential()
         self.data = self.curriculum.next_data(data)
         self._pending: deque[_Sent] = deque()
 
     @property
+    def filter_range(self) -> tuple[float, float] | None:
+        """The [low, high] group accuracy kept by dynamic sampling; None keeps every group (dynamic sampling off)."""
+        a = self.cfg.algorithm
+        return (a.filter_range[0], a.filter_range[1]) if a.dynamic_sampling else None
+
+    @property
+    def max_rounds(self) -> int:
+        """Generate calls per step at most: without dynamic sampling every group is kept, so one fills the batch."""
+        a = self.cfg.algorithm
+        return a.dynamic_sampling_max_rounds if a.dynamic_sampling else 1
+
+    @property
     def overlapped(self) -> bool:
         """Whether generation runs ahead of learning (staleness > 0): the actors are busy between steps."""
-        return self.spec.staleness > 0
+        return self.cfg.cluster.staleness > 0
 
     def _send(self) -> None:
         self.data = self.curriculum.next_data(self.data)
         before = {"data": self.data.state_dict(), "chooser": self.curriculum.chooser_state()}
         first = self.data.cursor  # the draw number of the batch's first prompt (a curriculum may skip some after it)
-        idx = self.curriculum.choose(self.data, self.spec.prompts_per_step)
-        seeds = [prompt_seed(self.spec.seed, first + k) for k in range(len(idx))]
+        idx = self.curriculum.choose(self.data, self.cfg.run.prompts_per_step)
+        seeds = [prompt_seed(self.cfg.run.seed, first + k) for k in range(len(idx))]
         sent = self.runtime.submit_generate(
             [self.data.prompt_ids[i] for i in idx],
-            self.spec.sampling,
+            self.cfg.sampling,
             items=[self.data.items[i] for i in idx],
             seeds=seeds,
         )
@@ -109,19 +128,20 @@ class Sampler:
 
     def _fill(self, step: int) -> None:
         """Batches in flight: staleness + 1 from `step` on, never more than the steps left need."""
-        while len(self._pending) < min(self.spec.staleness + 1, self.steps - step + 1):
+        while len(self._pending) < min(self.cfg.cluster.staleness + 1, self.steps - step + 1):
             self._send()
 
     def next(self, step: int) -> Batch:
-        """Generate (or collect what was sent ahead), score and filter until `prompts_per_step` groups are kept or
-        the rounds run out; then train on the groups there are (on the last round's if none was kept)."""
-        spec, G = self.spec, self.spec.sampling.n
+        """Generate (or collect what was sent ahead), score and filter until `run.prompts_per_step` groups are kept
+        or the rounds run out; then train on the groups there are (on the last round's if none was kept)."""
+        n, G, threshold = self.cfg.run.prompts_per_step, self.cfg.algorithm.group_size, self.cfg.eval.correct_threshold
+        keep_range = self.filter_range
         kept: list[PromptRollout] = []
         kept_rewards: list[float] = []
         generated = gen_tokens = 0
         t_rollout = t_reward = 0.0
         self._fill(step)
-        for _ in range(spec.max_rounds):
+        for _ in range(self.max_rounds):
             t0 = time.perf_counter()
             if not self._pending:
                 self._send()
@@ -131,26 +151,26 @@ class Sampler:
             t0 = time.perf_counter()
             rewards = score(self.reward_fn, rollouts, [sent.data.items[i] for i in sent.idx])
             t_reward += time.perf_counter() - t0
-            self.curriculum.observe(sent.data, sent.idx, pass_rates(rewards, G, spec.curriculum.threshold))
+            self.curriculum.observe(sent.data, sent.idx, pass_rates(rewards, G, threshold))
             generated += len(rollouts)
             gen_tokens += sum(c.model_tokens for c in completions_of(rollouts))
             keep = (
-                filters.keep_groups_in_range(torch.tensor(rewards), G, *spec.filter_range)
-                if spec.filter_range
+                filters.keep_groups_in_range(torch.tensor(rewards), G, *keep_range)
+                if keep_range
                 else torch.ones(len(rollouts), dtype=torch.bool)
             )
             for g, r in enumerate(rollouts):
                 if keep[g]:
                     kept.append(r)
                     kept_rewards.extend(rewards[g * G : (g + 1) * G])
-            if len(kept) >= spec.prompts_per_step:
+            if len(kept) >= n:
                 break
-        utilization = filters.sample_utilization(min(len(kept), spec.prompts_per_step), generated)
+        utilization = filters.sample_utilization(min(len(kept), n), generated)
         if not kept:
             kept, kept_rewards = rollouts, rewards
         stats = {
             "data/sample_utilization": utilization,
-            "data/kept_groups": float(min(len(kept), spec.prompts_per_step)),
+            "data/kept_groups": float(min(len(kept), n)),
             "time/rollout_s": t_rollout,
             "time/reward_s": t_reward,
             "data/cursor": float(self.data.cursor),
@@ -162,7 +182,6 @@ class Sampler:
             stats |= self.reward_fn.pop_metrics()
         if not self.overlapped:  # sent ahead, a batch was generated while the learners worked: its wait is no rate
             stats["perf/rollout_tokens_per_s"] = gen_tokens / max(t_rollout, 1e-9)
-        n = spec.prompts_per_step
         return Batch(kept[:n], kept_rewards[: n * G], stats)
 
     def state_dict(self) -> dict:

@@ -231,8 +231,9 @@ class Batcher:
             got = self.logprobs(model, samples)[0]
         except Exception as e:  # a forward that does not take the packed inputs (what it raises is its own)
             raise RuntimeError(
-                f"micro_batch_tokens>0: this model's forward does not take packed rows ({type(e).__name__}: {e}); "
-                "set micro_batch_tokens=0 (padded micro-batches), or model.learner_backend=peft"
+                f"learner.micro_batch_tokens>0: this model's forward does not take packed rows "
+                f"({type(e).__name__}: {e}); set learner.micro_batch_tokens=0 (padded micro-batches), or "
+                "model.learner_backend=peft"
             ) from e
         finally:
             model.train(was_training)
@@ -242,7 +243,7 @@ class Batcher:
         tol = 1e-3 if next(model.parameters()).dtype == torch.float32 else 0.25
         if not diff <= tol:
             raise RuntimeError(
-                f"micro_batch_tokens>0: this model's attention does not keep packed sequences apart (packed and "
-                f"padded logprobs differ by {diff:.3g} > {tol:g}); set micro_batch_tokens=0 (padded micro-batches), "
-                "or model.learner_backend=peft"
+                f"learner.micro_batch_tokens>0: this model's attention does not keep packed sequences apart (packed "
+                f"and padded logprobs differ by {diff:.3g} > {tol:g}); set learner.micro_batch_tokens=0 (padded "
+                "micro-batches), or model.learner_backend=peft"
             )

@@ -1,10 +1,11 @@
 """The learner role: policy-gradient steps on the sampled token ids, with the behaviour logprobs from the actors.
 
-A plain class (no Ray) built from a `LearnerSpec`; `rl/runtime/placement.py` wraps it as a Ray actor. Its model comes
-from rl/learner/models.py (PEFT, PEFT on 4-bit weights, Unsloth, or full fine-tuning), its batches from
-batching.py, its data-parallel reduction from parallel.py, and what it sends out from export.py. The reference
-policy for a KL penalty is the same model with the adapter disabled (no second copy in memory); a full
-fine-tuning learner keeps a frozen copy of the initial weights instead, built only when a KL needs it.
+A plain class (no Ray) built from the resolved `TrainConfig` (rl/config/resolve.py), whose keys it reads where it
+uses them; `rl/runtime/placement.py` wraps it as a Ray actor. Its model comes from rl/learner/models.py (PEFT, PEFT
+on 4-bit weights, Unsloth, or full fine-tuning), its batches from batching.py, its data-parallel reduction from
+parallel.py, and what it sends out from export.py. The reference policy for a KL penalty is the same model with
+the adapter disabled (no second copy in memory); a full fine-tuning learner keeps a frozen copy of the initial
+weights instead, built only when a KL needs it.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import warnings
 import torch
 
 from rl import algorithms
+from rl.config.schema import TrainConfig
 from rl.learner import attention, export, packing
 from rl.learner.batching import Batcher, loss_tokens, to_host
 from rl.learner.models import load_policy
 from rl.learner.parallel import DataParallel
-from rl.config.resolve import LearnerSpec
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample
 
 
@@ -35,21 +36,22 @@ def shares_prompt(packed: bool, checkpointing: bool, device: torch.device) -> bo
 
 
 class Learner:
-    def __init__(self, spec: LearnerSpec):
+    def __init__(self, cfg: TrainConfig):
         # Ray limits an actor to its num_cpus threads; roles alternate in synchronous mode, so use every core
-        torch.set_num_threads(spec.num_threads or os.cpu_count() or 1)
-        torch.manual_seed(spec.seed)
-        if spec.deterministic:  # `deterministic=true`: rl/app.py sets cuBLAS's workspace before CUDA starts
+        torch.set_num_threads(cfg.cluster.learner_threads or os.cpu_count() or 1)
+        torch.manual_seed(cfg.run.seed)
+        if cfg.run.deterministic:  # `run.deterministic=true`: rl/app.py sets cuBLAS's workspace before CUDA starts
             # deterministic kernels wherever torch has one; an op without one (a library's custom kernel may use
             # one) warns in this role's log instead of stopping the run: the two-run test is what shows identity
             torch.use_deterministic_algorithms(True, warn_only=True)
-        self.spec = spec
+        self.cfg = cfg
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.policy = load_policy(spec, self.device)
+        self.policy = load_policy(cfg, self.device)
         self.model = self.policy.model
         packed, use_attention = None, None
-        if spec.micro_batch_tokens > 0:
-            packed = packing.resolve_backend(spec.packed_attention, self.device, getattr(torch, spec.dtype))
+        if cfg.learner.micro_batch_tokens > 0:
+            dtype = getattr(torch, cfg.model.learner_dtype.value)
+            packed = packing.resolve_backend(cfg.learner.packed_attention.value, self.device, dtype)
             use_attention = packing.use_packed_attention
         elif self.device.type == "cpu":  # padded micro-batches on CPU: short sequences backpropagate faster in eager
             use_attention = attention.use_short_eager_attention
@@ -61,37 +63,38 @@ class Learner:
             try:
                 self.batcher.check_packing(self.model)
             except RuntimeError as e:
-                if not spec.packed_auto:
-                    raise
-                # auto chose packing for this device; a model that cannot take packed rows trains padded
+                # a model whose attention mixes packed sequences trains padded rather than not at all (Unsloth,
+                # which replaces the attention forward, is refused packed rows at config load already)
+                budget = cfg.learner.micro_batch_tokens
                 warnings.warn(
-                    f"micro_batch_tokens=auto: padded micro-batches instead of packed rows. {e}", stacklevel=2
+                    f"learner.micro_batch_tokens={budget}: padded micro-batches instead of packed rows. {e}",
+                    stacklevel=2,
                 )
                 self.batcher = self._batcher(None)
         params = [p for p in self.model.parameters() if p.requires_grad]
         # fused: one kernel for all parameters, and it can skip a non-finite step on the device (`found_inf`), so the
         # step launches without waiting for the host to read the loss (the GPU would idle meanwhile)
-        self.optimizer = torch.optim.AdamW(params, lr=spec.optim.lr, weight_decay=spec.optim.weight_decay, fused=True)
-        loss = spec.loss
-        self.loss_fn = algorithms.get_policy_loss(loss.policy_loss)
-        agg = algorithms.get_loss_agg(loss.loss_agg)
-        self.agg_fn = functools.partial(agg, norm_length=loss.norm_length)
+        a = cfg.algorithm
+        self.optimizer = torch.optim.AdamW(params, lr=a.lr, weight_decay=a.weight_decay, fused=True)
+        self.loss_fn = algorithms.get_policy_loss(a.policy_loss)
+        agg = algorithms.get_loss_agg(a.loss_agg)
+        self.agg_fn = functools.partial(agg, norm_length=a.loss_agg_norm_length)
         self.agg_unit = getattr(agg, "unit", "seq")
         self.version = 0
-        self.sync_dtype = getattr(torch, spec.sync_dtype) if spec.sync_dtype else None
+        self.sync_dtype = getattr(torch, cfg.sync_dtype) if cfg.sync_dtype else None
         self.dp = DataParallel(self.device)
         self._ipc = export.IpcExport()
 
     def _batcher(self, packed: str | None) -> Batcher:
-        spec = self.spec
+        lc = self.cfg.learner
         return Batcher(
             self.device,
-            share_prompt_prefix=spec.share_prompt_prefix
+            share_prompt_prefix=lc.share_prompt_prefix
             and shares_prompt(packed is not None, self.policy.checkpointing, self.device),
             logits_to_keep=self.policy.logits_to_keep,
-            size=spec.micro_batch_size,
+            size=lc.micro_batch_size,
             packed=packed,
-            budget=spec.micro_batch_tokens,
+            budget=lc.micro_batch_tokens,
         )
 
     def _micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
@@ -102,7 +105,8 @@ class Learner:
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
         """One optimizer step over `samples` (gradient accumulation in micro-batches). Returns metrics."""
         t0 = time.perf_counter()
-        spec = self.spec.loss
+        a = self.cfg.algorithm
+        kl_coef = a.loss_kl_coef  # 0 when the KL is folded into the reward instead
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         n_tok = loss_tokens(samples)
@@ -110,7 +114,7 @@ class Learner:
         samples = [s for s in samples if loss_tokens([s]) > 0]
         n_seq = len(samples)
         token_level = self.agg_unit == "token"
-        if spec.kl_coef == 0 and spec.entropy_coef == 0:
+        if kl_coef == 0 and a.entropy_coef == 0:
             # A sample with advantage 0 adds exactly 0 to the policy loss and its gradient; it only counts in the
             # normaliser (n_seq / n_tok above, computed before this filter), so skipping its forward is exact.
             samples = [s for s in samples if s.advantage != 0.0]
@@ -124,16 +128,16 @@ class Learner:
         for mb in batches:
             mask, old, adv = self.batcher.completion_batch(mb)
             # the entropy bonus needs the entropy's gradient; otherwise it is a metric from the same logsumexp
-            ent = "loss" if spec.entropy_coef > 0 else "metric"
-            logp, entropy, n_positions = self.batcher.logprobs(self.model, mb, spec.temperature, entropy=ent)  # [B, C]
-            loss, metrics = self.loss_fn(logp, old, adv, mask, agg=self.agg_fn, knobs=spec.knobs)
-            if spec.entropy_coef > 0:  # entropy bonus: maximise the aggregated token entropy
-                loss = loss - spec.entropy_coef * self.agg_fn(entropy, mask)
-            if spec.kl_coef > 0:
+            ent = "loss" if a.entropy_coef > 0 else "metric"
+            logp, entropy, n_positions = self.batcher.logprobs(self.model, mb, a.temperature, entropy=ent)  # [B, C]
+            loss, metrics = self.loss_fn(logp, old, adv, mask, agg=self.agg_fn, knobs=a)
+            if a.entropy_coef > 0:  # entropy bonus: maximise the aggregated token entropy
+                loss = loss - a.entropy_coef * self.agg_fn(entropy, mask)
+            if kl_coef > 0:
                 with torch.no_grad(), self.policy.reference() as ref_model:
-                    ref = self.batcher.logprobs(ref_model, mb, spec.temperature)[0]
-                kl = algorithms.kl_penalty(logp, ref, spec.kl_estimator)
-                loss = loss + spec.kl_coef * self.agg_fn(kl, mask)
+                    ref = self.batcher.logprobs(ref_model, mb, a.temperature)[0]
+                kl = algorithms.kl_penalty(logp, ref, a.kl_estimator.value)
+                loss = loss + kl_coef * self.agg_fn(kl, mask)
                 metrics["policy/kl_ref"] = algorithms.masked_mean(kl, mask)
             with torch.no_grad():
                 metrics["policy/neg_logp"] = algorithms.masked_mean(-logp, mask)  # mean -log p of sampled tokens
@@ -152,7 +156,7 @@ class Learner:
             sums = to_host({"train/loss": total_loss, **sums})
             total_loss, sums = self.dp.sum_grads_and_metrics(trainable, sums.pop("train/loss"), sums, n_signal)
         params = [p for p in trainable if p.grad is not None]
-        max_norm = self.spec.optim.max_grad_norm
+        max_norm = a.max_grad_norm
         if not params:
             grad_norm: torch.Tensor | float = 0.0
         elif max_norm > 0:
@@ -186,13 +190,13 @@ class Learner:
         }
 
     def _gpu_memory(self) -> dict[str, float]:
-        """The step's peak GPU memory; colocated with a sleeping engine (`release_memory`), the allocator's cache
+        """The step's peak GPU memory; colocated with a sleeping engine (`cluster.colocate`), the allocator's cache
         is returned to the GPU so that the engine can wake into it."""
         if not torch.cuda.is_available():
             return {}
         peak = torch.cuda.max_memory_allocated() / 2**30
         torch.cuda.reset_peak_memory_stats()
-        if self.spec.release_memory:
+        if self.cfg.cluster.colocate:
             torch.cuda.empty_cache()
         return {"memory/learner_peak_gb": peak}
 
@@ -207,7 +211,7 @@ class Learner:
         out: list[list[float]] = []
         with self.policy.reference() if reference else contextlib.nullcontext(self.model) as model:
             for mb in self._micro_batches(samples):
-                logp = self.batcher.logprobs(model, mb, self.spec.loss.temperature)[0]
+                logp = self.batcher.logprobs(model, mb, self.cfg.algorithm.temperature)[0]
                 out.extend(logp[i, : len(s.completion_ids)].tolist() for i, s in enumerate(mb))
         self.model.train()
         return out
@@ -225,11 +229,10 @@ class Learner:
         if not hasattr(self, "_gen_tokenizer"):  # built on first use: most runs never generate here
             from transformers import AutoTokenizer
 
-            self._gen_tokenizer = AutoTokenizer.from_pretrained(
-                self.spec.model_path, trust_remote_code=self.spec.trust_remote_code
-            )
+            m = self.cfg.model
+            self._gen_tokenizer = AutoTokenizer.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
             # draws one seed per prompt on the host (hf_generate), whatever the model's device
-            self._gen_rng = torch.Generator().manual_seed(self.spec.seed + 1 + self.dp.rank)
+            self._gen_rng = torch.Generator().manual_seed(self.cfg.run.seed + 1 + self.dp.rank)
         self.model.eval()
         try:
             return hf_generate(
@@ -249,7 +252,7 @@ class Learner:
         and checkpoints keep the training precision)."""
         dtype = self.sync_dtype if for_sync else None
         t0 = time.perf_counter()
-        adapter = export.policy_bytes(self.model, self.version, full_weights=self.spec.full_finetune, dtype=dtype)
+        adapter = export.policy_bytes(self.model, self.version, full_weights=self.cfg.model.full_finetune, dtype=dtype)
         adapter.export_s = time.perf_counter() - t0  # includes waiting for this learner's queued GPU work
         return adapter
 
@@ -259,7 +262,7 @@ class Learner:
     def ipc_weights(self) -> dict:
         """The policy as CUDA IPC handles (`cluster.weight_sync=ipc`): full weights, or the adapter in the actors'
         precision; valid until `release_ipc_weights`."""
-        if self.spec.full_finetune:
+        if self.cfg.model.full_finetune:
             return self._ipc.handles(self.model, self.device)
         return self._ipc.adapter_handles(self.model, self.device, self.sync_dtype)
 
@@ -278,7 +281,7 @@ class Learner:
     def load_state(self, state: dict) -> None:
         """Restore `state_dict()`'s output: weights copied in place (the optimizer keeps its parameters)."""
         adapter = state["adapter"]
-        export.load_policy_bytes(self.model, adapter, self.device, full_weights=self.spec.full_finetune)
+        export.load_policy_bytes(self.model, adapter, self.device, full_weights=self.cfg.model.full_finetune)
         export.load_optimizer_bytes(self.optimizer, state["optimizer"], self.device)
         self.version = adapter.version
         torch.set_rng_state(torch.frombuffer(bytearray(state["torch_rng"]), dtype=torch.uint8))

@@ -3,7 +3,7 @@
 - `peft`: transformers + PEFT LoRA; base weights in bf16/fp32, or bitsandbytes NF4 (`load_in_4bit`, CUDA only).
 - `unsloth`: Unsloth's FastLanguageModel (4-bit or 16-bit base + LoRA, its offloaded gradient checkpointing);
   CUDA only. Unsloth must be the first ML import of the process: see rl/__init__.py.
-- full fine-tuning (`spec.lora is None`): every parameter is trained, with either backend's loader.
+- full fine-tuning (`model.full_finetune`): every parameter is trained, with either backend's loader.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from rl.config.resolve import LearnerSpec
+from rl.config.choices import LearnerBackend
+from rl.config.schema import TrainConfig
 
 
 @dataclass
@@ -43,20 +44,26 @@ class PolicyModel:
         return adapter_off()
 
 
-def load_policy(spec: LearnerSpec, device: torch.device) -> PolicyModel:
-    """Load the base model on `device` with the spec's backend, add LoRA (unless full fine-tuning), and build the
-    reference copy when a full fine-tune needs one for its KL."""
-    if device.type != "cuda" and (spec.backend == "unsloth" or spec.load_in_4bit):
+def load_policy(cfg: TrainConfig, device: torch.device) -> PolicyModel:
+    """Load the base model on `device` with the resolved learner backend, add LoRA (unless full fine-tuning), and
+    build the reference copy when a full fine-tune needs one for its KL."""
+    m = cfg.model
+    unsloth = m.learner_backend == LearnerBackend.unsloth
+    if device.type != "cuda" and (unsloth or m.load_in_4bit):
         raise RuntimeError(
-            f"{'model.learner_backend=unsloth' if spec.backend == 'unsloth' else 'model.load_in_4bit=true'} needs a "
+            f"{'model.learner_backend=unsloth' if unsloth else 'model.load_in_4bit=true'} needs a "
             "CUDA GPU, and this learner's process sees none (cluster.use_gpu=true, but Ray gave it no GPU?)"
         )
     lora = None
-    if spec.lora is not None:  # PEFT's and Unsloth's names for the same four settings
-        r = spec.lora
-        lora = {"r": r.rank, "lora_alpha": r.alpha, "lora_dropout": r.dropout, "target_modules": list(r.targets)}
-    build = _build_unsloth if spec.backend == "unsloth" else _build_peft
-    model, checkpointing = build(spec, device, lora)
+    if not m.full_finetune:  # PEFT's and Unsloth's names for the same four settings
+        lora = {
+            "r": m.lora_rank,
+            "lora_alpha": m.lora_alpha,
+            "lora_dropout": m.lora_dropout,
+            "target_modules": list(m.lora_targets),
+        }
+    build = _build_unsloth if unsloth else _build_peft
+    model, checkpointing = build(cfg, device, lora)
     model.train()
     import inspect
 
@@ -65,21 +72,23 @@ def load_policy(spec: LearnerSpec, device: torch.device) -> PolicyModel:
         model,
         checkpointing=checkpointing,
         logits_to_keep="logits_to_keep" in inspect.signature(base_forward).parameters,
-        full_finetune=spec.full_finetune,
+        full_finetune=m.full_finetune,
     )
-    if spec.full_finetune and spec.keep_reference:  # no adapter to switch off: a frozen copy
+    # a KL (in the loss or folded into the reward) needs the reference; with no adapter to switch off: a frozen copy
+    if m.full_finetune and cfg.algorithm.kl_coef > 0:
         import copy
 
         policy.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     return policy
 
 
-def _build_peft(spec: LearnerSpec, device: torch.device, lora: dict | None) -> tuple[Any, bool]:
+def _build_peft(cfg: TrainConfig, device: torch.device, lora: dict | None) -> tuple[Any, bool]:
     """transformers model (bitsandbytes NF4 base with bf16 compute when load_in_4bit) + PEFT LoRA."""
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict = {"dtype": getattr(torch, spec.dtype), "trust_remote_code": spec.trust_remote_code}
-    if spec.load_in_4bit:
+    m = cfg.model
+    kwargs: dict = {"dtype": getattr(torch, m.learner_dtype.value), "trust_remote_code": m.trust_remote_code}
+    if m.load_in_4bit:
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(
@@ -89,11 +98,11 @@ def _build_peft(spec: LearnerSpec, device: torch.device, lora: dict | None) -> t
             bnb_4bit_use_double_quant=True,
         )
         kwargs["device_map"] = {"": device}
-    model = AutoModelForCausalLM.from_pretrained(spec.model_path, **kwargs)
-    if not spec.load_in_4bit:
+    model = AutoModelForCausalLM.from_pretrained(m.path, **kwargs)
+    if not m.load_in_4bit:
         model = model.to(device)
     model.config.use_cache = False
-    checkpointing = bool(spec.gradient_checkpointing)
+    checkpointing = bool(m.gradient_checkpointing)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
@@ -104,7 +113,7 @@ def _build_peft(spec: LearnerSpec, device: torch.device, lora: dict | None) -> t
     return get_peft_model(model, LoraConfig(**lora, task_type="CAUSAL_LM")), checkpointing
 
 
-def _build_unsloth(spec: LearnerSpec, device: torch.device, lora: dict | None) -> tuple[Any, bool]:
+def _build_unsloth(cfg: TrainConfig, device: torch.device, lora: dict | None) -> tuple[Any, bool]:
     """Unsloth FastLanguageModel (+ its LoRA with gradient checkpointing "unsloth", on by default)."""
     import sys
 
@@ -120,15 +129,16 @@ def _build_unsloth(spec: LearnerSpec, device: torch.device, lora: dict | None) -
     os.environ["UNSLOTH_RETURN_LOGITS"] = "1"
     from unsloth import FastLanguageModel
 
+    m = cfg.model
     model, _ = FastLanguageModel.from_pretrained(
-        model_name=spec.model_path,
-        max_seq_length=spec.max_seq_length,
-        dtype=getattr(torch, spec.dtype),
-        load_in_4bit=spec.load_in_4bit,
+        model_name=m.path,
+        max_seq_length=cfg.max_seq_length,
+        dtype=getattr(torch, m.learner_dtype.value),
+        load_in_4bit=m.load_in_4bit,
         full_finetuning=lora is None,
-        trust_remote_code=spec.trust_remote_code,
+        trust_remote_code=m.trust_remote_code,
     )
-    checkpointing = spec.gradient_checkpointing is not False
+    checkpointing = m.gradient_checkpointing is not False
     if lora is None:
         if checkpointing:
             model.gradient_checkpointing_enable()
@@ -138,6 +148,6 @@ def _build_unsloth(spec: LearnerSpec, device: torch.device, lora: dict | None) -
         **lora,
         bias="none",
         use_gradient_checkpointing="unsloth" if checkpointing else False,
-        random_state=spec.seed,
+        random_state=cfg.run.seed,
     )
     return model, checkpointing

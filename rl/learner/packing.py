@@ -1,6 +1,6 @@
 """Padding-free micro-batches: the samples of a micro-batch packed into one row, each attending only to itself.
 
-With `micro_batch_tokens > 0` the learner fills micro-batches up to a token budget instead of a sequence count and
+With `learner.micro_batch_tokens > 0` the learner fills micro-batches up to a token budget instead of a sequence count and
 runs each as one row of `sum(len)` tokens: no padding, so with completions of very different lengths (20 to 1000
 tokens) no forward, backward or LM-head work is spent on pad positions. Position ids restart for every sequence,
 and the attention sees the row as separate segments:
@@ -14,8 +14,9 @@ The attention is a function registered with transformers' `AttentionInterface` (
 model is switched to: given the segments (a keyword argument of the forward) it runs either a varlen flash kernel
 (CUDA: `flash_attn.flash_attn_varlen_func`, else torch's `varlen_attn`) on the row, or torch SDPA once per segment
 (any device, CPU included); without them it is SDPA with transformers' own mask, so generation on the learner is
-unchanged. A backend that replaces the attention forward (Unsloth) ignores the segments: `check_packed_attention`
-(batching.py `Batcher.check_packing`) compares a packed and a padded forward once at start and refuses to train when they differ.
+unchanged. A backend that replaces the attention forward (Unsloth) ignores the segments: `Batcher.check_packing`
+(batching.py) compares a packed and a padded forward once at start, and the learner trains in padded micro-batches
+(with a warning) when they differ.
 """
 
 from __future__ import annotations
@@ -239,8 +240,8 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
         return "sdpa"
     if varlen_kernel() is None or not half:
         raise RuntimeError(
-            "packed_attention=varlen needs CUDA, flash-attn (or torch's varlen_attn) in the learner's process and a "
-            f"16-bit learner (model.learner_dtype; this one computes in {dtype}): fix that, or set packed_attention=sdpa"
+            "learner.packed_attention=varlen needs CUDA, flash-attn (or torch's varlen_attn) in the learner's process and a "
+            f"16-bit learner (model.learner_dtype; this one computes in {dtype}): fix that, or set learner.packed_attention=sdpa"
         )
     return "varlen"
 
@@ -263,6 +264,6 @@ def use_packed_attention(model) -> None:
         import transformers
 
         raise RuntimeError(
-            f"micro_batch_tokens>0 needs transformers' attention and mask registries (transformers >= 4.53; this is "
-            f"{transformers.__version__}): upgrade transformers, or set micro_batch_tokens=0"
+            f"learner.micro_batch_tokens>0 needs transformers' attention and mask registries (transformers >= 4.53; "
+            f"this is {transformers.__version__}): upgrade transformers, or set learner.micro_batch_tokens=0"
         ) from e

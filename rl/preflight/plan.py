@@ -18,7 +18,7 @@ What is counted, in bytes (an estimate: allocator slack, CUDA context and fragme
   (norm inputs, q/k/v/o inputs and outputs, the four SwiGLU intermediates; 4h + 2q + 2kv + 4i values per token
   and layer; only the layer inputs plus one block when gradient checkpointing), plus the logits the learner
   keeps (all positions in the model dtype, then the completion positions' copy, fp32 copy and log-softmax).
-  An upper bound for the learner's default share_prompt_prefix=true, which runs each prompt once per group. With
+  An upper bound for the learner's default learner.share_prompt_prefix=true, which runs each prompt once per group. With
   micro_batch_tokens > 0: one packed row of that many tokens (or one longer sequence), all of them counted as
   completion positions (an upper bound again).
 - actor (vLLM): on GPU the engine takes cluster.gpu_memory_utilization of each of its GPUs; weights, the LoRA
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl.config.schema import ConfigError
 from rl.config.resolve import resolve_lora_mode, resolve_micro_batch_tokens
+from rl.config.schema import ConfigError
 
 GiB = 1024**3
 NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)  # 4-bit code + 8-bit absmax per 64 + fp32 per 256 absmax blocks = 4.127
@@ -252,10 +252,10 @@ def estimate_memory(
     if micro_batch_tokens > 0:  # one packed row: the budget, or one longer sequence alone
         row = max(micro_batch_tokens, seq_len)
         batch = dict(sequences=1, seq_len=row, completion_len=row)
-        what = f"one packed row of micro_batch_tokens={micro_batch_tokens} (or one {seq_len}-token sequence)"
+        what = f"one packed row of learner.micro_batch_tokens={micro_batch_tokens} (or one {seq_len}-token sequence)"
     else:
         batch = dict(sequences=micro_batch_size, seq_len=seq_len, completion_len=max_new_tokens)
-        what = f"micro_batch_size={micro_batch_size} x {seq_len} tokens"
+        what = f"learner.micro_batch_size={micro_batch_size} x {seq_len} tokens"
     learner.parts["activations"] = activation_bytes(shape, **batch, act_bytes=learner_b, checkpointing=checkpointing)
     learner.notes.append(
         f"{trainable / 1e6:.1f} M trainable ({label}); activations: {what}, gradient checkpointing "
@@ -450,7 +450,7 @@ def plan_for_config(cfg: Any, shape: ModelShape, device_bytes: float) -> dict[st
     m, c = cfg.model, cfg.cluster
     value = lambda v: getattr(v, "value", v)  # noqa: E731 - str Enums to their names
     vllm = value(c.rollout_backend) == "vllm"
-    samples = cfg.prompts_per_step * cfg.algorithm.group_size
+    samples = cfg.run.prompts_per_step * cfg.algorithm.group_size
     return estimate_memory(
         shape,
         use_gpu=bool(c.use_gpu),
@@ -463,7 +463,7 @@ def plan_for_config(cfg: Any, shape: ModelShape, device_bytes: float) -> dict[st
         lora_targets=list(m.lora_targets),
         max_prompt_tokens=m.max_prompt_tokens,
         max_new_tokens=m.max_new_tokens,
-        micro_batch_size=cfg.micro_batch_size,
+        micro_batch_size=cfg.learner.micro_batch_size,
         micro_batch_tokens=resolve_micro_batch_tokens(cfg),
         sequences_per_actor=math.ceil(samples / c.num_actors),
         gpus_per_actor=c.gpus_per_actor,
@@ -566,7 +566,7 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
             if used > device:
                 warnings.append(
                     f"GPU {i} ({', '.join(names)}): {_gib(used)} > {_gib(device)}: give the roles more GPUs "
-                    "(cluster.gpus_per_*), lower micro_batch_size (or micro_batch_tokens) / model.max_new_tokens, or use "
+                    "(cluster.gpus_per_*), lower learner.micro_batch_size (or learner.micro_batch_tokens) / model.max_new_tokens, or use "
                     "model.load_in_4bit"
                 )
         if actor.budget is not None and actor.total - actor.parts["KV cache"] > actor.budget:

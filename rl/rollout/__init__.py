@@ -1,14 +1,16 @@
 """Rollout engines behind one interface (generate, load_adapter, close): vLLM (vllm.py, with its worker extension
-vllm_ext.py) and transformers `generate` (hf.py, for debugging). `rollout_class` picks one for a RolloutSpec."""
+vllm_ext.py) and transformers `generate` (hf.py, for debugging). `rollout_class` picks the one that
+`cluster.rollout_backend` names; each engine takes the resolved `TrainConfig`."""
 
 from __future__ import annotations
 
-from rl.config.resolve import RolloutSpec
+from rl.config.choices import RolloutBackend
+from rl.config.schema import TrainConfig
 
 
-def rollout_class(spec: RolloutSpec) -> type:
-    """The engine class a spec asks for (imports no engine library: each engine imports its own lazily)."""
-    if spec.backend.value == "hf":
+def rollout_class(cfg: TrainConfig) -> type:
+    """The engine class `cluster.rollout_backend` names (imports no engine library: each imports its own lazily)."""
+    if cfg.cluster.rollout_backend == RolloutBackend.hf:
         from rl.rollout.hf import HFRollout
 
         return HFRollout

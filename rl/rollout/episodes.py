@@ -18,10 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from envs.protocol import Episode
-from rl.data.prompts import turn_seed
-from rl.config.resolve import EpisodeSpec
-from rl.types import Completion, EpisodeInfo, PromptRollout, Sampling
+from envs.protocol import Episode, MultiTurnEnvironment
+from rl.seeds import turn_seed
+from rl.types import Completion, EpisodeInfo, EpisodeSpec, PromptRollout, Sampling
 
 # generate(prompts, sampling, max_tokens per prompt or None) -> one PromptRollout per prompt (sampling.n each)
 # an engine's one call: (prompts, sampling, max_tokens per prompt or None, seeds per prompt or None)
@@ -29,11 +28,14 @@ TurnFn = Callable[[list[list[int]], Sampling, "list[int] | None", "list[int] | N
 MARK = "<<rlft-model-turn>>"  # stands for a model turn when the env's messages are rendered (see EnvTokens)
 
 
-def build_env(spec: EpisodeSpec) -> Any:
+def build_env(spec: EpisodeSpec) -> MultiTurnEnvironment:
     """The env of a rollout actor, built from the env config the spec carries (as train.py builds the driver's)."""
     from hydra.utils import instantiate
 
-    return instantiate(json.loads(spec.env), _convert_="all")
+    env = instantiate(json.loads(spec.env), _convert_="all")
+    if not isinstance(env, MultiTurnEnvironment):  # resolve checked the class; an instance may still lack a limit
+        raise TypeError(f"env {type(env).__name__} runs episodes but lacks start/step/max_turns/max_episode_tokens")
+    return env
 
 
 class EnvTokens:
@@ -126,7 +128,7 @@ def run_episodes(
     """`sampling.n` episodes per prompt, the item of each prompt starting them; rollouts in prompt order.
     `sampling.max_tokens` caps each model turn, `spec.max_tokens` the whole episode after the prompt. `seeds` (one
     per prompt) seed the first turn's request; each later turn of an episode gets a seed from its prompt's, its
-    sample index and the turn (rl/data/prompts.py turn_seed), so an episode never depends on which others share a turn."""
+    sample index and the turn (rl/seeds.py turn_seed), so an episode never depends on which others share a turn."""
     env_tokens = EnvTokens(tokenizer, spec.use_chat_template)
     first_sampling = replace(sampling, max_tokens=min(sampling.max_tokens, spec.max_tokens))
     first = generate(prompts, first_sampling, None, seeds)

@@ -8,16 +8,17 @@ from typing import Any
 
 import torch
 
+from rl.config.schema import TrainConfig
 from rl.rollout.episodes import EpisodeEngine
-from rl.config.resolve import RolloutSpec
 from rl.types import Adapter, Completion, PromptRollout, Sampling
 
 
 class HFRollout(EpisodeEngine):
-    def __init__(self, spec: RolloutSpec):
+    def __init__(self, cfg: TrainConfig):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        model_path, dtype, seed, trust_remote_code = spec.model_path, spec.dtype, spec.seed, spec.trust_remote_code
+        m, seed = cfg.model, cfg.run.seed
+        model_path, dtype, trust_remote_code = m.path, m.dtype.value, m.trust_remote_code
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         self.model = (
@@ -33,7 +34,7 @@ class HFRollout(EpisodeEngine):
         self.seed = seed
         self.version = 0
         self.asleep = False
-        self.episodes, self._env = spec.episodes, None  # a multi-turn env, built at its first episodes
+        self.episodes, self._env = cfg.episodes, None  # a multi-turn env, built at its first episodes
 
     def load_adapter(self, adapter: Adapter) -> dict:
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
@@ -110,7 +111,7 @@ def hf_generate(
     """Sample `sampling.n` completions per prompt with transformers `generate`; the behaviour logprobs are of the
     processed distribution (after temperature and top-p), the one sampled from, as vLLM's processed_logprobs.
     Shared by HFRollout and the learners' own generation (Learner.generate). Each prompt's n samples are one
-    `generate` call on a freshly seeded torch RNG: with `seeds` (one per prompt, rl/data/prompts.py prompt_seed) the
+    `generate` call on a freshly seeded torch RNG: with `seeds` (one per prompt, rl/seeds.py prompt_seed) the
     samples depend only on the prompt's seed, as a vLLM request's do; without, the seed is drawn from `generator`
     (repeatable through its saved state, but dependent on the prompts before it in the same actor). `max_tokens`:
     a cap per prompt."""

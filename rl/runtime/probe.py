@@ -6,8 +6,8 @@ the actors are busy right after a sync, so its probe is read at the next step, b
 
 from __future__ import annotations
 
-from rl.data.prompts import prompt_seed
-from rl.runtime.pool import Runtime
+from rl.runtime.runtime import Runtime
+from rl.seeds import prompt_seed
 from rl.types import Sampling
 
 

@@ -1,12 +1,13 @@
 """Evaluate a base model and a trained policy without training: `python -m rl.tools.eval [overrides]`.
 
     python -m rl.tools.eval                                                   # the base model on the env's held-out set
-    python -m rl.tools.eval adapter=outputs/run eval_n_samples=8              # base vs trained, greedy + avg@8 / pass@8
+    python -m rl.tools.eval adapter=outputs/run eval.n_samples=8              # base vs trained, greedy + avg@8 / pass@8
     python -m rl.tools.eval adapter=outputs/run/checkpoints/step_0010 compare_base=false env=gsm8k reward=boxed
 
 An entry script like train.py, composed by Hydra from conf/eval.yaml: the training groups and keys (model, env,
-reward, cluster, eval_size, eval_n_samples, eval_pass_k, eval_temperature, eval_correct_threshold, ...) mean what they
-mean in a run, plus `adapter`, `compare_base`, `eval_only` and `eval_out` (rl/config/schema.py EvalCommandConfig).
+reward, cluster, eval.size, eval.n_samples, eval.pass_k, eval.temperature, eval.correct_threshold, ...) mean what they
+mean in a run, plus `adapter`, `compare_base`, `eval_only` and `eval_out` (`EvalCommandConfig` below),
+resolved as a run's config is (`resolve_eval`) and read by the same roles.
 `adapter` is an adapter folder, a run directory, a checkpoint or an HF model folder (rl/checkpoint.py find_policy).
 
 The rollout engine is the run's own (rl/rollout: vLLM, or `cluster.rollout_backend=hf`), one engine in this process
@@ -23,14 +24,65 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rl.config.schema import ConfigError, EvalCommandConfig, register_configs
+from rl.config.resolve import resolve
+from rl.config.schema import ConfigError, TrainConfig, check, register_configs
 from rl.entry import build_target, fail, one_line_config_error
-from rl.config.resolve import EvalCommandSpec
+from rl.types import TrainedPolicy
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+@dataclass
+class EvalCommandConfig(TrainConfig):
+    """This command's schema (conf/eval.yaml): the training config (the same groups, so a run's overrides
+    evaluate it as it was trained) plus what to evaluate and where to write it."""
+
+    adapter: str | None = (
+        None  # trained policy: adapter folder, run dir, checkpoints/step_N or HF model folder (null: base only)
+    )
+    compare_base: bool = True  # with `adapter`, also evaluate the base model (model.path) and print both side by side
+    eval_only: list[str] = field(default_factory=list)  # evaluate only these named eval sets (empty: all of the env's)
+    eval_out: str | None = None  # folder for results.json and the per-sample jsonl (null: outputs/eval/<date>/<time>)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.eval.size > 0, f"eval.size must be > 0 for python -m rl.tools.eval (got {self.eval.size})")
+        check(
+            self.adapter is not None or self.compare_base,
+            "compare_base=false without adapter=... evaluates nothing: give adapter=<adapter folder, run dir or checkpoint>",
+        )
+
+
+def register_eval_config() -> None:
+    """The training schema and this command's (conf/eval.yaml's `eval_schema`) in Hydra's ConfigStore."""
+    from hydra.core.config_store import ConfigStore
+
+    register_configs()
+    ConfigStore.instance().store(name="eval_schema", node=EvalCommandConfig)
+
+
+def resolve_eval(
+    cfg: EvalCommandConfig, out_dir: Path, policy: TrainedPolicy | None, *, model_path: str | None = None
+) -> EvalCommandConfig:
+    """The eval command's config resolved as a run's (so every model/cluster/eval key means what it means in a
+    run), with the LoRA slots sized for the trained adapter `cfg.adapter` names (rl.checkpoint.find_policy), pass_k
+    holding 1 and n_samples (avg@n and pass@n), and the per-sample files in `out_dir`."""
+    cfg = resolve(cfg, out_dir, model_path=model_path, new_run=False)
+    model = cfg.model
+    if policy is not None and policy.adapter is not None:
+        adapter_config = json.loads((policy.adapter / "adapter_config.json").read_text())
+        model = replace(
+            model,
+            lora_rank=max(model.lora_rank, int(adapter_config.get("r", 0))),
+            full_finetune=bool(adapter_config.get("full_weights")),
+        )
+    n = cfg.eval.n_samples
+    evaluation = replace(cfg.eval, pass_k=sorted({1, *cfg.eval.pass_k, *([n] if n else [])}), save_dir=str(out_dir))
+    return replace(cfg, model=model, eval=evaluation, compare_base=cfg.compare_base or policy is None)
 
 
 def compose(argv: list[str]) -> tuple[Any, EvalCommandConfig]:
@@ -39,7 +91,7 @@ def compose(argv: list[str]) -> tuple[Any, EvalCommandConfig]:
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    register_configs()
+    register_eval_config()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             dcfg = hydra_compose(config_name="eval", overrides=argv)
@@ -63,11 +115,14 @@ def select_items(items: list[dict], only: Sequence[str], size: int) -> list[dict
     return items[:size]
 
 
-def evaluate_policies(spec: EvalCommandSpec, env: Any, reward_fn: Any) -> dict[str, dict[str, float]]:
+def evaluate_policies(
+    cfg: EvalCommandConfig, policy: TrainedPolicy | None, env: Any, reward_fn: Any
+) -> dict[str, dict[str, float]]:
     """{label: metrics} for the base model (`base`) and the trained policy (`trained`), each on the same prompts,
-    one engine at a time (an HF model folder needs its own engine; an adapter is loaded into the base's)."""
-    import dataclasses
+    one engine at a time (an HF model folder needs its own engine; an adapter is loaded into the base's).
+    `cfg` is resolve_eval's (its eval.save_dir is the output folder), `policy` what `cfg.adapter` names."""
     import os
+    from dataclasses import replace
 
     from transformers import AutoTokenizer
 
@@ -75,40 +130,41 @@ def evaluate_policies(spec: EvalCommandSpec, env: Any, reward_fn: Any) -> dict[s
     from rl.app import actor_env
     from rl.checkpoint import read_adapter
     from rl.data.prompts import PromptData
-    from rl.runtime.groups import LocalGroup
     from rl.rollout import rollout_class
-    from rl.runtime.pool import Runtime
+    from rl.runtime.groups import LocalGroup
+    from rl.runtime.runtime import Runtime
 
-    tokenizer = AutoTokenizer.from_pretrained(spec.rollout.model_path, trust_remote_code=spec.rollout.trust_remote_code)
-    data = PromptData(select_items(env.eval_items(), spec.eval_only, spec.eval.size), tokenizer, spec.data)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    data = PromptData(select_items(env.eval_items(), cfg.eval_only, cfg.eval.size), tokenizer, cfg)
     if len(data) == 0:
         raise ConfigError(f"no eval prompts left: {data.dropped} were longer than model.max_prompt_tokens")
-    policy, results = spec.policy, {}
-    runs: list[tuple[str, Any]] = [("base", spec.rollout)] if spec.compare_base else []
+    out_dir, results = Path(cfg.eval.save_dir), {}
+    # (label, the config its engine is built from): the trained policy's differs only in model.path (an HF folder)
+    runs: list[tuple[str, EvalCommandConfig]] = [("base", cfg)] if cfg.compare_base else []
     if policy is not None:
-        model_spec = dataclasses.replace(spec.rollout, model_path=str(policy.model)) if policy.model else spec.rollout
-        if runs and model_spec == spec.rollout:
-            runs[0] = ("base+trained", spec.rollout)  # one engine: the base first, then the adapter loaded into it
+        trained = replace(cfg, model=replace(cfg.model, path=str(policy.model))) if policy.model else cfg
+        if runs and trained == cfg:
+            runs[0] = ("base+trained", cfg)  # one engine: the base first, then the adapter loaded into it
         else:
-            runs.append(("trained", model_spec))
-    os.environ.update(actor_env(spec.placement))  # the engine's environment, as a run's actor gets it (CPU cores)
+            runs.append(("trained", trained))
+    os.environ.update(actor_env(cfg))  # the engine's environment, as a run's actor gets it (CPU cores)
     # the engine's own output (vLLM's configuration and notices, its processes') goes to a file, as a run's actor's
-    log = None if spec.placement.verbose else spec.out_dir / "logs" / "engine.log"
-    for name, rollout_spec in runs:
+    log = None if cfg.run.verbose else out_dir / "logs" / "engine.log"
+    for name, engine_cfg in runs:
         with logs.output_to(log):
-            engine = rollout_class(rollout_spec)(rollout_spec)
+            engine = rollout_class(engine_cfg)(engine_cfg)
         # a CPU engine's core runs in this process (rl/app.py actor_env): its later INFO lines (prefix-cache resets
         # after an adapter load) would reach the console; its warnings still do
-        logs.quiet_console(logging.getLogger("vllm"), spec.placement.verbose)
-        runtime = Runtime(LocalGroup([engine]), LocalGroup([]))
+        logs.quiet_console(logging.getLogger("vllm"), cfg.run.verbose)
+        runtime = Runtime(LocalGroup([engine]), LocalGroup([]), engine_cfg)
         try:
             for label in name.split("+"):
                 if label == "trained" and policy.adapter is not None:
                     engine.load_adapter(read_adapter(policy.adapter, version=1))
                     runtime.version = 1  # the version every later sample must carry
                 t0 = time.perf_counter()
-                path = spec.out_dir / f"{label}.jsonl"
-                results[label] = evaluation.evaluate(runtime, data, reward_fn, spec.eval, 0, path=path)
+                path = out_dir / f"{label}.jsonl"
+                results[label] = evaluation.evaluate(runtime, data, reward_fn, cfg, 0, path=path)
                 print(f"{label}: {len(data)} prompts in {time.perf_counter() - t0:.0f} s -> {path}", flush=True)
         finally:
             with logs.output_to(log):
@@ -153,19 +209,28 @@ def format_table(results: dict[str, dict[str, float]], n_samples: int) -> str:
     return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, lines)])
 
 
-def write_results(spec: EvalCommandSpec, results: dict[str, dict[str, float]], table: str, argv: list[str]) -> Path:
+def write_results(
+    cfg: EvalCommandConfig,
+    results: dict[str, dict[str, float]],
+    table: str,
+    argv: list[str],
+    *,
+    policy: TrainedPolicy | None = None,
+) -> Path:
+    """<eval.save_dir>/results.json (resolve_eval's output folder): the command, the base model, the trained `policy`
+    evaluated (None: the base only), the metrics per policy and the table; written whole or not at all."""
     from rl.atomic import replace_when_done, write_bytes
 
     doc = {
         "command": "python -m rl.tools.eval " + " ".join(argv),
         "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "model": spec.rollout.model_path,
-        "policy": spec.policy.describe() if spec.policy else None,
-        "n_samples": spec.eval.n_samples,
+        "model": cfg.model.path,
+        "policy": policy.describe() if policy else None,
+        "n_samples": cfg.eval.n_samples,
         "metrics": results,
         "table": table,
     }
-    path = spec.out_dir / "results.json"
+    path = Path(cfg.eval.save_dir) / "results.json"
     with replace_when_done(path) as tmp:
         write_bytes(tmp, json.dumps(doc, indent=2, default=str).encode())
     return path
@@ -175,25 +240,24 @@ def main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
-    dcfg, cfg = compose(argv)
-    from rl.config import resolve as specs
+    dcfg, composed = compose(argv)
     from rl.checkpoint import find_policy  # imports torch: after the config is known to be valid
 
-    out_dir = Path(cfg.eval_out or f"outputs/eval/{dt.datetime.now():%Y-%m-%d/%H-%M-%S}")
+    out_dir = Path(composed.eval_out or f"outputs/eval/{dt.datetime.now():%Y-%m-%d/%H-%M-%S}")
     try:
-        policy = find_policy(cfg.adapter) if cfg.adapter is not None else None
-        spec = specs.build_eval(cfg, out_dir, policy)
+        policy = find_policy(composed.adapter) if composed.adapter is not None else None
+        cfg = resolve_eval(composed, out_dir, policy)
     except ConfigError as e:
         fail(str(e))
     env, reward = build_target(dcfg.env, "env"), build_target(dcfg.reward, "reward")
-    print(f"model: {spec.rollout.model_path}" + (f"\ntrained: {policy.describe()}" if policy else ""), flush=True)
+    print(f"model: {cfg.model.path}" + (f"\ntrained: {policy.describe()}" if policy else ""), flush=True)
     try:
-        results = evaluate_policies(spec, env, reward)
+        results = evaluate_policies(cfg, policy, env, reward)
     except ConfigError as e:
         fail(str(e))
-    table = format_table(results, spec.eval.n_samples)
+    table = format_table(results, cfg.eval.n_samples)
     print(f"\n{table}\n", flush=True)
-    print(f"results: {write_results(spec, results, table, argv)}", flush=True)
+    print(f"results: {write_results(cfg, results, table, argv, policy=policy)}", flush=True)
     return 0
 
 

@@ -2,7 +2,7 @@
 line `RESULT <json>`. A fresh process because Unsloth must be a process's first ML import (the parent sets
 RLFT_IMPORT_UNSLOTH=1, which rl/__init__.py reads), and an in-process vLLM engine is not torn down cleanly.
 
-Every job builds its roles from specs as a run does (rl.config.resolve.build_from_overrides), on one GPU.
+Every job builds its roles from a resolved config as a run does (rl.config.resolve.from_overrides), on one GPU.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from rl.config.resolve import build_from_overrides  # the first ML-adjacent import: rl/__init__.py may import unsloth first
+from rl.config.resolve import from_overrides  # the first ML-adjacent import: rl/__init__.py may import unsloth first
 
 PROMPTS = [
     "What is 7 + 5? Give the final answer as a number at the end.",
@@ -52,7 +52,7 @@ def learner(model: str, kind: str) -> dict:
 
     from rl.learner import Learner
 
-    learner = Learner(build_from_overrides(model, *COMMON, *LEARNER[kind]).learner)
+    learner = Learner(from_overrides(model, *COMMON, *LEARNER[kind]))
     samples = fixed_batch(AutoTokenizer.from_pretrained(model))
     logprobs = learner.sequence_logprobs([s.prompt_ids for s in samples], [s.completion_ids for s in samples])
     for s, lp in zip(samples, logprobs):
@@ -75,14 +75,14 @@ def actor_vs_learner(model: str, lora_mode: str) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from rl.runtime.groups import LocalGroup
     from rl.learner import Learner
-    from rl.runtime.probe import SyncProbe
     from rl.rollout.vllm import VLLMRollout
-    from rl.runtime.pool import Runtime
+    from rl.runtime.groups import LocalGroup
+    from rl.runtime.probe import SyncProbe
+    from rl.runtime.runtime import Runtime
     from rl.types import Sampling
 
-    spec = build_from_overrides(
+    cfg = from_overrides(
         model,
         *COMMON,
         *LEARNER["peft_bf16"],
@@ -90,11 +90,11 @@ def actor_vs_learner(model: str, lora_mode: str) -> dict:
         "cluster.gpu_memory_utilization=0.3",
         "model.max_new_tokens=24",
     )
-    actor = VLLMRollout(spec.rollout)  # engines first: vLLM measures free memory while it starts
-    lrn = Learner(spec.learner)
+    actor = VLLMRollout(cfg)  # engines first: vLLM measures free memory while it starts
+    lrn = Learner(cfg)
     tok = AutoTokenizer.from_pretrained(model)
     prompts = [chat_ids(tok, p) for p in PROMPTS]
-    runtime = Runtime(LocalGroup([actor]), LocalGroup([lrn]), spec.runtime)
+    runtime = Runtime(LocalGroup([actor]), LocalGroup([lrn]), cfg)
     probe = SyncProbe(runtime, prompts[:2], 1.0, 1.0, threshold=0.2, deferred=False)
     floor = probe.measure_floor()
     greedy = Sampling(n=1, temperature=0.0, max_tokens=16)
@@ -218,11 +218,15 @@ def packed_vs_padded(model: str, kind: str, attention: str) -> dict:
     `packed_attention`), both in bf16, each against the padded layout in fp32 (where no attention kernel's bf16
     rounding enters): logprob errors, and the loss and gradient norm of one step, each learner from its own
     logprobs as the old policy's (ratio 1 on both sides: the step compares the layouts' gradients, not how their
-    rounding moves ratios across the clip). A packed learner that refuses to start (its attention ignores the
-    packed layout: Batcher.check_packing) reports why."""
+    rounding moves ratios across the clip). A packed learner that is refused (at config load: Unsloth replaces the
+    attention forward; at start: no varlen kernel) or that falls back to padded micro-batches (its attention mixes
+    the packed sequences: Batcher.check_packing) reports why."""
+    import warnings
+
     import torch
     from transformers import AutoTokenizer
 
+    from rl.config.schema import ConfigError
     from rl.learner import Learner
     from rl.learner.packing import varlen_kernel
     from rl.types import TrainSample
@@ -241,20 +245,28 @@ def packed_vs_padded(model: str, kind: str, attention: str) -> dict:
         return lp, learner.train_step(own)
 
     fp32 = [k for k in COMMON if not k.startswith("model.learner_dtype")] + ["model.learner_dtype=float32"]
-    fp32 += [*LEARNER["peft_bf16"], "model.max_new_tokens=600", "micro_batch_size=4", "micro_batch_tokens=0"]
-    reference = Learner(build_from_overrides(model, *fp32).learner)  # PEFT, fp32 base weights, padded
+    fp32 += [
+        *LEARNER["peft_bf16"],
+        "model.max_new_tokens=600",
+        "learner.micro_batch_size=4",
+        "learner.micro_batch_tokens=0",
+    ]
+    reference = Learner(from_overrides(model, *fp32))  # PEFT, fp32 base weights, padded
     ref = reference.sequence_logprobs(prompts, comps)
     del reference
-    padded = Learner(build_from_overrides(model, *keys, "micro_batch_size=4", "micro_batch_tokens=0").learner)
+    padded = Learner(from_overrides(model, *keys, "learner.micro_batch_size=4", "learner.micro_batch_tokens=0"))
     want, m_padded = logprobs_and_step(padded)
     del padded
     torch.cuda.empty_cache()
+    packed_keys = ["learner.micro_batch_tokens=2048", f"learner.packed_attention={attention}"]
     try:
-        packed = Learner(
-            build_from_overrides(model, *keys, "micro_batch_tokens=2048", f"packed_attention={attention}").learner
-        )
-    except RuntimeError as e:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            packed = Learner(from_overrides(model, *keys, *packed_keys))
+    except (ConfigError, RuntimeError) as e:
         return {"refused": str(e), "kernel": varlen_kernel()}
+    if packed.batcher.packed is None:  # the start-up check found mixed sequences: the learner trains padded
+        return {"refused": " ".join(str(w.message) for w in caught), "kernel": varlen_kernel()}
     got, m_packed = logprobs_and_step(packed)
 
     def errors(lp: list[list[float]]) -> list[float]:
@@ -290,8 +302,8 @@ def step_syncs(model: str, kind: str, tokens: int) -> dict:
     from rl.learner import Learner
     from rl.types import TrainSample
 
-    keys = [*COMMON, *LEARNER[kind], "micro_batch_size=4", f"micro_batch_tokens={tokens}"]
-    learner = Learner(build_from_overrides(model, *keys).learner)
+    keys = [*COMMON, *LEARNER[kind], "learner.micro_batch_size=4", f"learner.micro_batch_tokens={tokens}"]
+    learner = Learner(from_overrides(model, *keys))
     rng = random.Random(0)
 
     def ids(n: int) -> list[int]:

@@ -113,8 +113,8 @@ def test_packed_learner_matches_padded_on_cuda(model, kind, attention):
     """Packed rows (micro_batch_tokens) give the padded layout's logprobs, loss and gradient norm in bf16 on CUDA,
     with the per-segment SDPA loop and with a varlen flash kernel: measured against the padded layout in fp32, the
     packed row's error is the padded row's bf16 rounding, not more (a row that mixed sequences is off by nats);
-    a backend whose attention ignores the packing (Unsloth replaces the attention forward) must refuse at start
-    rather than train on mixed sequences."""
+    a backend whose attention ignores the packing (Unsloth replaces the attention forward) is refused packed rows
+    at config load, never trained on mixed sequences; only it, and varlen without a kernel, may be refused."""
     out = job("packed_vs_padded", model=model, kind=kind, attention=attention)
     print(f"{kind} packed_attention={attention}: {out}")
     if "refused" in out:
@@ -153,10 +153,10 @@ GPU_RUN = [
     "cluster.gpus_per_actor=0.5",
     "cluster.gpus_per_learner=0.5",
     "cluster.gpu_memory_utilization=0.3",
-    "steps=2",
-    "prompts_per_step=8",
-    "eval_size=16",
-    "save_interval=1",
+    "run.steps=2",
+    "run.prompts_per_step=8",
+    "eval.size=16",
+    "checkpoint.interval=1",
     "logger=none",
 ]
 
@@ -172,7 +172,7 @@ COLOCATED = [
 def two_synced_steps(args: list[str], out) -> list[dict]:
     """`train.py` with `args` (GPU_RUN's two steps) into `out`: it succeeds, each step publishes its version, and the
     probe after each sync stays within the floor + 0.2 (the actor serves the learner's policy). The steps' rows."""
-    proc = run_train([*args, f"output_dir={out}"], timeout=900)
+    proc = run_train([*args, f"run.output_dir={out}"], timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     train = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
     assert [r["sync/version"] for r in train] == [1.0, 2.0]
@@ -189,7 +189,7 @@ def test_two_step_ray_run_with_unsloth_learner_and_vllm_actor_on_one_gpu(model, 
             f"model.path={model}",
             "model.learner_backend=unsloth",
             "model.load_in_4bit=true",
-            f"output_dir={out}",
+            f"run.output_dir={out}",
         ],
         timeout=900,
     )
@@ -245,7 +245,9 @@ def test_the_gpu_demo_learns_with_real_weights(tmp_path):
     32 prompts x 16 (about 5 minutes on an H200); the held-out accuracy must rise as the CPU demo's does
     (0.359 -> 0.750 there on 2026-12-01, docs/benchmarks.md)."""
     out = tmp_path / "run"
-    proc = run_train(["+experiment=gpu_smollm2_chain_sum", "save_interval=0", f"output_dir={out}"], timeout=900)
+    proc = run_train(
+        ["+experiment=gpu_smollm2_chain_sum", "checkpoint.interval=0", f"run.output_dir={out}"], timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((out / "summary.json").read_text())
     print(f"gpu demo: held-out {summary['eval/accuracy_before']:.3f} -> {summary['eval/accuracy_after']:.3f}")
@@ -260,23 +262,23 @@ def test_deterministic_gpu_runs_repeat_and_resume_exactly(model, tmp_path):
     per-request sampling seeds): two runs of one config give the same metrics (timings aside), adapters, rollout
     and evaluation dumps, and a run stopped after step 2 and resumed (`resume=auto`) equals the uninterrupted
     one, with the Unsloth learner. Its cost: docs/benchmarks.md."""
-    common = [a for a in GPU_RUN if not a.startswith(("steps=", "cluster.gpu_memory"))]
+    common = [a for a in GPU_RUN if not a.startswith(("run.steps=", "cluster.gpu_memory"))]
     common += [
         f"model.path={model}",
         "model.learner_backend=unsloth",
         "cluster.gpu_memory_utilization=0.15",
-        "rollout_save_interval=1",
-        "keep_last=0",
-        "eval_n_samples=2",  # the sampled evaluation too
+        "logger.rollouts_interval=1",
+        "checkpoint.keep_last=0",
+        "eval.n_samples=2",  # the sampled evaluation too
     ]
     runs = {}
     for name, folder, extra in [
-        ("a", "a", ["steps=3", "deterministic=true"]),
-        ("b", "b", ["steps=2", "deterministic=true"]),
-        ("b2", "b", ["steps=3", "deterministic=true", "resume=auto"]),
+        ("a", "a", ["run.steps=3", "run.deterministic=true"]),
+        ("b", "b", ["run.steps=2", "run.deterministic=true"]),
+        ("b2", "b", ["run.steps=3", "run.deterministic=true", "run.resume=auto"]),
     ]:
         out = tmp_path / folder
-        proc = run_train([*common, *extra, f"output_dir={out}", f"hydra.run.dir={tmp_path / name}"], timeout=900)
+        proc = run_train([*common, *extra, f"run.output_dir={out}", f"hydra.run.dir={tmp_path / name}"], timeout=900)
         assert proc.returncode == 0, f"run {name}: " + proc.stderr[-4000:]
         runs[name] = (out, proc)
     (a, _), (b, _), (_, resumed) = runs["a"], runs["b"], runs["b2"]

@@ -15,7 +15,7 @@ def test_two_steps_on_code_tasks_scored_in_the_sandbox(tiny_model, tmp_path):
     proc = run_train(
         [
             f"model.path={tiny_model}",
-            f"output_dir={out}",
+            f"run.output_dir={out}",
             "model.dtype=float32",
             "model.learner_dtype=float32",
             "cluster=local",
@@ -24,12 +24,12 @@ def test_two_steps_on_code_tasks_scored_in_the_sandbox(tiny_model, tmp_path):
             "env.size=16",
             "reward=code_tests",
             "sandbox.wall_s=3",
-            "steps=2",
-            "prompts_per_step=2",
+            "run.steps=2",
+            "run.prompts_per_step=2",
             "algorithm.group_size=2",
-            "eval_size=2",
+            "eval.size=2",
             "model.max_new_tokens=8",
-            "save_interval=0",
+            "checkpoint.interval=0",
         ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -22,14 +22,14 @@ def test_eval_command_base_vs_adapter_on_vllm(tiny_model, tmp_path):
     proc = run_train(
         [
             *tiny_args(tiny_model),
-            f"output_dir={run}",
+            f"run.output_dir={run}",
             "logger=none",
-            "steps=1",
-            "prompts_per_step=2",
+            "run.steps=1",
+            "run.prompts_per_step=2",
             "algorithm.group_size=2",
             "model.max_new_tokens=6",
-            "eval_size=0",
-            "save_interval=1",
+            "eval.size=0",
+            "checkpoint.interval=1",
         ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -39,15 +39,20 @@ def test_eval_command_base_vs_adapter_on_vllm(tiny_model, tmp_path):
     args = [
         *tiny_args(tiny_model, in_process=False),  # the tiny model and its reward, on the default vLLM engine
         f"eval_out={out}",
-        f"eval_size={EVAL_SIZE}",
-        f"eval_n_samples={N}",
-        f"eval_correct_threshold={THRESHOLD}",
+        f"eval.size={EVAL_SIZE}",
+        f"eval.n_samples={N}",
+        f"eval.correct_threshold={THRESHOLD}",
         "model.max_new_tokens=8",
         "cluster.gpu_memory_utilization=0.1",
         f"adapter={run}",  # last: the failing call below replaces it
     ]
     proc = subprocess.run(
-        [sys.executable, "-m", "rl.tools.eval", *args], cwd=REPO, env=repo_env(), capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "rl.tools.eval", *args],
+        cwd=REPO,
+        env=repo_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"trained: run {run / 'adapter'}" in proc.stdout

@@ -32,19 +32,19 @@ def test_eval_and_rollout_files(tiny_model, tmp_path):
     proc = run_train(
         [
             *tiny_args(tiny_model),
-            f"output_dir={out}",
+            f"run.output_dir={out}",
             "logger=none",
-            "steps=2",
-            "prompts_per_step=2",
+            "run.steps=2",
+            "run.prompts_per_step=2",
             "algorithm.group_size=3",
             f"model.max_new_tokens={MAX_NEW}",
-            "save_interval=0",
-            "eval_size=3",
-            "eval_interval=1",
-            f"eval_n_samples={N_SAMPLES}",
-            "eval_pass_k=[1,2,4]",
-            f"eval_correct_threshold={THRESHOLD}",
-            "rollout_save_interval=2",
+            "checkpoint.interval=0",
+            "eval.size=3",
+            "eval.interval=1",
+            f"eval.n_samples={N_SAMPLES}",
+            "eval.pass_k=[1,2,4]",
+            f"eval.correct_threshold={THRESHOLD}",
+            "logger.rollouts_interval=2",
             "algorithm.overlong_penalty=true",  # shaped reward != task reward for long completions
             f"algorithm.overlong_buffer={BUFFER}",
         ],
@@ -53,7 +53,7 @@ def test_eval_and_rollout_files(tiny_model, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 2/2 [" in proc.stdout  # progress with elapsed<ETA in the console line
 
-    # --- evaluation: before training (0), eval_interval (1), after training (2); nothing half-written
+    # --- evaluation: before training (0), eval.interval (1), after training (2); nothing half-written
     metrics = read(out / "metrics.jsonl")
     mixed = 0  # prompts with some but not all samples correct: where pass@k differs from pass@1 and from 0/1
     assert sorted(p.name for p in (out / "eval").iterdir()) == ["step_0000.jsonl", "step_0001.jsonl", "step_0002.jsonl"]
@@ -85,7 +85,7 @@ def test_eval_and_rollout_files(tiny_model, tmp_path):
         assert m["eval/pass@1"] <= m["eval/pass@2"] <= m["eval/pass@4"]
     assert mixed > 0, "every prompt was all-correct or all-wrong: the pass@k checks above would be vacuous"
 
-    # --- rollout dump: only step 2 (rollout_save_interval=2), every completion of the step
+    # --- rollout dump: only step 2 (logger.rollouts_interval=2), every completion of the step
     assert [p.name for p in (out / "rollouts").iterdir()] == ["step_0002.jsonl"]
     rows = read(out / "rollouts" / "step_0002.jsonl")
     assert len(rows) == 2 * 3

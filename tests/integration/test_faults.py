@@ -20,8 +20,8 @@ class KilledOnce(HFRollout):
 
     marker = ""  # set on a subclass made per test (the class travels to the actors by value)
 
-    def __init__(self, spec):
-        super().__init__(spec)
+    def __init__(self, cfg):
+        super().__init__(cfg)
         self.calls = 0
 
     def generate(self, prompts, sampling, seeds=None):
@@ -44,19 +44,19 @@ def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, 
 
     import rl.rollout
     from rl import app, driver
-from rl.config import resolve as specs
-    from rl.config.schema import AlgorithmConfig, ClusterConfig, DType, ModelConfig, RolloutBackend, TrainConfig
+    from rl.config.choices import DType, RolloutBackend
+    from rl.config.cluster import ClusterConfig
+    from rl.config.resolve import resolve
+    from rl.config.schema import AlgorithmConfig, CheckpointConfig, EvalConfig, ModelConfig, RunConfig, TrainConfig
     from rl.data.prompts import PromptData
     from rl.metrics import MetricsLogger
     from rl.types import Sampling
 
     marker = tmp_path / "killed.pid"
     cfg = TrainConfig(
-        steps=4,
-        prompts_per_step=4,
-        eval_size=0,
-        save_interval=0,
-        sync_probe_threshold=0.01,
+        run=RunConfig(steps=4, prompts_per_step=4, sync_probe_threshold=0.01),
+        eval=EvalConfig(size=0),
+        checkpoint=CheckpointConfig(interval=0),
         algorithm=AlgorithmConfig(group_size=2),
         model=ModelConfig(
             path=str(tiny_model), dtype=DType.float32, learner_dtype=DType.float32, max_new_tokens=8, lora_rank=4
@@ -72,9 +72,9 @@ from rl.config import resolve as specs
         ),
     )
     killer = type("KilledOnceHere", (KilledOnce,), {"marker": str(marker)})
-    monkeypatch.setattr(rl.rollout, "rollout_class", lambda spec: killer)
-    spec = specs.build(cfg, tmp_path / "run", model_path=str(tiny_model))
-    runtime, teardown = app.build_runtime(spec)
+    monkeypatch.setattr(rl.rollout, "rollout_class", lambda cfg: killer)
+    cfg = resolve(cfg, tmp_path / "run", model_path=str(tiny_model))
+    runtime, teardown = app.build_runtime(cfg)
     trained: list[list[tuple[int, ...]]] = []  # each optimizer step's prompt groups
     real_step = runtime.train_step
     runtime.train_step = lambda samples: (
@@ -82,16 +82,16 @@ from rl.config import resolve as specs
         real_step(samples),
     )[1]
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
-    logger = MetricsLogger(tmp_path / "run", kind="none", total_steps=cfg.steps)
+    logger = MetricsLogger(tmp_path / "run", kind="none", total_steps=cfg.run.steps)
     try:
-        driver.train(spec, runtime, tokenizer, Env(), LengthReward(), logger, resolved={})
+        driver.train(cfg, runtime, tokenizer, Env(), LengthReward(), logger, resolved={})
         after = runtime.generate([[1, 2, 3]] * 4, Sampling(n=1, max_tokens=4))  # both actors serve again
     finally:
         teardown()
         logger.close()
 
-    data = PromptData(Env().train_items(), tokenizer, spec.data)
-    expected = [[tuple(data.prompt_ids[i]) for i in data.next_batch(4)] for _ in range(cfg.steps)]
+    data = PromptData(Env().train_items(), tokenizer, cfg)
+    expected = [[tuple(data.prompt_ids[i]) for i in data.next_batch(4)] for _ in range(cfg.run.steps)]
     assert trained == expected  # every prompt of every step, once, in order
     rows = metric_rows(tmp_path / "run", timings=True)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -110,22 +110,22 @@ def test_staleness_one_with_vllm_engines(tiny_model, tmp_path):
     proc = run_train(
         [
             f"model.path={tiny_model}",
-            f"output_dir={out}",
+            f"run.output_dir={out}",
             "cluster=2a1l",
             "cluster.staleness=1",
             "cluster.gpu_memory_utilization=0.1",
             "cluster.actor_threads=1",
             "cluster.learner_threads=1",
-            "steps=3",
-            "prompts_per_step=2",
+            "run.steps=3",
+            "run.prompts_per_step=2",
             "algorithm.group_size=4",
-            "eval_size=0",
+            "eval.size=0",
             "model.max_new_tokens=12",
             "reward._target_=tests.helpers.LengthReward",
             "~reward.extract",
             "model.dtype=float32",
             "model.learner_dtype=float32",
-            "sync_probe_threshold=0.01",
+            "run.sync_probe_threshold=0.01",
         ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -142,22 +142,22 @@ def test_learner_generation_with_staleness_on_ray(tiny_model, tmp_path):
     proc = run_train(
         [
             f"model.path={tiny_model}",
-            f"output_dir={out}",
+            f"run.output_dir={out}",
             "cluster=1a1l",
             "cluster.rollout_backend=hf",
             "cluster.staleness=1",
             "cluster.learner_chunk_size=1",
             "cluster.learner_threads=1",
-            "steps=3",
-            "prompts_per_step=4",
+            "run.steps=3",
+            "run.prompts_per_step=4",
             "algorithm.group_size=4",
-            "eval_size=2",
+            "eval.size=2",
             "model.max_new_tokens=8",
             "reward._target_=tests.helpers.LengthReward",
             "~reward.extract",
             "model.dtype=float32",
             "model.learner_dtype=float32",
-            "sync_probe_threshold=0.01",
+            "run.sync_probe_threshold=0.01",
         ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

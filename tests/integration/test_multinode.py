@@ -173,15 +173,15 @@ def test_roles_on_two_nodes_train_checkpoint_and_resume_with_two_learners(two_no
         "cluster.actor_threads=1",
         "cluster.learner_threads=1",
         "cluster.gpu_memory_utilization=0.1",  # of a NUMA node: 0.05 of an 11 GiB node is less than the engine uses
-        f"output_dir={out}",
+        f"run.output_dir={out}",
         "logger=none",
-        "prompts_per_step=2",
+        "run.prompts_per_step=2",
         "algorithm.group_size=2",
         "model.max_new_tokens=8",
-        "eval_size=0",
-        "save_interval=1",
+        "eval.size=0",
+        "checkpoint.interval=1",
     ]
-    first = run_train([*common, "steps=2"], timeout=600)
+    first = run_train([*common, "run.steps=2"], timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     placed = placements(log_of(out))  # the run's log: rl/logs.py
     assert set(placed) == {("actor", 0), ("learner", 0), ("learner", 1)}, first.stdout[-3000:]
@@ -191,7 +191,7 @@ def test_roles_on_two_nodes_train_checkpoint_and_resume_with_two_learners(two_no
     state, _ = checkpoint.load(out / "checkpoints" / "step_0002")
     assert state["step"] == 2 and state["adapter_version"] == 2 and state["data"]["cursor"] == 4
 
-    resumed = run_train([*common, "steps=3", "resume=auto"], timeout=600)
+    resumed = run_train([*common, "run.steps=3", "run.resume=auto"], timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {out / 'checkpoints' / 'step_0002'}: step 2, adapter version 2, data cursor 4" in (
         resumed.stdout
@@ -223,11 +223,11 @@ def test_ray_launcher_sweep_joins_the_running_cluster(two_nodes, tiny_model, tmp
             "cluster.cpus_per_actor=0.5",
             "cluster.cpus_per_learner=0.5",
             "cluster.learner_threads=1",
-            "steps=1",
-            "prompts_per_step=2",
+            "run.steps=1",
+            "run.prompts_per_step=2",
             "algorithm.group_size=2",
-            "eval_size=0",
-            "save_interval=0",
+            "eval.size=0",
+            "checkpoint.interval=0",
             "model.max_new_tokens=4",
             "logger=none",
             f"hydra.sweep.dir={sweep}",
@@ -282,18 +282,18 @@ def killed_actor_run(address: str, model: str, run_dir: str) -> None:
 
     import rl.rollout
     from rl import app, driver
-from rl.config import resolve as specs
-    from rl.config.schema import AlgorithmConfig, ClusterConfig, DType, ModelConfig, TrainConfig
+    from rl.config.choices import DType
+    from rl.config.cluster import ClusterConfig
+    from rl.config.resolve import resolve
+    from rl.config.schema import AlgorithmConfig, CheckpointConfig, EvalConfig, ModelConfig, RunConfig, TrainConfig
     from rl.data.prompts import PromptData
     from rl.metrics import MetricsLogger
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     cfg = TrainConfig(
-        steps=3,
-        prompts_per_step=2,
-        eval_size=0,
-        save_interval=0,
-        sync_probe_threshold=0.01,
+        run=RunConfig(steps=3, prompts_per_step=2, sync_probe_threshold=0.01),
+        eval=EvalConfig(size=0),
+        checkpoint=CheckpointConfig(interval=0),
         algorithm=AlgorithmConfig(group_size=2),
         model=ModelConfig(path=model, dtype=DType.float32, learner_dtype=DType.float32, max_new_tokens=8, lora_rank=4),
         cluster=ClusterConfig(
@@ -307,24 +307,24 @@ from rl.config import resolve as specs
         ),
     )
     killer = type("KilledOnceVLLMHere", (KilledOnceVLLM,), {"marker": str(Path(run_dir) / "killed.pid")})
-    rl.rollout.rollout_class = lambda spec: killer  # app.build_runtime looks it up at call time
-    spec = specs.build(cfg, Path(run_dir), model_path=model)
+    rl.rollout.rollout_class = lambda cfg: killer  # app.build_runtime looks it up at call time
+    cfg = resolve(cfg, Path(run_dir), model_path=model)
     tokenizer = AutoTokenizer.from_pretrained(model)
-    logger = MetricsLogger(Path(run_dir), kind="none", total_steps=cfg.steps)
+    logger = MetricsLogger(Path(run_dir), kind="none", total_steps=cfg.run.steps)
     trained: list[list[list[int]]] = []
-    runtime, teardown = app.build_runtime(spec)
+    runtime, teardown = app.build_runtime(cfg)
     try:
         real_step = runtime.train_step
         runtime.train_step = lambda samples: (
             trained.append([list(p) for p in dict.fromkeys(tuple(s.prompt_ids) for s in samples)]),
             real_step(samples),
         )[1]
-        driver.train(spec, runtime, tokenizer, Env(), LengthReward(), logger, resolved={})
+        driver.train(cfg, runtime, tokenizer, Env(), LengthReward(), logger, resolved={})
     finally:
         teardown()
         logger.close()
-    data = PromptData(Env().train_items(), tokenizer, spec.data)
-    expected = [[list(data.prompt_ids[i]) for i in data.next_batch(2)] for _ in range(cfg.steps)]
+    data = PromptData(Env().train_items(), tokenizer, cfg)
+    expected = [[list(data.prompt_ids[i]) for i in data.next_batch(2)] for _ in range(cfg.run.steps)]
     (Path(run_dir) / "trained.json").write_text(json.dumps({"trained": trained, "expected": expected}))
 
 

@@ -16,14 +16,14 @@ pytestmark = pytest.mark.slow
 # The judge is the run's reward (LengthReward, 1 at 300 characters): the random model's answers are judged right
 # at 0.3 (about 90 characters), so some episodes end after one answer and others retry. Short turns, two eval prompts.
 RETRY = [
-    *(a for a in TINY_RUN if not a.startswith(("eval_size=", "model.max_new_tokens="))),
-    "eval_size=2",
+    *(a for a in TINY_RUN if not a.startswith(("eval.size=", "model.max_new_tokens="))),
+    "eval.size=2",
     "model.max_new_tokens=10",
     "+reward.scale=300",
     "env=retry",
     "env.inner.size=64",
     "env.threshold=0.3",
-    "rollout_save_interval=1",
+    "logger.rollouts_interval=1",
     "cluster.gpu_memory_utilization=0.1",
 ]
 
@@ -49,14 +49,14 @@ def check_episodes(out) -> None:
 
 def test_retry_episodes_on_ray_with_vllm(tiny_model, tmp_path):
     out = tmp_path / "run"
-    proc = run_train([f"model.path={tiny_model}", f"output_dir={out}", "cluster=1a1l", *RETRY])
+    proc = run_train([f"model.path={tiny_model}", f"run.output_dir={out}", "cluster=1a1l", *RETRY])
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_episodes(out)
 
 
 def test_retry_episodes_with_the_hf_backend(tiny_model, tmp_path):
     out = tmp_path / "run"
-    args = [f"model.path={tiny_model}", f"output_dir={out}", "cluster=local", "cluster.rollout_backend=hf"]
+    args = [f"model.path={tiny_model}", f"run.output_dir={out}", "cluster=local", "cluster.rollout_backend=hf"]
     proc = run_train([*args, *RETRY])
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_episodes(out)

@@ -1,6 +1,6 @@
 """The same config and seed give the same run with Ray + vLLM CPU, and a resumed run equals an uninterrupted one
 (staleness 0): metrics (timings aside), adapters, evaluation and rollout dumps, bit for bit. Every prompt's
-request carries its own sampling seed (rl/data/prompts.py prompt_seed), so what the engine batches with it does not
+request carries its own sampling seed (rl/seeds.py prompt_seed), so what the engine batches with it does not
 matter. Also the quiet console: a run prints its own lines only, each role's log is in <run dir>/logs/, and
 `verbose=true` shows the roles' lines (which change nothing in the results). Three runs (each starts a vLLM
 engine): a, 3 steps; b, the first 2 of them with verbose=true, then resume=auto for the third."""
@@ -19,27 +19,31 @@ RUN = [
     "cluster=1a1l",
     "cluster.gpu_memory_utilization=0.1",
     "logger=none",
-    "prompts_per_step=2",
+    "run.prompts_per_step=2",
     "algorithm.group_size=4",
     "model.max_new_tokens=12",
-    "eval_size=4",
-    "eval_n_samples=2",  # sampled evaluation too: its seeds are the step's and the prompt's
-    "eval_pass_k=[1,2]",
-    "save_interval=1",
-    "keep_last=0",
-    "rollout_save_interval=1",
+    "eval.size=4",
+    "eval.n_samples=2",  # sampled evaluation too: its seeds are the step's and the prompt's
+    "eval.pass_k=[1,2]",
+    "checkpoint.interval=1",
+    "checkpoint.keep_last=0",
+    "logger.rollouts_interval=1",
 ]
 
 
 @pytest.fixture(scope="module")
 def runs(tiny_model, tmp_path_factory) -> dict:
-    """a: 3 steps; b: 2 steps with verbose=true, then resume=auto to 3 steps (same run directory)."""
+    """a: 3 steps; b: 2 steps with run.verbose=true, then run.resume=auto to 3 steps (same run directory)."""
     root = tmp_path_factory.mktemp("repro")
     common = [*tiny_args(tiny_model, in_process=False), *RUN]
     out = {}
-    for name, extra in [("a", ["steps=3"]), ("b", ["steps=2", "verbose=true"]), ("b2", ["steps=3", "resume=auto"])]:
+    for name, extra in [
+        ("a", ["run.steps=3"]),
+        ("b", ["run.steps=2", "run.verbose=true"]),
+        ("b2", ["run.steps=3", "run.resume=auto"]),
+    ]:
         run_dir = root / name[0]
-        args = [*common, f"output_dir={run_dir}", f"hydra.run.dir={root / name / 'hydra'}", *extra]
+        args = [*common, f"run.output_dir={run_dir}", f"hydra.run.dir={root / name / 'hydra'}", *extra]
         proc = run_train(args, timeout=1200)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[name] = (run_dir, proc)
@@ -57,7 +61,7 @@ def test_a_resumed_vllm_run_equals_an_uninterrupted_one(runs):
 
 
 OUR_LINE = re.compile(
-    r"^(run dir: |model: |ray: |sync probe floor |step \d+/\d+|held-out accuracy |resume=auto|resumed from )"
+    r"^(run dir: |model: |ray: |sync probe floor |step \d+/\d+|held-out accuracy |run.resume=auto|resumed from )"
 )
 
 

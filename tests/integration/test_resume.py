@@ -21,10 +21,10 @@ pytestmark = pytest.mark.slow
 def args(model, out, *extra: str) -> list[str]:
     return [
         f"model.path={model}",
-        f"output_dir={out}",
+        f"run.output_dir={out}",
         "cluster=local",
         "cluster.rollout_backend=hf",
-        "prompts_per_step=2",
+        "run.prompts_per_step=2",
         "algorithm.group_size=3",
         "model.max_new_tokens=6",
         "model.dtype=float32",
@@ -38,11 +38,11 @@ def args(model, out, *extra: str) -> list[str]:
 
 def test_resume_is_bitwise_identical(tiny_model, tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"
-    common = ["eval_size=2", "save_interval=3", "keep_last=0"]
+    common = ["eval.size=2", "checkpoint.interval=3", "checkpoint.keep_last=0"]
     for out, extra in [
-        (straight, ["steps=6"]),
-        (split, ["steps=3"]),
-        (split, ["steps=6", "resume=auto"]),
+        (straight, ["run.steps=6"]),
+        (split, ["run.steps=3"]),
+        (split, ["run.steps=6", "run.resume=auto"]),
     ]:
         proc = run_train(args(tiny_model, out, *common, *extra), timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -71,10 +71,10 @@ def test_resume_is_bitwise_identical(tiny_model, tmp_path):
 
 def test_killed_run_resumes_from_last_checkpoint(tiny_model, tmp_path):
     out = tmp_path / "run"
-    common = ["eval_size=0", "save_interval=1", "keep_last=2"]
+    common = ["eval.size=0", "checkpoint.interval=1", "checkpoint.keep_last=2"]
     env = repo_env(HYDRA_FULL_ERROR="0")
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), *args(tiny_model, out, *common, "steps=50")],
+        [sys.executable, str(REPO / "train.py"), *args(tiny_model, out, *common, "run.steps=50")],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -92,7 +92,7 @@ def test_killed_run_resumes_from_last_checkpoint(tiny_model, tmp_path):
     assert proc.returncode == -signal.SIGKILL
     last = checkpoint.list_checkpoints(out)[-1][0]
 
-    resumed = run_train(args(tiny_model, out, *common, f"steps={last + 1}", "resume=auto"), timeout=300)
+    resumed = run_train(args(tiny_model, out, *common, f"run.steps={last + 1}", "run.resume=auto"), timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {out / 'checkpoints' / checkpoint.step_dir_name(last)}: step {last}" in resumed.stdout
     train_rows = [r for r in metric_rows(out, timings=True) if "train/loss" in r]

@@ -12,7 +12,13 @@ import pytest
 from rl.preflight import plan
 from tests.helpers import run_train, tiny_args
 
-SMALL_RUN = ["steps=1", "prompts_per_step=2", "algorithm.group_size=4", "eval_size=0", "model.max_new_tokens=16"]
+SMALL_RUN = [
+    "run.steps=1",
+    "run.prompts_per_step=2",
+    "algorithm.group_size=4",
+    "eval.size=0",
+    "model.max_new_tokens=16",
+]
 
 
 def last_line(proc) -> str:
@@ -34,7 +40,7 @@ def test_kv_cache_share_too_small_on_cpu(tiny_model, tmp_path):
     proc = run_train(
         [
             *tiny_args(tiny_model, in_process=False),
-            f"output_dir={tmp_path / 'run'}",
+            f"run.output_dir={tmp_path / 'run'}",
             f"hydra.run.dir={tmp_path / 'hydra'}",
             "cluster=1a1l",
             "cluster.gpu_memory_utilization=0.01",
@@ -56,7 +62,7 @@ def test_kv_cache_share_too_small_on_cpu(tiny_model, tmp_path):
     assert suggested == plan.vllm_cpu_fraction(used * 2**30, 8 * 272 * 2 * 2 * 64 * 4, total * 2**30)
     assert_no_driver_traceback(proc)
     log = (tmp_path / "hydra" / "train.log").read_text()
-    assert "rl.preflight.diagnose.RoleStartFailed: rollout actor 0 failed to start: ValueError: Available memory" in log
+    assert "rl.errors.RoleStartFailed: rollout actor 0 failed to start: ValueError: Available memory" in log
     # the engine's own traceback: on CPU the engine core runs in the actor's process (rl/app.py actor_env), so the
     # worker's frames are in the role's traceback; a separate engine process's would come as "vLLM engine output"
     assert "cpu_worker.py" in log
@@ -68,7 +74,7 @@ def test_placement_that_cannot_fit_the_local_ray(tiny_model, tmp_path):
     proc = run_train(
         [
             *tiny_args(tiny_model, in_process=False),
-            f"output_dir={tmp_path / 'run'}",
+            f"run.output_dir={tmp_path / 'run'}",
             "cluster=1a1l",
             "cluster.placement_strategy=STRICT_SPREAD",
             *SMALL_RUN,
@@ -96,7 +102,7 @@ def test_bad_model_folder(tiny_model, tmp_path, missing):
     for name in keep[missing] + (("model.safetensors",) if missing == "tokenizer" else ()):
         shutil.copy(tiny_model / name, folder / name)
     proc = run_train(
-        [*tiny_args(folder), f"output_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}", *SMALL_RUN],
+        [*tiny_args(folder), f"run.output_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}", *SMALL_RUN],
         timeout=300,
     )
     assert proc.returncode == 1, proc.stderr[-3000:]

@@ -10,22 +10,25 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from rl.config.schema import AlgorithmConfig, ClusterConfig, ClusterMode, DType, ModelConfig, RolloutBackend, TrainConfig
+from rl.config.choices import ClusterMode, DType, RolloutBackend
+from rl.config.cluster import ClusterConfig
+from rl.config.schema import AlgorithmConfig, EvalConfig, LearnerConfig, ModelConfig, RunConfig, TrainConfig
+from rl.runtime.roles import Learner
 from tests.helpers import REPO, make_samples, metric_rows, run_train, scratch_run_dir
 
 pytestmark = pytest.mark.slow
 
 TINY_RUN = [
-    "steps=2",
+    "run.steps=2",
     "algorithm.group_size=4",
-    "eval_size=0",
+    "eval.size=0",
     "model.max_new_tokens=12",
-    "micro_batch_size=8",
+    "learner.micro_batch_size=8",
     "reward._target_=tests.helpers.LengthReward",
     "~reward.extract",
     "model.dtype=float32",
     "model.learner_dtype=float32",
-    "sync_probe_threshold=0.01",
+    "run.sync_probe_threshold=0.01",
     "cluster.learner_threads=1",  # several roles share 2 cores here
 ]
 
@@ -33,10 +36,10 @@ TINY_RUN = [
 # prompts_per_step is a multiple of the learner count so every learner gets whole prompt groups.
 # `local` and `1a1l` train with real vLLM in test_train_ray.py; they are not repeated here (CI time).
 TOPOLOGIES = [
-    ("2a1l", ["prompts_per_step=2", "cluster.gpu_memory_utilization=0.1"]),
-    ("3a1l", ["cluster.rollout_backend=hf", "prompts_per_step=3"]),
-    ("2a2l", ["cluster.rollout_backend=hf", "prompts_per_step=2"]),
-    ("1a3l", ["cluster.rollout_backend=hf", "prompts_per_step=3"]),
+    ("2a1l", ["run.prompts_per_step=2", "cluster.gpu_memory_utilization=0.1"]),
+    ("3a1l", ["cluster.rollout_backend=hf", "run.prompts_per_step=3"]),
+    ("2a2l", ["cluster.rollout_backend=hf", "run.prompts_per_step=2"]),
+    ("1a3l", ["cluster.rollout_backend=hf", "run.prompts_per_step=3"]),
 ]
 
 
@@ -50,7 +53,7 @@ def test_every_cluster_file_trains_in_the_suite():
 @pytest.mark.parametrize(("topology", "extra"), TOPOLOGIES, ids=[t for t, _ in TOPOLOGIES])
 def test_topology_trains_two_steps(topology, extra, tiny_model, tmp_path):
     out = tmp_path / "run"
-    proc = run_train([f"model.path={tiny_model}", f"output_dir={out}", f"cluster={topology}", *TINY_RUN, *extra])
+    proc = run_train([f"model.path={tiny_model}", f"run.output_dir={out}", f"cluster={topology}", *TINY_RUN, *extra])
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = metric_rows(out, timings=True)
     steps = [r for r in rows if "reward/mean" in r]
@@ -69,10 +72,11 @@ def test_topology_trains_two_steps(topology, extra, tiny_model, tmp_path):
 # ------------------------------------------------------------------------------------------------ in-process
 
 
-def tiny_spec(model: Path, loss_agg: str = "seq_mean_token_mean", run_dir: Path | None = None, **cluster):
-    from rl.config import resolve as specs
+def tiny_run(model: Path, loss_agg: str = "seq_mean_token_mean", run_dir: Path | None = None, **cluster):
+    """The resolved config of a tiny run in this process (roles built by rl.app.build_runtime)."""
+    from rl.config.resolve import resolve
 
-    return specs.build(tiny_config(model, loss_agg, **cluster), run_dir or scratch_run_dir(), model_path=str(model))
+    return resolve(tiny_config(model, loss_agg, **cluster), run_dir or scratch_run_dir(), model_path=str(model))
 
 
 def tiny_config(model: Path, loss_agg: str = "seq_mean_token_mean", **cluster) -> TrainConfig:
@@ -84,14 +88,14 @@ def tiny_config(model: Path, loss_agg: str = "seq_mean_token_mean", **cluster) -
         cluster=ClusterConfig(
             rollout_backend=RolloutBackend.hf, cpus_per_actor=0.5, cpus_per_learner=0.5, learner_threads=1, **cluster
         ),
-        prompts_per_step=2,
-        micro_batch_size=4,
-        eval_size=0,
+        run=RunConfig(prompts_per_step=2),
+        learner=LearnerConfig(micro_batch_size=4),
+        eval=EvalConfig(size=0),
     )
 
 
 def lora_tensors(runtime) -> list[dict[str, torch.Tensor]]:
-    return [load(a.weights) for a in runtime.learners.broadcast("get_adapter")]
+    return [load(a.weights) for a in runtime.learners.broadcast(Learner.get_adapter)]
 
 
 @pytest.mark.parametrize("loss_agg", ["seq_mean_token_mean", "token_mean"])  # sequence / token normaliser
@@ -100,16 +104,16 @@ def test_data_parallel_learners_stay_identical_and_match_one_learner(tiny_model,
 
     # 3 groups over 2 learners: unequal shards (8 and 4 samples), so a per-learner normaliser would show
     batches = [make_samples(groups=3, group_size=4, seed=s, old_logprob=-10.8) for s in (1, 2)]
-    single, close_single = build_runtime(tiny_spec(tiny_model, loss_agg, mode=ClusterMode.local))
+    single, close_single = build_runtime(tiny_run(tiny_model, loss_agg, mode=ClusterMode.local))
     try:
         single_metrics = [single.train_step(b) for b in batches]
         (reference,) = lora_tensors(single)
     finally:
         close_single()
-    dp, close_dp = build_runtime(tiny_spec(tiny_model, loss_agg, num_actors=1, num_learners=2))
+    dp, close_dp = build_runtime(tiny_run(tiny_model, loss_agg, num_actors=1, num_learners=2))
     try:
         dp_metrics = [dp.train_step(b) for b in batches]
-        checksums = dp.learners.broadcast("adapter_checksum")
+        checksums = dp.learners.broadcast(Learner.adapter_checksum)
         learner0, learner1 = lora_tensors(dp)
     finally:
         close_dp()
@@ -146,11 +150,11 @@ def test_actor_left_on_an_old_adapter_version_stops_the_run(tiny_model, tmp_path
     from rl.app import build_runtime
     from rl.driver import train
     from rl.metrics import MetricsLogger
-    from rl.runtime.pool import VersionMismatch
+    from rl.runtime.sync import VersionMismatch
     from tests.helpers import LengthReward
 
-    spec = tiny_spec(tiny_model, num_actors=2, num_learners=1, run_dir=tmp_path)
-    runtime, teardown = build_runtime(spec)
+    cfg = tiny_run(tiny_model, num_actors=2, num_learners=1, run_dir=tmp_path)
+    runtime, teardown = build_runtime(cfg)
     logger = MetricsLogger(tmp_path, kind="none", total_steps=2)
     try:
         old = runtime.adapter()  # version 0: what the actors hold before the first sync
@@ -164,7 +168,7 @@ def test_actor_left_on_an_old_adapter_version_stops_the_run(tiny_model, tmp_path
         runtime.sync = sync_missing_actor_1
         tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
         with pytest.raises(VersionMismatch, match=r"rollout actor 1 generated with adapter version 0, expected 1"):
-            train(spec, runtime, tokenizer, TinyEnv(), LengthReward(), logger, resolved={})
+            train(cfg, runtime, tokenizer, TinyEnv(), LengthReward(), logger, resolved={})
     finally:
         teardown()
         logger.close()
@@ -173,7 +177,12 @@ def test_actor_left_on_an_old_adapter_version_stops_the_run(tiny_model, tmp_path
 
 def test_roles_that_do_not_fit_fail_with_the_keys_to_change(tiny_model, tmp_path):
     proc = run_train(
-        [f"model.path={tiny_model}", f"output_dir={tmp_path / 'run'}", "cluster=3a1l", "cluster.cpus_per_actor=1000"],
+        [
+            f"model.path={tiny_model}",
+            f"run.output_dir={tmp_path / 'run'}",
+            "cluster=3a1l",
+            "cluster.cpus_per_actor=1000",
+        ],
         timeout=300,
     )
     assert proc.returncode != 0

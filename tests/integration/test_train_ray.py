@@ -13,17 +13,17 @@ from tests.helpers import metric_rows, run_train
 pytestmark = pytest.mark.slow
 
 TINY_RUN = [
-    "steps=2",
-    "prompts_per_step=2",
+    "run.steps=2",
+    "run.prompts_per_step=2",
     "algorithm.group_size=4",
-    "eval_size=4",
+    "eval.size=4",
     "model.max_new_tokens=16",
-    "micro_batch_size=8",
+    "learner.micro_batch_size=8",
     "reward._target_=tests.helpers.LengthReward",
     "~reward.extract",
     "model.dtype=float32",
     "model.learner_dtype=float32",
-    "sync_probe_threshold=0.01",
+    "run.sync_probe_threshold=0.01",
 ]
 
 
@@ -48,7 +48,7 @@ def check_trained(run_dir: Path) -> list[dict]:
 
 def test_two_steps_on_ray_with_vllm(tiny_model, tmp_path):
     out = tmp_path / "run"
-    proc = run_train([f"model.path={tiny_model}", f"output_dir={out}", "cluster=1a1l", *TINY_RUN])
+    proc = run_train([f"model.path={tiny_model}", f"run.output_dir={out}", "cluster=1a1l", *TINY_RUN])
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = check_trained(out)
     # the learner's own part of the export is inside the driver's view of it, which is inside the whole sync
@@ -58,7 +58,7 @@ def test_two_steps_on_ray_with_vllm(tiny_model, tmp_path):
 
 def test_two_steps_local_mode_without_ray(tiny_model, tmp_path):
     out = tmp_path / "run"
-    proc = run_train([f"model.path={tiny_model}", f"output_dir={out}", "cluster=local", *TINY_RUN])
+    proc = run_train([f"model.path={tiny_model}", f"run.output_dir={out}", "cluster=local", *TINY_RUN])
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_trained(out)
     assert "local: 1 rollout actor(s), 1 learner(s)" in proc.stdout
@@ -71,7 +71,7 @@ def test_full_finetune_syncs_every_weight_to_vllm(tiny_model, tmp_path):
     proc = run_train(
         [
             f"model.path={tiny_model}",
-            f"output_dir={out}",
+            f"run.output_dir={out}",
             "cluster=1a1l",
             "model.full_finetune=true",
             "algorithm.kl_coef=0.05",

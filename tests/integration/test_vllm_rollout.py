@@ -16,12 +16,12 @@ SCRIPT = r"""
 import json, os, sys
 from rl.rollout.vllm import VLLMRollout, cpu_threads_env
 from rl.types import Sampling
-from tests.helpers import run_spec
+from rl.config.resolve import from_overrides
 
 if __name__ == "__main__":  # vLLM may spawn its engine process
     os.environ.update(cpu_threads_env(None))
     from vllm import SamplingParams
-    r = VLLMRollout(run_spec(sys.argv[1], "model.dtype=float32", "model.max_prompt_tokens=64").rollout)
+    r = VLLMRollout(from_overrides(sys.argv[1], "model.dtype=float32", "model.max_prompt_tokens=64"))
     prompts = [[1, 520, 1314, 42], [1, 7, 8, 9, 10, 11], [1, 300], [1, 2000, 3000]]
     ours = r.generate(prompts, Sampling(n=1, temperature=0.0, max_tokens=12))
     params = SamplingParams(n=1, temperature=0.0, max_tokens=12, logprobs=0)  # vLLM's defaults: detokenised, dicts
@@ -70,11 +70,11 @@ SEEDED = r"""
 import json, os, sys
 from rl.rollout.vllm import VLLMRollout, cpu_threads_env
 from rl.types import Sampling
-from tests.helpers import run_spec
+from rl.config.resolve import from_overrides
 
 if __name__ == "__main__":  # vLLM may spawn its engine process
     os.environ.update(cpu_threads_env(None))
-    r = VLLMRollout(run_spec(sys.argv[1], "model.dtype=float32", "model.max_prompt_tokens=256").rollout)
+    r = VLLMRollout(from_overrides(sys.argv[1], "model.dtype=float32", "model.max_prompt_tokens=256"))
     sampling = Sampling(n=4, temperature=1.0, max_tokens=8)
     target, seed = [1, 520, 1314, 42, 7, 8], 12345
     # 40 prompts x 4 samples x 100 tokens: more prompt tokens than one engine step takes (4096 on CPU)

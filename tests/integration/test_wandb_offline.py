@@ -15,12 +15,12 @@ def test_wandb_offline_run_directory(tiny_model, tmp_path):
     proc = run_train(
         [
             *tiny_args(tiny_model),
-            f"output_dir={out}",
-            "steps=1",
-            "prompts_per_step=2",
+            f"run.output_dir={out}",
+            "run.steps=1",
+            "run.prompts_per_step=2",
             "algorithm.group_size=2",
-            "eval_size=0",
-            "save_interval=0",
+            "eval.size=0",
+            "checkpoint.interval=0",
             "model.max_new_tokens=4",
             "logger=wandb",
             "logger.mode=offline",

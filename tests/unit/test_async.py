@@ -8,17 +8,17 @@ import math
 import pytest
 
 from rl.config import resolve as specs
-from rl.config.schema import AlgorithmConfig, ConfigError, TrainConfig
+from rl.config.schema import ConfigError, TrainConfig
 from rl.data.prompts import PromptData
+from rl.data.sampler import Sampler
 from rl.driver import train
 from rl.errors import RunStopped
-from rl.runtime.groups import LocalGroup, MemberDied
 from rl.metrics import MetricsLogger
-from rl.runtime.pool import Runtime, VersionMismatch
-from rl.data.sampler import Sampler
-from rl.config.resolve import DataSpec, RuntimeSpec, SamplerSpec
+from rl.runtime.groups import LocalGroup, MemberDied
+from rl.runtime.runtime import Runtime
+from rl.runtime.sync import VersionMismatch
 from rl.types import Adapter, Completion, PromptRollout, Sampling
-from tests.helpers import metric_rows
+from tests.helpers import metric_rows, typed_config
 
 
 class FakeActor:
@@ -47,6 +47,12 @@ class FakeActor:
     def load_adapter(self, adapter):
         self.version = adapter.version
         return {"seconds": 0.0}
+
+    def state_dict(self):
+        return {}  # as VLLMRollout's: every prompt carries its own seed
+
+    def load_state(self, state):
+        pass
 
 
 class FakeLearner:
@@ -102,30 +108,35 @@ def length_reward(texts, *, answer, **_):
     return [float(len(t)) for t in texts]
 
 
+# the fakes' config: 2 prompts x 2 samples, prompts "q<i>" read without a chat template, seed 3
+FAKE = ("run.prompts_per_step=2", "algorithm.group_size=2", "model.use_chat_template=false", "run.seed=3")
+
+
+def fake_config(*overrides: str) -> TrainConfig:
+    return specs.from_overrides("/fake/model", "model.max_prompt_tokens=9", *FAKE, *overrides)
+
+
 def fake_runtime(actors, learner, staleness=0, restarts=0) -> Runtime:
-    return Runtime(
-        LocalGroup(actors), LocalGroup([learner]), RuntimeSpec(staleness=staleness, actor_max_restarts=restarts)
-    )
+    cfg = fake_config(f"cluster.staleness={staleness}", f"cluster.actor_max_restarts={restarts}")
+    return Runtime(LocalGroup(actors), LocalGroup([learner]), cfg)
 
 
 def run_loop(tmp_path, runtime, *, steps=4, staleness=0, max_nonfinite_steps=3, save_interval=0, resume=None):
-    cfg = TrainConfig(
-        steps=steps,
-        prompts_per_step=2,
-        eval_size=0,
-        save_interval=save_interval,
-        seed=3,
-        resume=resume,
-        output_dir=str(tmp_path),
+    dotted = dict(x.split("=", 1) for x in FAKE)
+    cfg = typed_config(
+        **dotted,
+        **{"run.steps": steps, "eval.size": 0, "checkpoint.interval": save_interval, "run.output_dir": str(tmp_path)},
+        **{
+            "run.resume": resume or "null",
+            "cluster.staleness": staleness,
+            "run.max_nonfinite_steps": max_nonfinite_steps,
+        },
+        **{"run.sync_probe_threshold": 0.1},
     )
-    cfg.algorithm = AlgorithmConfig(group_size=2)
-    cfg.model.use_chat_template = False
-    cfg.cluster.staleness, cfg.max_nonfinite_steps = staleness, max_nonfinite_steps
-    cfg.sync_probe_threshold = 0.1
-    spec = specs.build(cfg, tmp_path, model_path="/fake/model")
+    cfg = specs.resolve(cfg, tmp_path, model_path="/fake/model")  # a new run: another run's directory is refused
     logger = MetricsLogger(tmp_path, kind="none", total_steps=steps)
     try:
-        train(spec, runtime, NumberTokenizer(), Env(5), length_reward, logger, resolved={})
+        train(cfg, runtime, NumberTokenizer(), Env(5), length_reward, logger, resolved={})
     finally:
         logger.close()
     return metric_rows(tmp_path, timings=True)
@@ -133,7 +144,7 @@ def run_loop(tmp_path, runtime, *, steps=4, staleness=0, max_nonfinite_steps=3, 
 
 def expected_batches(steps: int) -> list[list[int]]:
     """The prompt indices the data order serves, step by step (same seed as run_loop)."""
-    data = PromptData(Env(5).train_items(), NumberTokenizer(), DataSpec(9, False, 3))
+    data = PromptData(Env(5).train_items(), NumberTokenizer(), fake_config())
     return [data.next_batch(2) for _ in range(steps)]
 
 
@@ -201,10 +212,10 @@ def test_an_actor_past_its_restarts_is_left_out_and_the_last_one_dying_stops_the
 
 
 def test_sampler_sends_ahead_and_checkpoints_the_data_before_what_is_in_flight():
-    data = PromptData(Env(5).train_items(), NumberTokenizer(), DataSpec(9, False, 3))
+    data = PromptData(Env(5).train_items(), NumberTokenizer(), fake_config())
     actor = FakeActor()
     runtime = fake_runtime([actor], FakeLearner(), staleness=1)
-    sampler = Sampler(runtime, data, length_reward, SamplerSpec(2, Sampling(n=2), staleness=1), steps=2)
+    sampler = Sampler(runtime, data, length_reward, fake_config("cluster.staleness=1"), steps=2)
     assert sampler.overlapped and sampler.state_dict()["cursor"] == 0
     batch = sampler.next(1)
     assert data.cursor == 4 and len(actor.prompts) == 4  # its own batch and the next step's were sent
@@ -237,7 +248,7 @@ def test_nonfinite_losses_are_skipped_and_logged_and_too_many_in_a_row_stop_the_
     assert "step 4: non-finite loss (nan), optimizer step skipped (2 in a row" in out
     msg = str(stop.value)
     assert "2 steps in a row had a non-finite loss" in msg and "stopped after step 4" in msg
-    assert f"resume=auto output_dir={tmp_path}" in msg and "\n" not in msg
+    assert f"run.resume=auto run.output_dir={tmp_path}" in msg and "\n" not in msg
 
 
 def test_a_dead_learner_stops_the_run_naming_the_checkpoint_and_how_to_resume(tmp_path):
@@ -247,7 +258,7 @@ def test_a_dead_learner_stops_the_run_naming_the_checkpoint_and_how_to_resume(tm
 
 def test_learner_generation_takes_the_first_chunk_of_prompts_per_learner():
     actors, learner = [FakeActor(0), FakeActor(1)], FakeLearner()
-    runtime = Runtime(LocalGroup(actors), LocalGroup([learner]), RuntimeSpec(learner_chunk_size=2))
+    runtime = Runtime(LocalGroup(actors), LocalGroup([learner]), fake_config("cluster.learner_chunk_size=2"))
     rollouts = runtime.generate([[1], [2], [3], [4], [5]], Sampling(n=1))
     assert [r.prompt_ids[0] for r in rollouts] == [1, 2, 3, 4, 5]
     assert [r.actor for r in rollouts] == [-1, -1, 0, 0, 1]  # learner 0 is -1
@@ -281,8 +292,8 @@ def test_async_and_fault_keys_are_checked():
     for key in ("staleness", "actor_max_restarts", "learner_chunk_size"):
         with pytest.raises(ConfigError, match=f"cluster.{key} must be >= 0"):
             typed(cluster={key: -1})
-    with pytest.raises(ConfigError, match="max_nonfinite_steps must be >= 1"):
-        typed(max_nonfinite_steps=0)
+    with pytest.raises(ConfigError, match="run.max_nonfinite_steps must be >= 1"):
+        typed(run={"max_nonfinite_steps": 0})
     assert typed(cluster={"staleness": 2}).cluster.staleness == 2
 
 
@@ -298,10 +309,15 @@ def test_dynamic_sampling_rounds_take_prompts_in_data_order(staleness):
                 out = [PromptRollout(r.prompt_ids, [Completion([7], [-1.0], "stop", "")] * 2, 0) for r in out]
             return out
 
-    data = PromptData(Env(5).train_items(), NumberTokenizer(), DataSpec(9, False, 3))
+    data = PromptData(Env(5).train_items(), NumberTokenizer(), fake_config())
     runtime = fake_runtime([FlatFirst()], FakeLearner(), staleness=staleness)
-    spec = SamplerSpec(2, Sampling(n=2), staleness=staleness, filter_range=(0.01, 0.99), max_rounds=2)
-    sampler = Sampler(runtime, data, length_reward, spec, steps=3)
+    cfg = fake_config(
+        f"cluster.staleness={staleness}",
+        "algorithm.dynamic_sampling=true",
+        "algorithm.filter_range=[0.01,0.99]",
+        "algorithm.dynamic_sampling_max_rounds=2",
+    )
+    sampler = Sampler(runtime, data, length_reward, cfg, steps=3)
     batch = sampler.next(1)
     assert [r.prompt_ids[0] for r in batch.rollouts] == expected_batches(2)[1]  # the second round's prompts
     assert batch.rewards == [0.0, 1.0, 0.0, 1.0] and batch.stats["data/sample_utilization"] == 0.5
@@ -333,7 +349,9 @@ def test_sync_probe_is_checked_against_its_floor_before_training(tmp_path, capsy
 
 def test_a_fresh_run_refuses_a_directory_that_holds_another_run(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
-    with pytest.raises(ConfigError, match=r"already holds a run \(metrics.jsonl\): give resume=auto to continue it"):
+    with pytest.raises(
+        ConfigError, match=r"already holds a run \(metrics.jsonl\): give run.resume=auto to continue it"
+    ):
         run_loop(tmp_path, fake_runtime([FakeActor()], FakeLearner()), steps=2)
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "reward/mean": 0.5}\n'  # untouched
 

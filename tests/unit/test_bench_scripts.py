@@ -81,13 +81,18 @@ def test_e2e_trl_runs_the_demo_settings_which_fit(smollm2_shape, tmp_path):
 
 def test_e2e_trl_gpu_side_loads_as_a_config_padded_or_packed(smollm2_shape, tmp_path):
     from bench import e2e_trl
-    from rl.config.resolve import GPU_PACKED_TOKENS, build_from_overrides
+    from rl.config.resolve import GPU_PACKED_TOKENS, from_overrides
 
     for tokens, resolved in ((None, GPU_PACKED_TOKENS), (0, 0), (8192, 8192)):
         args = e2e_trl.ours_args(3, tmp_path / "out", None, e2e_trl.GPU, e2e_trl.Ours("peft", "ipc", tokens))
         keys = [a for a in args if not a.startswith(("hydra.", "logger="))]  # a Hydra setting and a config group
-        learner = build_from_overrides(smollm2_shape, *keys).learner
-        assert (learner.micro_batch_tokens, learner.micro_batch_size, learner.backend) == (resolved, 32, "peft")
+        cfg = from_overrides(smollm2_shape, *keys)
+        learner = cfg.learner
+        assert (learner.micro_batch_tokens, learner.micro_batch_size, cfg.model.learner_backend) == (
+            resolved,
+            32,
+            "peft",
+        )
 
 
 @pytest.mark.parametrize("layout", ["split", "colocate"])
@@ -151,7 +156,7 @@ def test_scaling_actor_share_fits(tiny_model):
                 f"model.path={tiny_model}",
                 *keys,
                 f"cluster.num_actors={actors}",
-                f"prompts_per_step={defaults.prompts}",
+                f"run.prompts_per_step={defaults.prompts}",
                 f"algorithm.group_size={defaults.n}",
             ]
         )
@@ -162,7 +167,7 @@ def test_sync_actor_share_fits(smollm2_shape, mode):
     from bench import sync
 
     keys = sync.actor_overrides(str(smollm2_shape), mode, 64)
-    plan_fits([f"model.path={smollm2_shape}", *keys, "prompts_per_step=8", "algorithm.group_size=8"])
+    plan_fits([f"model.path={smollm2_shape}", *keys, "run.prompts_per_step=8", "algorithm.group_size=8"])
 
 
 def test_sampling_budget_compares_runs_at_the_smallest_token_total(tmp_path, monkeypatch, capsys):

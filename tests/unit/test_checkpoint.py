@@ -11,12 +11,17 @@ import pytest
 import torch
 
 from rl import checkpoint
-from rl.config.schema import ConfigError, TrainConfig
+from rl.config.resolve import from_overrides
+from rl.config.schema import CheckpointConfig, ConfigError, RunConfig, TrainConfig
 from rl.data.prompts import PromptData
 from rl.metrics import MetricsLogger
-from rl.config.resolve import DataSpec
 from rl.types import Adapter, Sampling
-from tests.helpers import make_learner, make_samples, metric_rows, run_spec
+from tests.helpers import make_learner, make_samples, metric_rows
+
+
+def data_config(seed: int) -> TrainConfig:
+    """Prompts of at most 10 tokens, without a chat template, in the order of run.seed=`seed`."""
+    return from_overrides("/m", "model.max_prompt_tokens=10", "model.use_chat_template=false", f"run.seed={seed}")
 
 
 def fake_learner_state(version: int) -> dict:
@@ -58,20 +63,20 @@ def test_half_written_checkpoints_are_never_listed_and_keep_last_prunes(tmp_path
 def test_resume_resolution(tmp_path):
     assert checkpoint.resolve_resume(None, tmp_path) is None
     assert checkpoint.resolve_resume("auto", tmp_path) is None  # nothing yet: start fresh
-    with pytest.raises(ConfigError, match="resume=.*not a checkpoint folder"):
+    with pytest.raises(ConfigError, match="run.resume=.*not a checkpoint folder"):
         checkpoint.resolve_resume(str(tmp_path), tmp_path)
     path = save_fake(tmp_path, 5)
     assert checkpoint.resolve_resume(str(path), tmp_path) == path
 
 
 def test_config_keys_are_validated():
-    with pytest.raises(ConfigError, match="resume=auto .* set output_dir"):
-        TrainConfig(resume="auto")
-    with pytest.raises(ConfigError, match="save_interval must be >= 0"):
-        TrainConfig(save_interval=-1)
-    with pytest.raises(ConfigError, match="keep_last must be >= 0"):
-        TrainConfig(keep_last=-2)
-    assert TrainConfig(resume="auto", output_dir="/tmp/x").resume == "auto"
+    with pytest.raises(ConfigError, match="run.resume=auto .* set run.output_dir"):
+        RunConfig(resume="auto")
+    with pytest.raises(ConfigError, match="checkpoint.interval must be >= 0"):
+        CheckpointConfig(interval=-1)
+    with pytest.raises(ConfigError, match="checkpoint.keep_last must be >= 0"):
+        CheckpointConfig(keep_last=-2)
+    assert TrainConfig(run=RunConfig(resume="auto", output_dir="/tmp/x")).run.resume == "auto"
 
 
 def test_rng_states_round_trip():
@@ -90,7 +95,7 @@ def test_data_order_and_cursor_round_trip():
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": str(i)} for i in range(5)]
 
     def data():
-        return PromptData(items, CharTokenizer(), DataSpec(10, False, 3))
+        return PromptData(items, CharTokenizer(), data_config(3))
 
     a = data()
     a.next_batch(3)  # mid-pass: the rest of the current shuffled pass must survive
@@ -101,7 +106,7 @@ def test_data_order_and_cursor_round_trip():
     assert b.cursor == 3
     assert [b.next_batch(3) for _ in range(4)] == expected
     with pytest.raises(ConfigError, match="5 training prompts, this run has 4"):
-        PromptData(items[:4], CharTokenizer(), DataSpec(10, False, 3)).load_state(state)
+        PromptData(items[:4], CharTokenizer(), data_config(3)).load_state(state)
 
 
 def test_learner_state_round_trip_is_exact(tiny_model, tmp_path):
@@ -134,7 +139,7 @@ def test_learner_state_round_trip_is_exact(tiny_model, tmp_path):
 def test_hf_rollout_sampling_resumes_exactly(tiny_model):
     from rl.rollout.hf import HFRollout
 
-    rollout = HFRollout(run_spec(tiny_model, "cluster.rollout_backend=hf", "model.dtype=float32").rollout)
+    rollout = HFRollout(from_overrides(str(tiny_model), "cluster.rollout_backend=hf", "model.dtype=float32"))
     prompts, sampling = [[1, 2, 3, 4]], Sampling(n=3, temperature=1.0, max_tokens=6)
     state = rollout.state_dict()
     first = [c.token_ids for c in rollout.generate(prompts, sampling)[0].completions]
@@ -173,31 +178,39 @@ class FakeLearner:
 
 
 class EngineWithoutRngState:
-    """Like VLLMRollout: loads adapters, but has no state_dict (its sampler state cannot be exported)."""
+    """Like VLLMRollout: loads adapters; its state is empty (no sample depends on its sampler's RNG)."""
 
     def __init__(self):
-        self.version = 0
+        self.version, self.loaded_states = 0, []
 
     def load_adapter(self, adapter: Adapter) -> dict:
         self.version = adapter.version
         return {"seconds": 0.0, "bytes": adapter.nbytes}
 
+    def state_dict(self) -> dict:
+        return {}
 
-def test_restore_run_pushes_the_adapter_and_skips_engines_without_rng_state(tmp_path):
+    def load_state(self, state: dict) -> None:
+        self.loaded_states.append(state)
+
+
+def test_restore_run_pushes_the_adapter_and_hands_each_engine_its_state(tmp_path):
     from rl.runtime.groups import LocalGroup
-    from rl.runtime.pool import Runtime
+    from rl.runtime.runtime import Runtime
 
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": str(i)} for i in range(4)]
-    data = PromptData(items, CharTokenizer(), DataSpec(10, False, 0))
+    cfg = data_config(0)
+    data = PromptData(items, CharTokenizer(), cfg)
     data.next_batch(3)
-    runtime = Runtime(LocalGroup([EngineWithoutRngState()]), LocalGroup([FakeLearner(version=7)]))
+    runtime = Runtime(LocalGroup([EngineWithoutRngState()]), LocalGroup([FakeLearner(version=7)]), cfg)
     path = checkpoint.save_run(tmp_path, 7, runtime, data, config={"seed": 0})
-    assert checkpoint.load(path)[0]["rollout"] is None  # nothing to save for such an engine
+    assert checkpoint.load(path)[0]["rollout"] == [{}]  # nothing to save for such an engine
     assert json.loads((path / "config.json").read_text()) == {"seed": 0}
 
     actor, learner = EngineWithoutRngState(), FakeLearner()
-    fresh = Runtime(LocalGroup([actor]), LocalGroup([learner]))
-    data2 = PromptData(items, CharTokenizer(), DataSpec(10, False, 0))
+    fresh = Runtime(LocalGroup([actor]), LocalGroup([learner]), cfg)
+    data2 = PromptData(items, CharTokenizer(), cfg)
     assert checkpoint.restore_run(path, fresh, data2) == 7
     assert learner.loaded["adapter"].version == 7 and actor.version == fresh.version == 7  # versions continue
+    assert actor.loaded_states == [{}]
     assert data2.cursor == 3 and data2.next_batch(2) == data.next_batch(2)

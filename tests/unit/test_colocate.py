@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from rl.config.cluster import ClusterConfig
+from rl.config.resolve import resolve
 from rl.config.schema import ConfigError
 from rl.runtime.groups import LocalGroup
 from rl.runtime.placement import role_plans
-from rl.runtime.pool import Runtime
-from rl.config.resolve import PlacementSpec, RuntimeSpec, build
+from rl.runtime.runtime import Runtime
 from rl.types import Adapter, TrainSample
 from tests.helpers import typed_config
 
@@ -32,17 +33,18 @@ def test_colocate_rules_name_the_key(overrides, message):
         typed_config(**overrides)
 
 
-def test_colocate_reaches_every_role_spec(tmp_path):
-    spec = build(typed_config(**GPU, **{"cluster.colocate": True}), tmp_path, model_path=str(tmp_path))
-    assert spec.rollout.sleep_mode and spec.learner.release_memory
-    assert spec.placement.colocate and spec.runtime.colocate
-    plain = build(typed_config(**GPU), tmp_path, model_path=str(tmp_path))
-    assert not (plain.rollout.sleep_mode or plain.learner.release_memory or plain.runtime.colocate)
+def test_colocate_reaches_every_role_through_one_key(tmp_path):
+    """The engine's sleep mode, the learner's memory release, the bundles and the runtime's sleep/wake all read
+    cluster.colocate from the one resolved config: nothing copies it."""
+    cfg = resolve(typed_config(**GPU, **{"cluster.colocate": True}), tmp_path, model_path=str(tmp_path))
+    assert cfg.cluster.colocate and Runtime(LocalGroup([]), LocalGroup([]), cfg).colocate
+    plain = resolve(typed_config(**GPU), tmp_path, model_path=str(tmp_path))
+    assert not (plain.cluster.colocate or Runtime(LocalGroup([]), LocalGroup([]), plain).colocate)
 
 
 def test_colocated_pairs_share_a_bundle_and_split_its_gpu():
-    p = PlacementSpec(mode="ray", num_actors=2, num_learners=2, use_gpu=True, cpus_per_learner=2, colocate=True)
-    plans, bundles = role_plans(p)
+    c = ClusterConfig(num_actors=2, num_learners=2, use_gpu=True, cpus_per_learner=2, colocate=True)
+    plans, bundles = role_plans(c)
     assert bundles == [{"CPU": 3.0, "GPU": 1.0}, {"CPU": 3.0, "GPU": 1.0}]
     assert [(r.role, r.index, r.bundle, r.resources["GPU"]) for r in plans] == [
         ("actor", 0, 0, 0.5),
@@ -50,7 +52,7 @@ def test_colocated_pairs_share_a_bundle_and_split_its_gpu():
         ("learner", 0, 0, 0.5),
         ("learner", 1, 1, 0.5),
     ]
-    plans, bundles = role_plans(PlacementSpec(mode="ray", num_actors=2, num_learners=1, use_gpu=True))
+    plans, bundles = role_plans(ClusterConfig(num_actors=2, num_learners=1, use_gpu=True))
     assert [r.bundle for r in plans] == [0, 1, 2] and all(b["GPU"] == 1.0 for b in bundles)
 
 
@@ -81,11 +83,10 @@ class Recorder:
 
 
 @pytest.mark.parametrize("colocate", [True, False])
-def test_actors_sleep_for_the_learner_step_and_wake_for_the_sync(colocate):
+def test_actors_sleep_for_the_learner_step_and_wake_for_the_sync(colocate, tmp_path):
     log: list[str] = []
-    runtime = Runtime(
-        LocalGroup([Recorder("actor", log)]), LocalGroup([Recorder("learner", log)]), RuntimeSpec(colocate=colocate)
-    )
+    cfg = resolve(typed_config(**GPU, **{"cluster.colocate": colocate}), tmp_path, model_path=str(tmp_path))
+    runtime = Runtime(LocalGroup([Recorder("actor", log)]), LocalGroup([Recorder("learner", log)]), cfg)
     metrics = runtime.train_step([TrainSample([1], [2], [-1.0], 1.0)]) | runtime.sync()
     if colocate:
         assert log == ["actor.sleep", "learner.train_step", "actor.wake_up", "actor.load_adapter"]

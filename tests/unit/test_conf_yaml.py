@@ -15,15 +15,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from rl.config.schema import (
-    AlgorithmConfig,
-    ClusterConfig,
-    CurriculumConfig,
-    LoggerConfig,
-    ModelConfig,
-    TrainConfig,
-    register_configs,
-)
+from rl.config.cluster import ClusterConfig
+from rl.config.schema import AlgorithmConfig, CurriculumConfig, LoggerConfig, ModelConfig, TrainConfig, register_configs
 from tests.helpers import REPO
 
 CONF = REPO / "conf"

@@ -30,7 +30,7 @@ def group_options() -> list[tuple[str, str]]:
 def test_every_config_option_composes_into_the_typed_schema_and_its_specs(group, option, tmp_path):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         # 12 prompts split evenly over 1, 2 or 3 learners (the default 8 x 8 samples do not split over 1a3l's 3)
-        batch = ["prompts_per_step=12"] if group == "cluster" else []
+        batch = ["run.prompts_per_step=12"] if group == "cluster" else []
         cfg = compose(config_name="train", overrides=[f"{group}={option}", *batch])
     if group in ("reward", "env"):
         assert "_target_" in cfg[group]
@@ -41,8 +41,10 @@ def test_every_config_option_composes_into_the_typed_schema_and_its_specs(group,
         cfg.cluster.use_gpu = True  # a GPU-only model file: the config check asks for GPUs (tested below)
     typed = OmegaConf.to_object(cfg)
     assert isinstance(typed, TrainConfig)
-    run = specs.build(typed, tmp_path, model_path="/fake/model")  # registry names resolve, autos are resolved
-    assert run.rollout.lora_mode in ("merged", "native") and run.learner.backend in ("peft", "unsloth")
+    run = specs.resolve(typed, tmp_path, model_path="/fake/model")  # registry names resolve, autos are filled
+    assert run.cluster.lora_mode in ("merged", "native") and run.model.learner_backend in ("peft", "unsloth")
+    assert run.model.learner_dtype != "auto" and run.learner.micro_batch_tokens is not None
+    assert run.eval.save_dir == str(tmp_path / "eval") and run.run.output_dir == str(tmp_path)
 
 
 @pytest.mark.parametrize("name", sorted(f.stem for f in (CONF / "experiment").glob("*.yaml")))
@@ -73,6 +75,10 @@ def test_cross_field_check_names_the_key():
     [
         ("model.pathh=x", "unknown config key 'model.pathh'"),
         ("stepz=3", "unknown config key 'stepz'"),
+        ("steps=3", "'steps' is now 'run.steps': write run.steps=..."),
+        ("eval_size=0", "'eval_size' is now 'eval.size'"),
+        ("+save_interval=2", "'save_interval' is now 'checkpoint.interval'"),
+        ("-m seed=0,1", "'seed' is now 'run.seed'"),
         ("algorithm.group_size=abc", "algorithm.group_size"),
         ("cluster.mode=bogus", "cluster.mode"),
         ("model=nope", "Could not find 'model/nope'"),
@@ -106,6 +112,25 @@ def test_bad_input_fails_with_one_line_naming_the_key(override, expected):
     assert err[0].startswith("error: ") and expected in err[0]
 
 
+def test_an_old_key_in_a_yaml_file_names_its_new_spelling():
+    """An experiment file written before the keys moved into groups fails with the same one line as the CLI."""
+    from rl.entry import one_line_config_error
+
+    with pytest.raises(Exception) as e:
+        OmegaConf.merge(OmegaConf.structured(TrainConfig), {"eval_size": 3})
+    assert one_line_config_error(e.value, TrainConfig).startswith("'eval_size' is now 'eval.size'")
+
+
+def test_the_resolve_step_returns_the_schema_with_every_auto_filled(tmp_path):
+    """One schema: the resolved object is the same dataclass, the user's values kept, only the autos filled."""
+    typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), {"run": {"steps": 3}}))
+    run = specs.resolve(typed, tmp_path, model_path="/fake/model")
+    assert type(run) is TrainConfig and run.run.steps == 3 and run.model.path == "/fake/model"
+    assert (typed.model.learner_backend, run.model.learner_backend) == ("auto", "peft")
+    assert (typed.learner.micro_batch_tokens, run.learner.micro_batch_tokens) == (None, 4096)
+    assert run.algorithm.loss_agg_norm_length == run.model.max_new_tokens and run.cluster.lora_mode == "merged"
+
+
 def test_help_works_without_vllm_or_unsloth():
     # Make `import vllm` / `import unsloth` / `import ray` fail: --help and --cfg must not need them.
     code = (
@@ -119,17 +144,20 @@ def test_help_works_without_vllm_or_unsloth():
 
 
 def test_config_fields_are_documented():
-    """Every schema field carries a one-line comment (cleanrl's habit): the schema is the reference."""
-    import dataclasses
-    import typing
+    """Every setting carries a one-line description (cleanrl's habit) beside its declaration in the schema; the
+    reference (`python -m rl.tools.keys`) reads them from there, so they are written once."""
+    from rl.tools.keys import rows
 
-    source = (REPO / "rl" / "config" / "schema.py").read_text().splitlines()
-    for cls in (TrainConfig, *[t for t in typing.get_type_hints(TrainConfig).values() if dataclasses.is_dataclass(t)]):
-        for f in dataclasses.fields(cls):
-            if f.name in ("model", "algorithm", "cluster", "reward", "env", "logger"):
-                continue
-            line = next((ln for ln in source if ln.strip().startswith(f"{f.name}:")), "")
-            if line.rstrip().endswith(("(", "[")) or "field(" in line and "#" not in line:
-                idx = source.index(line)
-                line = " ".join(source[idx : idx + 3])
-            assert "#" in line, f"{cls.__name__}.{f.name} has no one-line description in rl/config/schema.py"
+    found = rows()
+    assert {"run.seed", "algorithm.tis_cap", "learner.micro_batch_tokens", "plan"} <= {k for k, _, _ in found}
+    assert [k for k, _, note in found if not note] == [], "settings without a description in rl/config/schema.py"
+
+
+def test_the_key_reference_command_prints_one_group():
+    proc = subprocess.run(
+        [sys.executable, "-m", "rl.tools.keys", "eval"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines and all(line.startswith("eval.") for line in lines)
+    assert any(line.split()[:2] == ["eval.size", "64"] and "held-out prompts" in line for line in lines)

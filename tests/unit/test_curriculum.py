@@ -10,16 +10,34 @@ import pytest
 
 from envs.reasoning_gym import ReasoningGymEnv
 from rl import checkpoint
-from rl.config import resolve as specs
-from rl.config.schema import ConfigError, CurriculumConfig, CurriculumKind, TrainConfig
+from rl.config.resolve import from_overrides
+from rl.config.schema import ConfigError, CurriculumConfig, TrainConfig
 from rl.data.curriculum import DifficultyCurriculum, PassRateCurriculum, build_curriculum, histogram, pass_rates
 from rl.data.prompts import PromptData
 from rl.data.sampler import Sampler
-from rl.config.resolve import CurriculumSpec, DataSpec, SamplerSpec
-from rl.types import Sampling
-from tests.unit.test_async import FakeActor, FakeLearner, NumberTokenizer, fake_runtime
+from rl.runtime.groups import LocalGroup
+from rl.runtime.runtime import Runtime
+from tests.unit.test_async import FakeActor, FakeLearner, NumberTokenizer
 
 G = 2  # FakeActor's k-th sample is "x" * k: with KindReward, a "mixed" prompt gets one right of two
+
+
+def config(*overrides: str, n: int = 2, staleness: int = 0, max_prompt_tokens: int = 9) -> TrainConfig:
+    """A resolved config of n prompts of G samples per step, prompts without a chat template, data order seed 3."""
+    return from_overrides(
+        "/m",
+        f"run.prompts_per_step={n}",
+        f"algorithm.group_size={G}",
+        f"cluster.staleness={staleness}",
+        f"model.max_prompt_tokens={max_prompt_tokens}",
+        "model.use_chat_template=false",
+        "run.seed=3",
+        *overrides,
+    )
+
+
+def fake_runtime(cfg: TrainConfig) -> Runtime:
+    return Runtime(LocalGroup([FakeActor()]), LocalGroup([FakeLearner()]), cfg)
 
 
 def kinds_env(kinds: str) -> list[dict]:
@@ -32,9 +50,13 @@ def kind_reward(texts, *, answer, **_):
 
 
 def sampler_for(kinds, curriculum, *, staleness=0, steps=20, n=2, reward=kind_reward):
-    data = PromptData(kinds_env(kinds), NumberTokenizer(), DataSpec(9, False, 3))
-    runtime = fake_runtime([FakeActor()], FakeLearner(), staleness=staleness)
-    return Sampler(runtime, data, reward, SamplerSpec(n, Sampling(n=G), staleness=staleness), steps, curriculum)
+    cfg = config(n=n, staleness=staleness)
+    data = PromptData(kinds_env(kinds), NumberTokenizer(), cfg)
+    return Sampler(fake_runtime(cfg), data, reward, cfg, steps, curriculum)
+
+
+def pass_rate(*overrides: str) -> PassRateCurriculum:
+    return PassRateCurriculum(config("curriculum.kind=pass_rate", *overrides))
 
 
 def prompts(batch) -> list[int]:
@@ -52,7 +74,7 @@ def test_pass_rates_and_their_histogram():
 
 
 def test_pass_rate_is_a_moving_average_over_visits():
-    c = PassRateCurriculum(CurriculumSpec(kind="pass_rate", ema=0.5))
+    c = pass_rate("curriculum.ema=0.5")
     c.observe(None, [3, 4], [1.0, 0.5])
     c.observe(None, [3], [0.0])
     assert c.rates == {3: 0.5, 4: 0.5}
@@ -60,7 +82,7 @@ def test_pass_rate_is_a_moving_average_over_visits():
 
 def test_solved_and_hopeless_prompts_are_skipped_before_generating():
     kinds = "shmmhsmm"
-    c = PassRateCurriculum(CurriculumSpec(kind="pass_rate", revisit_prob=0.0))
+    c = pass_rate("curriculum.revisit_prob=0.0")
     sampler = sampler_for(kinds, c, n=2)
     first = [prompts(sampler.next(s)) for s in range(1, 5)]  # one pass: every prompt visited once, none skipped
     assert sorted(sum(first, [])) == list(range(8))
@@ -77,7 +99,7 @@ def test_solved_and_hopeless_prompts_are_skipped_before_generating():
 
 def test_a_skipped_prompt_comes_back_with_the_revisit_probability():
     def sent_kinds(revisit: float) -> list[str]:
-        sampler = sampler_for("shmm", PassRateCurriculum(CurriculumSpec(kind="pass_rate", revisit_prob=revisit)))
+        sampler = sampler_for("shmm", pass_rate(f"curriculum.revisit_prob={revisit}"))
         return ["shmm"[i] for s in range(1, 41) for i in prompts(sampler.next(s))][4:]  # after the first pass
 
     assert set(sent_kinds(0.0)) == {"m"}
@@ -87,7 +109,7 @@ def test_a_skipped_prompt_comes_back_with_the_revisit_probability():
 
 
 def test_a_batch_is_sent_even_when_every_prompt_is_due_to_be_skipped():
-    sampler = sampler_for("ssss", PassRateCurriculum(CurriculumSpec(kind="pass_rate", revisit_prob=0.0)))
+    sampler = sampler_for("ssss", pass_rate("curriculum.revisit_prob=0.0"))
     for s in range(1, 6):
         assert len(prompts(sampler.next(s))) == 2
 
@@ -104,17 +126,19 @@ def always_right(texts, **_):
     return [1.0] * len(texts)
 
 
-def difficulty_sampler(spec: CurriculumSpec, *, staleness=0, reward=always_right):
+def difficulty_sampler(*overrides: str, staleness=0, reward=always_right):
+    """A sampler of 4 chain_sum prompts per step under curriculum=difficulty with these `curriculum.*` overrides."""
     env = ReasoningGymEnv(
         "chain_sum", size=40, eval_size=4, config=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)
     )
-    make = lambda items: PromptData(items, char_tokenizer(), DataSpec(500, False, 3))  # noqa: E731
-    curriculum = build_curriculum(spec, env, make)
-    runtime = fake_runtime([FakeActor()], FakeLearner(), staleness=staleness)
-    sampler = Sampler(
-        runtime, make(env.train_items()), reward, SamplerSpec(4, Sampling(n=G), staleness=staleness), 30, curriculum
-    )
+    cfg = config("curriculum.kind=difficulty", *overrides, n=4, staleness=staleness, max_prompt_tokens=500)
+    make = lambda items: PromptData(items, char_tokenizer(), cfg)  # noqa: E731
+    curriculum = build_curriculum(cfg, env, make)
+    sampler = Sampler(fake_runtime(cfg), make(env.train_items()), reward, cfg, 30, curriculum)
     return sampler, curriculum, env
+
+
+RAISE_AT_75 = ("curriculum.raise_at=0.75", "curriculum.window=4")
 
 
 def levels(sampler) -> list[int]:
@@ -122,8 +146,7 @@ def levels(sampler) -> list[int]:
 
 
 def test_difficulty_rises_through_reasoning_gyms_curriculum_when_accuracy_passes_the_threshold():
-    spec = CurriculumSpec(kind="difficulty", raise_at=0.75, window=4)
-    sampler, curriculum, env = difficulty_sampler(spec)
+    sampler, curriculum, env = difficulty_sampler(*RAISE_AT_75)
     assert isinstance(curriculum, DifficultyCurriculum) and set(levels(sampler)) == {0}
     assert sampler.data.items[0]["question"] == env.train_items()[0]["question"]  # level 0: the env's own config
     b1 = sampler.next(1)  # 4 groups all right: the window is full at accuracy 1 -> a raise is due
@@ -138,26 +161,25 @@ def test_difficulty_rises_through_reasoning_gyms_curriculum_when_accuracy_passes
 
 def test_difficulty_stays_below_the_threshold_and_at_max_level():
     half_right = lambda texts, **_: [float(i % 2) for i in range(len(texts))]  # noqa: E731
-    sampler, _, _ = difficulty_sampler(CurriculumSpec(kind="difficulty", raise_at=0.75, window=4), reward=half_right)
+    sampler, _, _ = difficulty_sampler(*RAISE_AT_75, reward=half_right)
     assert [sampler.next(s).stats["curriculum/level"] for s in range(1, 5)] == [0.0] * 4
-    sampler, _, _ = difficulty_sampler(CurriculumSpec(kind="difficulty", raise_at=0.5, window=4, max_level=1))
+    sampler, _, _ = difficulty_sampler("curriculum.raise_at=0.5", "curriculum.window=4", "curriculum.max_level=1")
     assert [sampler.next(s).stats["curriculum/level"] for s in range(1, 6)] == [0.0, 1.0, 1.0, 1.0, 1.0]
 
 
 def test_difficulty_needs_a_reasoning_gym_env():
     with pytest.raises(ConfigError, match="curriculum=difficulty needs a reasoning-gym env"):
-        build_curriculum(CurriculumSpec(kind="difficulty"), object(), lambda items: None)
+        build_curriculum(config("curriculum.kind=difficulty"), object(), lambda items: None)
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_pass_rate_state_round_trips_through_a_checkpoint(tmp_path, staleness):
-    spec = CurriculumSpec(kind="pass_rate", revisit_prob=0.3)
-    a = sampler_for("shmmhsmm", PassRateCurriculum(spec), staleness=staleness)
+    a = sampler_for("shmmhsmm", pass_rate("curriculum.revisit_prob=0.3"), staleness=staleness)
     for s in range(1, 7):
         a.next(s)
-    runtime = fake_runtime([FakeActor()], FakeLearner())
+    runtime = fake_runtime(config())
     path = checkpoint.save_run(tmp_path, 6, runtime, a)
-    b = sampler_for("shmmhsmm", PassRateCurriculum(spec), staleness=staleness)
+    b = sampler_for("shmmhsmm", pass_rate("curriculum.revisit_prob=0.3"), staleness=staleness)
     checkpoint.restore_run(path, runtime, b)
     assert b.curriculum.rates == a.curriculum.rates
     if staleness == 0:  # nothing in flight: the resumed choices are the uninterrupted run's
@@ -167,52 +189,45 @@ def test_pass_rate_state_round_trips_through_a_checkpoint(tmp_path, staleness):
 
 
 def test_difficulty_state_round_trips_through_a_checkpoint(tmp_path):
-    spec = CurriculumSpec(kind="difficulty", raise_at=0.75, window=4)
-    a, _, _ = difficulty_sampler(spec)
+    a, _, _ = difficulty_sampler(*RAISE_AT_75)
     for s in range(1, 4):
         a.next(s)
     state = pickle.loads(pickle.dumps(a.state_dict()))
     assert state["curriculum"]["level"] == 2 and state["cursor"] == a.data.cursor
-    b, cb, _ = difficulty_sampler(spec)
+    b, cb, _ = difficulty_sampler(*RAISE_AT_75)
     b.load_state(state)
     assert cb.level == 2 and levels(b) == levels(a) and b.data.cursor == a.data.cursor
     assert [prompts(b.next(s)) for s in (4, 5)] == [prompts(a.next(s)) for s in (4, 5)]
 
 
 def test_a_checkpoint_of_another_curriculum_is_refused():
-    a = sampler_for("smsm", PassRateCurriculum(CurriculumSpec(kind="pass_rate")))
+    a = sampler_for("smsm", pass_rate())
     a.next(1)
     b = sampler_for("smsm", None)
     with pytest.raises(ConfigError, match="taken with curriculum=pass_rate, this run has curriculum=none"):
         b.load_state(a.state_dict())
 
 
-def test_curriculum_keys_are_checked_and_reach_the_sampler_spec():
+def test_curriculum_keys_are_checked_and_reach_the_resolved_config():
     with pytest.raises(ConfigError, match="curriculum.hopeless=0.5 and curriculum.solved=0.5"):
         CurriculumConfig(hopeless=0.5, solved=0.5)
     with pytest.raises(ConfigError, match="curriculum.window"):
         CurriculumConfig(window=0)
-    cfg = TrainConfig(eval_correct_threshold=0.5)
-    cfg.curriculum = CurriculumConfig(kind=CurriculumKind.pass_rate, revisit_prob=0.2)
-    spec = specs.build(cfg, tmp_path_free(), model_path="/m").sampler.curriculum
-    assert (spec.kind, spec.revisit_prob, spec.threshold, spec.window) == ("pass_rate", 0.2, 0.5, 32)
-
-
-def tmp_path_free():
-    from tests.helpers import scratch_run_dir
-
-    return scratch_run_dir()
+    cfg = from_overrides("/m", "eval.correct_threshold=0.5", "curriculum.kind=pass_rate", "curriculum.revisit_prob=0.2")
+    c = cfg.curriculum
+    assert (c.kind.value, c.revisit_prob, cfg.eval.correct_threshold, c.window) == ("pass_rate", 0.2, 0.5, 32)
+    assert isinstance(build_curriculum(cfg, object(), lambda items: None), PassRateCurriculum)
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_pass_rate_composes_with_dynamic_sampling_and_staleness(staleness):
     """Every round's groups are observed (the filtered ones too, so they are skipped next time); dynamic sampling
     still drops what it drops; batches sent ahead are chosen with the rates known when they were sent."""
-    data = PromptData(kinds_env("smhm" * 2), NumberTokenizer(), DataSpec(9, False, 3))
-    curriculum = PassRateCurriculum(CurriculumSpec(kind="pass_rate", revisit_prob=0.0))
-    runtime = fake_runtime([FakeActor()], FakeLearner(), staleness=staleness)
-    spec = SamplerSpec(2, Sampling(n=G), staleness=staleness, filter_range=(0.01, 0.99), max_rounds=4)
-    sampler = Sampler(runtime, data, kind_reward, spec, 30, curriculum)
+    dynamic = ("algorithm.dynamic_sampling=true", "algorithm.filter_range=[0.01,0.99]")
+    cfg = config(*dynamic, "algorithm.dynamic_sampling_max_rounds=4", staleness=staleness)
+    data = PromptData(kinds_env("smhm" * 2), NumberTokenizer(), cfg)
+    curriculum = PassRateCurriculum(config("curriculum.kind=pass_rate", "curriculum.revisit_prob=0.0"))
+    sampler = Sampler(fake_runtime(cfg), data, kind_reward, cfg, 30, curriculum)
     batches = [sampler.next(s) for s in range(1, 13)]
     assert all(("smhm" * 2)[r.prompt_ids[0]] == "m" for b in batches for r in b.rollouts)  # only mixed kept
     assert set(curriculum.rates) == set(range(8))  # solved and hopeless groups were observed, then filtered

@@ -11,15 +11,15 @@ import torch
 from envs.protocol import Episode
 from envs.retry import RetryEnv
 from rl import algorithms
+from rl.config.resolve import from_overrides
 from rl.config.schema import ConfigError
-from rl.data.prompts import turn_seed
+from rl.data.prepare import episode_metrics, kl_reward_penalty, prepare_samples
 from rl.evaluation import mask_spans
 from rl.rollout.episodes import EnvTokens, run_episodes
-from rl.runtime.pool import _args
-from rl.data.prepare import episode_metrics, kl_reward_penalty, prepare_samples
-from rl.config.resolve import EpisodeSpec
-from rl.types import Completion, EpisodeInfo, PromptRollout, Sampling, TrainSample
-from tests.helpers import make_learner, run_spec
+from rl.runtime.pipeline import _args
+from rl.seeds import turn_seed
+from rl.types import Completion, EpisodeInfo, EpisodeSpec, PromptRollout, Sampling, TrainSample
+from tests.helpers import make_learner
 
 
 @pytest.fixture(scope="module")
@@ -160,10 +160,10 @@ def test_single_turn_env_gives_todays_samples_exactly(tiny_model, tok):
     single-turn run never goes through it (no EpisodeSpec, the actors are not sent items)."""
     from rl.rollout.hf import HFRollout
 
-    spec = run_spec(tiny_model, "cluster.rollout_backend=hf", "model.dtype=float32")
-    assert spec.rollout.episodes is None and not spec.runtime.episodes
+    cfg = from_overrides(str(tiny_model), "cluster.rollout_backend=hf", "model.dtype=float32")
+    assert cfg.episodes is None  # the actors run no episodes, and the runtime sends them no items
     assert _args([[1]], Sampling(), None, None) == ([[1]], Sampling())
-    engine = HFRollout(spec.rollout)
+    engine = HFRollout(cfg)
     prompts = [chat_ids(tok, [{"role": "user", "content": q}]) for q in ("2+2?", "Name a colour.")]
     sampling = Sampling(n=3, temperature=1.0, max_tokens=12)
     state = engine.state_dict()
@@ -185,10 +185,10 @@ def test_single_turn_env_gives_todays_samples_exactly(tiny_model, tok):
     for a, b in zip([c for r in today for c in r.completions], [c for r in via_loop for c in r.completions]):
         assert (a.token_ids, a.logprobs, a.finish_reason, a.text) == (b.token_ids, b.logprobs, b.finish_reason, b.text)
         assert a.mask is None and b.mask == [1] * len(b.token_ids)
-    sample_spec = run_spec(tiny_model, "algorithm.group_size=3").samples
+    groups_of_3 = from_overrides(str(tiny_model), "algorithm.group_size=3")
     rewards = [float(k % 2) for k in range(6)]
-    s_today, adv_today, _ = prepare_samples(today, rewards, sample_spec)
-    s_loop, adv_loop, _ = prepare_samples(via_loop, rewards, sample_spec)
+    s_today, adv_today, _ = prepare_samples(today, rewards, groups_of_3)
+    s_loop, adv_loop, _ = prepare_samples(via_loop, rewards, groups_of_3)
     assert all(s.loss_mask == [] for s in s_today)  # today's samples: no mask
     assert torch.equal(adv_today, adv_loop)
     learner = make_learner(tiny_model)
@@ -205,7 +205,14 @@ def episode_completion(model=(3, 4), env=5, more=2, finish="stop") -> Completion
 
 
 def test_prepare_samples_uses_the_mask_and_model_lengths(tiny_model):
-    spec = replace(run_spec(tiny_model).samples, filter_truncated=True, overlong_buffer=4, max_new_tokens=8)
+    cfg = from_overrides(
+        str(tiny_model),
+        "algorithm.filter_truncated_response=true",
+        "algorithm.overlong_penalty=true",
+        "algorithm.overlong_buffer=4",
+        "model.max_new_tokens=8",
+        "algorithm.group_size=2",
+    )
     comps = [
         episode_completion(),
         episode_completion(finish="length"),
@@ -213,7 +220,7 @@ def test_prepare_samples_uses_the_mask_and_model_lengths(tiny_model):
         episode_completion(),
     ]
     rollouts = [PromptRollout([1, 2], comps[:2], 0), PromptRollout([1, 3], comps[2:], 0)]
-    samples, _, m = prepare_samples(rollouts, [1.0, 0.0, 1.0, 0.0], replace(spec, group_size=2))
+    samples, _, m = prepare_samples(rollouts, [1.0, 0.0, 1.0, 0.0], cfg)
     assert samples[0].loss_mask == comps[0].mask
     assert samples[1].loss_mask == [0] * len(comps[1].token_ids)  # truncated episode: out of the loss
     # the overlong penalty counts model tokens only: 5 model tokens of 8 allowed, 4 of buffer -> -0.25 each,
@@ -222,13 +229,14 @@ def test_prepare_samples_uses_the_mask_and_model_lengths(tiny_model):
 
 
 def test_kl_in_reward_skips_env_tokens(tiny_model):
-    spec = replace(run_spec(tiny_model).samples, kl_in_reward_coef=0.1, group_size=1)
+    # one completion of one prompt: the penalty is per completion (the group size plays no part)
+    cfg = from_overrides(str(tiny_model), "algorithm.kl_in_reward=true", "algorithm.kl_coef=0.1")
     c = episode_completion()
     rollouts = [PromptRollout([1], [c], 0)]
     ref = [[-1.5 if m else -9.0 for m in c.mask]]
-    shaped, _ = kl_reward_penalty(lambda _: ref, rollouts, [1.0], spec)
+    shaped, _ = kl_reward_penalty(lambda _: ref, rollouts, [1.0], cfg)
     ref_other_env = [[-1.5 if m else -0.1 for m in c.mask]]
-    assert kl_reward_penalty(lambda _: ref_other_env, rollouts, [1.0], spec)[0] == shaped
+    assert kl_reward_penalty(lambda _: ref_other_env, rollouts, [1.0], cfg)[0] == shaped
     assert shaped[0] < 1.0
 
 
@@ -278,17 +286,19 @@ def test_learner_step_ignores_env_tokens_old_logprobs(tiny_model):
     assert a.adapter_checksum() == pytest.approx(b.adapter_checksum(), abs=1e-6)
 
 
-def test_specs_of_multi_turn_envs(tiny_model):
+def test_multi_turn_envs_resolve_their_episode_limits(tiny_model):
     retry = (
         "env._target_=envs.retry.RetryEnv",
         "env.inner._target_=tests.unit.test_episodes.Items",
         "env.judge._target_=tests.helpers.LengthReward",
     )
-    spec = run_spec(tiny_model, *retry, "env.max_turns=4", "model.max_prompt_tokens=100")
-    assert (spec.rollout.episodes.max_turns, spec.rollout.episodes.max_tokens) == (4, 160)  # 160: the class default
-    assert spec.rollout.max_model_len == spec.learner.max_seq_length == 100 + 160
-    assert spec.runtime.episodes and spec.samples.max_new_tokens == 160
+    model = str(tiny_model)
+    cfg = from_overrides(model, *retry, "env.max_turns=4", "model.max_prompt_tokens=100")
+    assert (cfg.episodes.max_turns, cfg.episodes.max_tokens) == (4, 160)  # 160: the class default
+    # the engine's max_model_len and the learner's max_seq_length: prompt plus the whole episode
+    assert cfg.max_seq_length == 100 + 160
+    assert cfg.completion_tokens == cfg.algorithm.loss_agg_norm_length == 160  # the overlong penalty's, the loss's
     with pytest.raises(ConfigError, match="cluster.learner_chunk_size=0"):
-        run_spec(tiny_model, *retry, "cluster.learner_chunk_size=1")
+        from_overrides(model, *retry, "cluster.learner_chunk_size=1")
     with pytest.raises(ConfigError, match="env.max_turns=0"):
-        run_spec(tiny_model, *retry, "env.max_turns=0")
+        from_overrides(model, *retry, "env.max_turns=0")

@@ -1,5 +1,5 @@
 """`python -m rl.tools.eval` without an engine: its config (conf/eval.yaml), the four kinds of trained policy it reads
-(rl/checkpoint.py find_policy), its specs, its table and its choice of eval sets. The engine runs in
+(rl/checkpoint.py find_policy), its resolved config, its table and its choice of eval sets. The engine runs in
 tests/integration/test_eval_command.py."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from omegaconf import OmegaConf
 
 from rl import checkpoint
 from rl.config.schema import ConfigError
-from rl.tools.eval import compose, format_table, select_items
-from rl.config.resolve import build_eval
+from rl.tools.eval import compose, format_table, resolve_eval, select_items
 from rl.types import Adapter, TrainedPolicy
 from tests.helpers import REPO
 
@@ -67,26 +66,26 @@ def test_a_path_that_is_no_policy_is_one_line_naming_the_key(tmp_path, make):
 
 
 def test_eval_config_composes_every_training_group_and_checks_its_keys():
-    _, cfg = compose(["model=qwen2.5-0.5b", "algorithm=dapo", "env=gsm8k", "eval_n_samples=8", "adapter=/x"])
+    _, cfg = compose(["model=qwen2.5-0.5b", "algorithm=dapo", "env=gsm8k", "eval.n_samples=8", "adapter=/x"])
     assert (cfg.model.path, cfg.algorithm.name, cfg.env["_target_"]) == (
         "Qwen/Qwen2.5-0.5B-Instruct",
         "dapo",
         "envs.data.DataEnv",
     )
-    assert (cfg.adapter, cfg.eval_n_samples, cfg.compare_base) == ("/x", 8, True)
+    assert (cfg.adapter, cfg.eval.n_samples, cfg.compare_base) == ("/x", 8, True)
     with pytest.raises(SystemExit):  # one line on stderr, as train.py
         compose(["compare_base=false"])
 
 
-def test_build_eval_adds_n_to_pass_k_and_sizes_lora_slots_for_the_adapter(tmp_path):
-    _, cfg = compose(["eval_n_samples=8", "eval_pass_k=[4]", "model.lora_rank=8", "cluster.lora_mode=native"])
+def test_resolve_eval_adds_n_to_pass_k_and_sizes_lora_slots_for_the_adapter(tmp_path):
+    _, cfg = compose(["eval.n_samples=8", "eval.pass_k=[4]", "model.lora_rank=8", "cluster.lora_mode=native"])
     policy = TrainedPolicy("adapter", adapter=adapter_folder(tmp_path / "a", rank=32))
-    spec = build_eval(cfg, tmp_path / "out", policy, model_path="/m")
-    assert spec.eval.pass_k == (1, 4, 8) and spec.eval.n_samples == 8 and spec.eval.temperature == 1.0
-    assert spec.rollout.max_lora_rank == 32 and spec.rollout.model_path == "/m"
-    assert spec.eval.save_dir == tmp_path / "out" and spec.compare_base and spec.policy == policy
-    base_only = build_eval(cfg, tmp_path / "out", None, model_path="/m")
-    assert base_only.policy is None and base_only.compare_base and base_only.rollout.max_lora_rank == 8
+    resolved = resolve_eval(cfg, tmp_path / "out", policy, model_path="/m")
+    assert resolved.eval.pass_k == [1, 4, 8] and resolved.eval.n_samples == 8 and resolved.eval.temperature == 1.0
+    assert resolved.model.lora_rank == 32 and resolved.model.path == "/m" and not resolved.model.full_finetune
+    assert resolved.eval.save_dir == str(tmp_path / "out") and resolved.compare_base
+    base_only = resolve_eval(cfg, tmp_path / "out", None, model_path="/m")
+    assert base_only.adapter is None and base_only.compare_base and base_only.model.lora_rank == 8
 
 
 def test_table_puts_base_and_trained_side_by_side_with_avg_and_pass_at_k():
@@ -114,8 +113,9 @@ def test_results_json_is_written_whole(tmp_path):
     from rl.tools.eval import write_results
 
     _, cfg = compose([])
-    spec = build_eval(cfg, tmp_path, None, model_path="/m")
-    path = write_results(spec, {"base": {"eval/accuracy": 0.5}}, "table", ["env=chain_sum"])
+    resolved = resolve_eval(cfg, tmp_path, None, model_path="/m")
+    path = write_results(resolved, {"base": {"eval/accuracy": 0.5}}, "table", ["env=chain_sum"])
     doc = json.loads(path.read_text())
     assert doc["command"] == "python -m rl.tools.eval env=chain_sum" and doc["metrics"]["base"]["eval/accuracy"] == 0.5
+    assert (doc["model"], doc["policy"]) == ("/m", None)
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]

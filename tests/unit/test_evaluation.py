@@ -89,23 +89,24 @@ def test_atomic_jsonl_renames_only_when_complete(tmp_path):
     assert not (tmp_path / "eval" / ".step_0001.jsonl.tmp").exists()
 
 
-def typed(**overrides) -> TrainConfig:
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), overrides))
+def typed(*dotlist: str) -> TrainConfig:
+    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(list(dotlist)))
+    return OmegaConf.to_object(merged)
 
 
 def test_pass_k_above_n_samples_is_a_config_error_naming_the_keys():
-    with pytest.raises(ConfigError, match=r"eval_pass_k=\[1, 8\] needs 1 <= k <= eval_n_samples=4 .*eval_n_samples>=8"):
-        typed(eval_n_samples=4, eval_pass_k=[1, 8])
-    with pytest.raises(ConfigError, match=r"needs 1 <= k <= eval_n_samples=0"):
-        typed(eval_pass_k=[4])  # pass@4 asked for, but no samples
-    with pytest.raises(ConfigError, match=r"eval_pass_k=\[0\]"):
-        typed(eval_n_samples=4, eval_pass_k=[0])
-    assert typed(eval_n_samples=8, eval_pass_k=[1, 8]).eval_pass_k == [1, 8]
-    assert typed(eval_n_samples=0).eval_pass_k == [1]  # the default: greedy only, pass@1 not reported
-    with pytest.raises(ConfigError, match="eval_temperature must be > 0"):
-        typed(eval_n_samples=2, eval_temperature=0.0)
-    with pytest.raises(ConfigError, match="rollout_save_interval must be >= 0"):
-        typed(rollout_save_interval=-1)
+    with pytest.raises(ConfigError, match=r"eval.pass_k=\[1, 8\] needs 1 <= k <= eval.n_samples=4 .*eval.n_samples>=8"):
+        typed("eval.n_samples=4", "eval.pass_k=[1,8]")
+    with pytest.raises(ConfigError, match=r"needs 1 <= k <= eval.n_samples=0"):
+        typed("eval.pass_k=[4]")  # pass@4 asked for, but no samples
+    with pytest.raises(ConfigError, match=r"eval.pass_k=\[0\]"):
+        typed("eval.n_samples=4", "eval.pass_k=[0]")
+    assert typed("eval.n_samples=8", "eval.pass_k=[1,8]").eval.pass_k == [1, 8]
+    assert typed("eval.n_samples=0").eval.pass_k == [1]  # the default: greedy only, pass@1 not reported
+    with pytest.raises(ConfigError, match="eval.temperature must be > 0"):
+        typed("eval.n_samples=2", "eval.temperature=0.0")
+    with pytest.raises(ConfigError, match="logger.rollouts_interval must be >= 0"):
+        typed("logger.rollouts_interval=-1")
 
 
 @pytest.mark.parametrize(
@@ -164,15 +165,18 @@ class EchoRuntime:
 
 
 def test_evaluation_keeps_its_reward_counters_out_of_the_next_training_step(tmp_path):
+    from rl.config.resolve import from_overrides
     from rl.data.prompts import PromptData
     from rl.evaluation import evaluate
-    from rl.config.resolve import DataSpec, EvalSpec
     from tests.unit.test_async import NumberTokenizer
 
+    keys = ("eval.size=3", "eval.n_samples=2", "model.max_prompt_tokens=8", "model.use_chat_template=false")
+    cfg = from_overrides("/m", *keys, run_dir=tmp_path)
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": str(i)} for i in range(3)]
-    data = PromptData(items, NumberTokenizer(), DataSpec(8, False, 0))
+    data = PromptData(items, NumberTokenizer(), cfg)
     reward = CountingReward()
-    m = evaluate(EchoRuntime(["0", "1", "2"]), data, reward, EvalSpec(size=3, n_samples=2), step=0)
+    m = evaluate(EchoRuntime(["0", "1", "2"]), data, reward, cfg, step=0)
     assert m["eval/accuracy"] == 1.0 and m["eval/pass@1"] == 0.0
     assert m["eval/reward_errors"] == 3 + 3 * 2  # greedy and sampled completions, reported with the evaluation
     assert reward.pop_metrics() == {"reward/errors": 0.0}  # nothing left for the sampler's next step
+    assert len((tmp_path / "eval" / "step_0000.jsonl").read_text().splitlines()) == 3 + 3 * 2  # <eval.save_dir>

@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rl.config.resolve import from_overrides
 from rl.data import filters
+from rl.data.prepare import prepare_samples
 from rl.data.prompts import PromptData
 from rl.data.sampler import Sampler
-from rl.data.prepare import prepare_samples
-from rl.config.resolve import DataSpec, SamplerSpec
-from rl.types import Completion, PromptRollout, Sampling
-from tests.helpers import run_spec
+from rl.types import Completion, PromptRollout
 
 
 def test_overlong_penalty_follows_dapo_eq13():
@@ -67,15 +66,15 @@ def test_prepare_samples_shapes_rewards_masks_truncated_and_selects_top_k():
         "algorithm.overlong_buffer=4",
         "algorithm.filter_truncated_response=true",
     ]
-    spec = run_spec("/fake/model", *keys, "algorithm.top_k=2").samples
+    cfg = from_overrides("/fake/model", *keys, "algorithm.top_k=2")
     rollouts = [rollout([(2, "stop"), (6, "stop"), (8, "length"), (3, "stop")])]
-    samples, adv, metrics = prepare_samples(rollouts, [1.0, 1.0, 0.0, 0.0], spec)
+    samples, adv, metrics = prepare_samples(rollouts, [1.0, 1.0, 0.0, 0.0], cfg)
     shaped = torch.tensor([1.0, 1.0 - 0.5, 0.0 - 1.0, 0.0])  # L_max 8, L_cache 4: length 6 -> -0.5, 8 -> -1
     assert adv.tolist() == pytest.approx((shaped - shaped.mean()).tolist())
     assert metrics["response/masked_truncated_frac"] == 0.25
     assert [len(s.completion_ids) for s in samples] == [2, 6]  # the two best shaped rewards, statistics from all 4
     assert all(s.loss_mask == [] for s in samples)
-    samples, _, _ = prepare_samples(rollouts, [1.0, 1.0, 0.0, 0.0], run_spec("/fake/model", *keys).samples)
+    samples, _, _ = prepare_samples(rollouts, [1.0, 1.0, 0.0, 0.0], from_overrides("/fake/model", *keys))
     assert samples[2].loss_mask == [0] * 8 and samples[0].loss_mask == []
 
 
@@ -107,7 +106,8 @@ class FakeRuntime:
 
 def test_dynamic_sampling_generates_until_the_batch_is_full():
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": "yes"} for i in range(4)]
-    data = PromptData(items, FakeTokenizer(), DataSpec(10, False, 0))
+    cfg = from_overrides("/m", "model.max_prompt_tokens=10", "model.use_chat_template=false")
+    data = PromptData(items, FakeTokenizer(), cfg)
     right, wrong = ["yes", "yes"], ["no", "no"]
     runtime = FakeRuntime([[right, ["yes", "no"]], [wrong, ["no", "yes"]], [right, right]])
 
@@ -115,8 +115,15 @@ def test_dynamic_sampling_generates_until_the_batch_is_full():
         return [float(t == a) for t, a in zip(texts, answer)]
 
     def sample(runtime, max_rounds: int):
-        spec = SamplerSpec(2, Sampling(n=2), filter_range=(0.01, 0.99), max_rounds=max_rounds)
-        return Sampler(runtime, data, reward, spec, steps=1).next(1)
+        cfg = from_overrides(
+            "/m",
+            "run.prompts_per_step=2",
+            "algorithm.group_size=2",
+            "algorithm.dynamic_sampling=true",
+            "algorithm.filter_range=[0.01,0.99]",
+            f"algorithm.dynamic_sampling_max_rounds={max_rounds}",
+        )
+        return Sampler(runtime, data, reward, cfg, steps=1).next(1)
 
     batch = sample(runtime, max_rounds=3)
     assert runtime.calls == 2  # the second batch filled the two slots

@@ -162,3 +162,37 @@ def test_every_module_says_why_it_exists_and_past_400_lines_why_it_is_that_big()
             big.append(f"{path.relative_to(ROOT)} ({lines} lines)")
     assert not missing, f"modules without a docstring saying why they exist: {missing}"
     assert not big, f"modules past 400 lines whose docstring does not say why (a sentence with '400 lines'): {big}"
+
+
+def imported_by(start: str, graph: dict[str, set[str]]) -> set[str]:
+    """Every project module `start` imports, directly or through others (any import, lazy ones included)."""
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_the_training_loop_never_imports_preflight():
+    """Preflight (the memory plan, start-up diagnosis, install check) stays out of the training path: the loop, the
+    roles and the runtime reach none of it; rl/app.py asks it to explain a failed start, from outside the loop."""
+    graph, _ = import_graph()
+    for start in ("rl.driver", "rl.learner.learner", "rl.rollout.vllm", "rl.runtime.runtime", "rl.runtime.placement"):
+        reached = imported_by(start, graph)
+        assert start in graph and reached, start
+        assert not [m for m in reached if m.startswith("rl.preflight")], f"{start} reaches {sorted(reached)}"
+
+
+def test_envs_do_not_import_rewards():
+    """Layers: rewards may use envs (the sandbox, the code tasks), never the other way round."""
+    graph, where = import_graph()
+    up = [
+        f"{a} -> {b} ({where[(a, b)]})"
+        for a in graph
+        if a.startswith("envs")
+        for b in graph[a]
+        if b.startswith("rewards")
+    ]
+    assert not up, up

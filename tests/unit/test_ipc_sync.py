@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rl.config.resolve import from_overrides, resolve
 from rl.config.schema import ConfigError
 from rl.flat import pack, unpack
-from rl.runtime.groups import LocalGroup
 from rl.learner.export import adapter_tensors
 from rl.rollout.vllm_ext import lora_factors
-from rl.runtime.pool import Runtime
-from rl.config.resolve import RuntimeSpec, build
+from rl.runtime.groups import LocalGroup
+from rl.runtime.runtime import Runtime
 from rl.types import Adapter
 from tests.helpers import make_learner, typed_config
 
@@ -58,9 +58,9 @@ def test_ipc_placements_that_share_learner_0s_gpu_load():
 
 
 def test_a_lora_run_may_sync_through_ipc(tmp_path):
-    spec = build(typed_config(**GPU), tmp_path, model_path=str(tmp_path))
-    assert spec.rollout.weight_sync == "ipc" and not spec.rollout.full_weights and spec.runtime.weight_sync == "ipc"
-    assert spec.rollout.lora_mode == "merged"
+    cfg = resolve(typed_config(**GPU), tmp_path, model_path=str(tmp_path))
+    assert cfg.cluster.weight_sync == "ipc" and not cfg.model.full_finetune
+    assert cfg.cluster.lora_mode == "merged"
 
 
 def test_packed_factors_are_the_bytes_adapter(tiny_model):
@@ -91,6 +91,13 @@ def test_pack_refuses_what_it_cannot_lay_out():
 def test_ipc_needs_a_cuda_learner(tiny_model):
     with pytest.raises(RuntimeError, match="needs the learner on a CUDA GPU"):
         make_learner(tiny_model).ipc_weights()
+
+
+def ipc_runtime_config(*keys: str):
+    """A resolved config that syncs through IPC, for a Runtime over fake roles (it reads the cluster group); no
+    restarts budget: the tests fake the one restart they need."""
+    gpu = [f"{k}={v}" for k, v in GPU.items()]
+    return from_overrides("unused", *gpu, "cluster.actor_max_restarts=0", *keys)
 
 
 class Recorder:
@@ -128,7 +135,8 @@ class Recorder:
 def test_the_ipc_sync_hands_the_learners_handles_to_every_actor_then_releases_them(colocate):
     log: list[str] = []
     actors = LocalGroup([Recorder("actor0", log), Recorder("actor1", log)])
-    runtime = Runtime(actors, LocalGroup([Recorder("learner", log)]), RuntimeSpec(weight_sync="ipc", colocate=colocate))
+    cfg = ipc_runtime_config(f"cluster.colocate={colocate}")
+    runtime = Runtime(actors, LocalGroup([Recorder("learner", log)]), cfg)
     metrics = runtime.sync()
     loads = [f"actor{i}.load_weights_ipc v3 ['ipc_handle', 'lora_config', 'names', 'shapes']" for i in (0, 1)]
     woke = ["actor0.wake_up", "actor1.wake_up"] if colocate else []
@@ -147,13 +155,13 @@ def test_a_restarted_actor_gets_the_published_policy_as_bytes():
     runtime = Runtime(
         LocalGroup([Recorder("actor0", log), Recorder("actor1", log)]),
         LocalGroup([learner]),
-        RuntimeSpec(weight_sync="ipc", staleness=1),
+        ipc_runtime_config("cluster.staleness=1"),
     )
     runtime.sync()
     log.clear()
     learner.version = 4  # the learner stepped past the published version 3
-    runtime._restarting.add(1)  # Ray restarted actor 1; it answers again
-    runtime._rejoin(wait=False)
+    runtime.pool.restarting.add(1)  # Ray restarted actor 1; it answers again
+    runtime.pool.rejoin(wait=False)
     assert log == [] and runtime.live_actors() == [0]  # the learner is ahead: its adapter is not even fetched
     log.clear()
     runtime.sync()  # version 4: the live actor through IPC, then actor 1 as bytes
@@ -166,6 +174,6 @@ def test_a_restarted_actor_gets_the_published_policy_as_bytes():
     ]
     assert runtime.live_actors() == [0, 1]
     log.clear()
-    runtime._restarting.add(0)  # another restart within the same version: the bytes fetched above, again
-    runtime._rejoin(wait=False)
+    runtime.pool.restarting.add(0)  # another restart within the same version: the bytes fetched above, again
+    runtime.pool.rejoin(wait=False)
     assert log == ["actor0.load_adapter v4"] and runtime.live_actors() == [0, 1]

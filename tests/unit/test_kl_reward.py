@@ -6,15 +6,15 @@ import math
 
 import pytest
 
-from rl.config.schema import AlgorithmConfig, ConfigError
+from rl.config.resolve import from_overrides
+from rl.config.schema import AlgorithmConfig, ConfigError, TrainConfig
 from rl.data.prepare import kl_reward_penalty
 from rl.types import Completion, PromptRollout
-from tests.helpers import run_spec
 
 
-def spec(coef: float, estimator: str):
+def config(coef: float, estimator: str) -> TrainConfig:
     keys = [f"algorithm.kl_coef={coef}", "algorithm.kl_in_reward=true", f"algorithm.kl_estimator={estimator}"]
-    return run_spec("/fake/model", *keys).samples
+    return from_overrides("/fake/model", *keys)
 
 
 def test_penalty_is_coef_times_summed_token_kl():
@@ -22,10 +22,10 @@ def test_penalty_is_coef_times_summed_token_kl():
         PromptRollout([1, 2], [Completion([5, 6], [-1.0, -2.0], "stop", "a"), Completion([7], [-0.5], "stop", "b")], 0)
     ]
     ref = [[-1.5, -2.0], [-0.5]]
-    shaped, metrics = kl_reward_penalty(lambda _: ref, rollouts, [1.0, 0.0], spec(0.1, "k1"))
+    shaped, metrics = kl_reward_penalty(lambda _: ref, rollouts, [1.0, 0.0], config(0.1, "k1"))
     # k1 on sample 1: (-1 - -1.5) + (-2 - -2) = 0.5; sample 2: 0
     assert shaped == pytest.approx([1.0 - 0.05, 0.0])
-    shaped3, _ = kl_reward_penalty(lambda _: ref, rollouts, [1.0, 0.0], spec(1.0, "k3"))
+    shaped3, _ = kl_reward_penalty(lambda _: ref, rollouts, [1.0, 0.0], config(1.0, "k3"))
     assert shaped3[0] == pytest.approx(1.0 - (math.exp(-0.5) - 1 + 0.5))
     assert metrics["reward/kl_penalty_mean"] == pytest.approx(0.1 * 0.25)
 

@@ -11,9 +11,10 @@ import pytest
 import torch
 import transformers.integrations.sdpa_attention as sdpa_module
 
+from rl.config.resolve import from_overrides
 from rl.learner import Learner
 from rl.types import Sampling, TrainSample
-from tests.helpers import LEARNER_TEST_OVERRIDES, make_learner, make_samples, run_spec
+from tests.helpers import LEARNER_TEST_OVERRIDES, make_learner, make_samples
 
 
 def test_shared_prefix_logprobs_equal_full_forward(tiny_model):
@@ -55,8 +56,12 @@ def test_padded_logprobs_are_each_samples_own(tiny_model):
 
 def test_shared_prefix_step_matches_unshared_step(tiny_model):
     samples = make_samples()
-    a = make_learner(tiny_model, "share_prompt_prefix=true", "micro_batch_tokens=0", "micro_batch_size=4")
-    b = make_learner(tiny_model, "share_prompt_prefix=false", "micro_batch_tokens=0", "micro_batch_size=4")
+    a = make_learner(
+        tiny_model, "learner.share_prompt_prefix=true", "learner.micro_batch_tokens=0", "learner.micro_batch_size=4"
+    )
+    b = make_learner(
+        tiny_model, "learner.share_prompt_prefix=false", "learner.micro_batch_tokens=0", "learner.micro_batch_size=4"
+    )
     assert_same_step(a, b, samples, grad_norm_rel=1e-3)
 
 
@@ -84,7 +89,7 @@ def assert_same_step(a, b, samples, grad_norm_rel):
 
 
 def test_micro_batches_never_mix_prompts(tiny_model):
-    learner = make_learner(tiny_model, "micro_batch_tokens=0", "micro_batch_size=3")
+    learner = make_learner(tiny_model, "learner.micro_batch_tokens=0", "learner.micro_batch_size=3")
     samples = make_samples(groups=2, group_size=4)
     batches = learner._micro_batches(samples)
     assert [len(b) for b in batches] == [3, 1, 3, 1]
@@ -155,7 +160,7 @@ def test_the_exported_adapter_is_pefts_state_dict_after_steps_and_loads(tiny_mod
     assert_exported_is_peft(learner)
     learner.train_step(make_samples())
     assert_exported_is_peft(learner)
-    learner.load_state(make_learner(tiny_model, "seed=1").state_dict())
+    learner.load_state(make_learner(tiny_model, "run.seed=1").state_dict())
     assert_exported_is_peft(learner)
 
 
@@ -178,7 +183,7 @@ def test_full_finetune_trains_every_parameter_against_a_frozen_reference(tiny_mo
     assert max(abs(x - y) for a, b in zip(before, after) for x, y in zip(a, b)) > 1e-4  # the policy moved
     assert max(abs(x - y) for a, b in zip(before, reference) for x, y in zip(a, b)) < 1e-5  # the reference did not
 
-    other = full_learner(tiny_model, "seed=1")
+    other = full_learner(tiny_model, "run.seed=1")
     assert other.policy.ref_model is None  # no KL, no copy
     other.load_state(learner.state_dict())
     assert other.adapter_checksum() == learner.adapter_checksum()
@@ -187,22 +192,23 @@ def test_full_finetune_trains_every_parameter_against_a_frozen_reference(tiny_mo
 
 
 def full_learner(model, *overrides: str) -> Learner:
-    return Learner(run_spec(model, *LEARNER_TEST_OVERRIDES, "model.full_finetune=true", *overrides).learner)
+    return Learner(from_overrides(str(model), *LEARNER_TEST_OVERRIDES, "model.full_finetune=true", *overrides))
 
 
 def test_cuda_only_backends_fail_clearly_on_a_process_without_gpu(tiny_model):
     """The config refuses them without cluster.use_gpu (tests/unit/test_config.py); a learner process that was
     promised a GPU and sees none says so."""
-    import dataclasses
 
-    spec = run_spec(tiny_model, *LEARNER_TEST_OVERRIDES, "cluster.use_gpu=true", "model.learner_backend=peft").learner
+    def on_gpu(*keys: str):
+        return from_overrides(str(tiny_model), *LEARNER_TEST_OVERRIDES, "cluster.use_gpu=true", *keys)
+
     with pytest.raises(
         RuntimeError, match="model.learner_backend=unsloth needs a CUDA GPU, and this learner's process sees none"
     ):
-        Learner(dataclasses.replace(spec, backend="unsloth"))
+        Learner(on_gpu("model.learner_backend=unsloth"))
     with pytest.raises(RuntimeError, match="model.load_in_4bit=true needs a CUDA GPU"):
-        Learner(dataclasses.replace(spec, load_in_4bit=True))
-    assert run_spec(tiny_model).learner.backend == "peft"  # auto without GPUs
+        Learner(on_gpu("model.learner_backend=peft", "model.load_in_4bit=true"))
+    assert from_overrides(str(tiny_model)).model.learner_backend == "peft"  # auto without GPUs
 
 
 def test_nonfinite_loss_skips_the_optimizer_step(tiny_model):
@@ -224,7 +230,7 @@ def test_nonfinite_loss_skips_the_optimizer_step(tiny_model):
     assert int(learner.optimizer.state_dict()["state"][0]["step"]) == 2  # the two good steps only
 
 
-@pytest.mark.parametrize("packed", [[], ["micro_batch_tokens=64"]], ids=["padded", "packed"])
+@pytest.mark.parametrize("packed", [[], ["learner.micro_batch_tokens=64"]], ids=["padded", "packed"])
 def test_learner_generation_logprobs_are_the_learners_own_at_the_temperature(tiny_model, packed):
     """Also with packing on: generation (left-padded, KV cache) goes through the packed learner's attention
     function without segments, and the packed sequence_logprobs rescore it."""
@@ -267,16 +273,16 @@ def test_cpu_short_eager_attention_gives_the_sdpa_step(tiny_model, share, monkey
     long_prompt = [TrainSample(s.prompt_ids * 30, s.completion_ids, s.old_logprobs, s.advantage) for s in long_prompt]
     a = make_learner(
         tiny_model,
-        f"share_prompt_prefix={share}",
-        "micro_batch_tokens=0",
-        "micro_batch_size=4",
+        f"learner.share_prompt_prefix={share}",
+        "learner.micro_batch_tokens=0",
+        "learner.micro_batch_size=4",
         "algorithm.kl_coef=0.05",
     )
     b = make_learner(
         tiny_model,
-        f"share_prompt_prefix={share}",
-        "micro_batch_tokens=0",
-        "micro_batch_size=4",
+        f"learner.share_prompt_prefix={share}",
+        "learner.micro_batch_tokens=0",
+        "learner.micro_batch_size=4",
         "algorithm.kl_coef=0.05",
     )
     assert a.model.get_base_model().config._attn_implementation == attention.ATTENTION

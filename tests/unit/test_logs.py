@@ -63,12 +63,12 @@ def test_verbose_follower_shows_every_line(tmp_path):
 
 def test_a_role_process_sends_its_output_and_its_children_to_its_log_file(tmp_path):
     """rl/__init__.py redirects file descriptors 1 and 2, so a process the role starts (vLLM's engine core) writes
-    there too; OutputMark (rl/preflight/diagnose.py) reads what was written after it, once although both descriptors point
+    there too; OutputMark (rl/errors.py) reads what was written after it, once although both descriptors point
     to the file."""
     path = tmp_path / "logs" / "actor0.log"
     code = (
         "import rl, subprocess, sys\n"
-        "from rl.preflight.diagnose import OutputMark\n"
+        "from rl.errors import OutputMark\n"
         "print('before the mark')\n"
         "mark = OutputMark()\n"
         "print('to stdout'); print('to stderr', file=sys.stderr)\n"
@@ -96,16 +96,16 @@ def test_deterministic_reaches_the_learner_and_gpu_engines(tiny_model, monkeypat
     # actor_env passes the driver's VLLM_* on; tests that run an engine in this process (local mode, rl.tools.eval) set some
     for key in [k for k in os.environ if k.startswith("VLLM_")]:
         monkeypatch.delenv(key)
-    on = run_spec(tiny_model, "deterministic=true")
+    on = run_spec(tiny_model, "run.deterministic=true")
     off = run_spec(tiny_model)
-    assert on.learner.deterministic and not off.learner.deterministic
-    assert learner_env(on.learner)["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
-    assert "CUBLAS_WORKSPACE_CONFIG" not in learner_env(off.learner)
-    assert "VLLM_BATCH_INVARIANT" not in actor_env(on.placement)  # CPU: vLLM's CPU build has no such mode
-    gpu = run_spec(tiny_model, "deterministic=true", "cluster.use_gpu=true").placement
+    assert on.run.deterministic and not off.run.deterministic
+    assert learner_env(on)["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert "CUBLAS_WORKSPACE_CONFIG" not in learner_env(off)
+    assert "VLLM_BATCH_INVARIANT" not in actor_env(on)  # CPU: vLLM's CPU build has no such mode
+    gpu = run_spec(tiny_model, "run.deterministic=true", "cluster.use_gpu=true")
     assert actor_env(gpu)["VLLM_BATCH_INVARIANT"] == "1"
-    assert "VLLM_BATCH_INVARIANT" not in actor_env(run_spec(tiny_model, "cluster.use_gpu=true").placement)
+    assert "VLLM_BATCH_INVARIANT" not in actor_env(run_spec(tiny_model, "cluster.use_gpu=true"))
     # CPU: the engine core in the actor's process, so a generate's batches follow from its prompts, not from timing
-    assert actor_env(off.placement)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert actor_env(off)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in actor_env(gpu)
-    assert on.placement.log_dir.name == "logs" and not on.placement.verbose
+    assert on.log_dir.name == "logs" and not on.run.verbose

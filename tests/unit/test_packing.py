@@ -56,13 +56,21 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_packed_step_equals_padded_step(tiny_model, case):
     base = [*CASES[case], "algorithm.max_grad_norm=0"]  # no clipping: compare raw gradients
-    padded = make_learner(tiny_model, *base, "share_prompt_prefix=false", "micro_batch_tokens=0", "micro_batch_size=3")
+    padded = make_learner(
+        tiny_model,
+        *base,
+        "learner.share_prompt_prefix=false",
+        "learner.micro_batch_tokens=0",
+        "learner.micro_batch_size=3",
+    )
     samples = varied_samples(padded)
     want = padded.train_step(samples)
     want_grads = grads(padded)
     assert want["train/grad_norm"] > 0
     for share in ("false", "true"):
-        packed = make_learner(tiny_model, *base, f"share_prompt_prefix={share}", f"micro_batch_tokens={BUDGET}")
+        packed = make_learner(
+            tiny_model, *base, f"learner.share_prompt_prefix={share}", f"learner.micro_batch_tokens={BUDGET}"
+        )
         assert packed.batcher.packed == "sdpa" and len(packed._micro_batches(samples)) > 1
         got = packed.train_step(samples)
         # the loss and gradient are exact whatever the split; per-micro-batch metrics (ratio max, means weighted
@@ -76,8 +84,8 @@ def test_packed_step_equals_padded_step(tiny_model, case):
 
 
 def test_packed_sequence_logprobs_equal_padded(tiny_model):
-    padded = make_learner(tiny_model, "share_prompt_prefix=false")
-    packed = make_learner(tiny_model, "micro_batch_tokens=30")
+    padded = make_learner(tiny_model, "learner.share_prompt_prefix=false")
+    packed = make_learner(tiny_model, "learner.micro_batch_tokens=30")
     samples = varied_samples(padded)
     prompts, comps = [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
     want, got = padded.sequence_logprobs(prompts, comps), packed.sequence_logprobs(prompts, comps)
@@ -100,39 +108,40 @@ def test_packed_micro_batches_fill_the_token_budget():
 def test_packing_refuses_a_model_whose_attention_ignores_the_segments(tiny_model):
     """transformers' own SDPA keeps packed sequences apart by their position ids, but not a completion that
     continues a shared prompt (its positions do not restart): the start-up check catches it."""
-    learner = make_learner(tiny_model, "micro_batch_tokens=64")
+    learner = make_learner(tiny_model, "learner.micro_batch_tokens=64")
     learner.model.get_base_model().set_attn_implementation("sdpa")
     with pytest.raises(RuntimeError, match="does not keep packed sequences apart.*micro_batch_tokens=0"):
         learner.batcher.check_packing(learner.model)
 
 
 def test_auto_packs_on_cpu_and_falls_back_to_padded_where_the_model_refuses(tiny_model, monkeypatch):
-    """micro_batch_tokens=null (auto, the default) packs a PEFT learner's rows (CPU and GPU budgets) and pads with
-    Unsloth and in deterministic GPU runs; where the model's attention would mix packed sequences, auto trains padded
-    with a warning and an explicit budget fails."""
-    from rl.config.resolve import CPU_PACKED_TOKENS, GPU_PACKED_TOKENS, build_from_overrides
+    """learner.micro_batch_tokens=null (auto, the default) packs a PEFT learner's rows (CPU and GPU budgets) and pads with
+    Unsloth and in deterministic GPU runs; where the model's attention would mix packed sequences, the learner trains
+    padded with a warning, whether auto chose the budget or the config gave it (resolved, either is a number; Unsloth,
+    whose attention would mix them, is refused packed rows at config load)."""
+    from rl.config.resolve import CPU_PACKED_TOKENS, GPU_PACKED_TOKENS, from_overrides
     from tests.helpers import LEARNER_TEST_OVERRIDES
 
     auto = make_learner(tiny_model)
-    assert auto.batcher.packed == "sdpa" and auto.spec.micro_batch_tokens == CPU_PACKED_TOKENS
+    assert auto.batcher.packed == "sdpa" and auto.cfg.learner.micro_batch_tokens == CPU_PACKED_TOKENS
 
     def gpu_tokens(*keys: str) -> int:
-        return build_from_overrides(
-            tiny_model, *LEARNER_TEST_OVERRIDES, "cluster.use_gpu=true", *keys
-        ).learner.micro_batch_tokens
+        cfg = from_overrides(str(tiny_model), *LEARNER_TEST_OVERRIDES, "cluster.use_gpu=true", *keys)
+        return cfg.learner.micro_batch_tokens
 
-    assert gpu_tokens("model.learner_backend=peft", "micro_batch_size=64") == GPU_PACKED_TOKENS
+    assert gpu_tokens("model.learner_backend=peft", "learner.micro_batch_size=64") == GPU_PACKED_TOKENS
     # never more than the padded micro-batch's worst case: 16 x (256 prompt + 32 new tokens) by default
     assert gpu_tokens("model.learner_backend=peft") == 16 * (256 + 32)
     assert gpu_tokens("model.learner_backend=unsloth") == 0
-    assert gpu_tokens("model.learner_backend=peft", "deterministic=true") == 0
-    assert gpu_tokens("model.learner_backend=peft", "micro_batch_tokens=0") == 0
+    assert gpu_tokens("model.learner_backend=peft", "run.deterministic=true") == 0
+    assert gpu_tokens("model.learner_backend=peft", "learner.micro_batch_tokens=0") == 0
     monkeypatch.setattr("rl.learner.packing.use_packed_attention", lambda model: None)  # plain SDPA: mixes them
-    with pytest.warns(UserWarning, match="micro_batch_tokens=auto: padded micro-batches"):
+    with pytest.warns(UserWarning, match=f"learner.micro_batch_tokens={CPU_PACKED_TOKENS}: padded micro-batches"):
         learner = make_learner(tiny_model)
     assert learner.batcher.packed is None and learner.train_step(varied_samples(learner))["train/loss"] != 0
-    with pytest.raises(RuntimeError, match="does not keep packed sequences apart"):
-        make_learner(tiny_model, "micro_batch_tokens=64")
+    with pytest.warns(UserWarning, match="micro_batch_tokens=64: padded.*does not keep packed sequences apart"):
+        explicit = make_learner(tiny_model, "learner.micro_batch_tokens=64")
+    assert explicit.batcher.packed is None
 
 
 @pytest.mark.parametrize("tokens", [0, BUDGET])
@@ -142,7 +151,7 @@ def test_a_step_reads_device_values_only_at_its_end(tiny_model, monkeypatch, tok
     none before, and in packed rows transformers reads none either (it gets the 4D placeholder mask instead of
     looking for packed sequences in the position ids). Padded rows keep transformers' own check of the padding
     mask (one per forward), which no argument avoids without giving up SDPA's causal kernel."""
-    learner = make_learner(tiny_model, f"micro_batch_tokens={tokens}", "micro_batch_size=4")
+    learner = make_learner(tiny_model, f"learner.micro_batch_tokens={tokens}", "learner.micro_batch_size=4")
     samples = varied_samples(learner)
     learner.train_step(samples)
     reads = []

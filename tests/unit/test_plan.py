@@ -242,7 +242,7 @@ def test_cli_plan_gpu_7b_prints_map_and_warns_when_it_does_not_fit(tmp_path):
         "plan_gpu_memory_gib=80",
         "model.max_prompt_tokens=512",
         "model.max_new_tokens=512",
-        "micro_batch_size=4",
+        "learner.micro_batch_size=4",
         f"hydra.run.dir={tmp_path / 'hydra_run'}",
     ]
     proc = run_train([*args, "model.load_in_4bit=true"], timeout=120)
@@ -253,7 +253,7 @@ def test_cli_plan_gpu_7b_prints_map_and_warns_when_it_does_not_fit(tmp_path):
     assert "7.616 B parameters" in out and "weights (4-bit NF4) 5.17 GiB" in out
     assert out.rstrip().endswith("fits (by this estimate)")
     assert not (tmp_path / "hydra_run").exists()  # nothing started, nothing written
-    small_gpu = run_train([*args, "plan_gpu_memory_gib=16", "micro_batch_size=16"], timeout=120)
+    small_gpu = run_train([*args, "plan_gpu_memory_gib=16", "learner.micro_batch_size=16"], timeout=120)
     assert small_gpu.returncode == 0, small_gpu.stderr
     assert "WARNING: GPU 2 (learner 0)" in small_gpu.stdout
     assert "WARNING: as configured it will not start or not fit" in small_gpu.stdout

@@ -97,10 +97,10 @@ def test_reward_config_takes_the_sandbox_limits():
 def test_bad_sandbox_config_fails_at_load_naming_the_key():
     from omegaconf import OmegaConf
 
-    from rl.config.schema import ConfigError, SandboxConfig
+    from rl.config.schema import TrainConfig
 
-    with pytest.raises(ConfigError, match="sandbox.cpu_s must be > 0"):
-        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SandboxConfig), {"cpu_s": 0}))
+    with pytest.raises(ValueError, match="sandbox.cpu_s must be > 0"):  # the `sandbox` group is SandboxLimits
+        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), {"sandbox": {"cpu_s": 0}}))
 
 
 def test_env_items_are_deterministic_distinct_and_held_out():

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from envs.boxed import boxed_contents, last_boxed
 from rewards.combine import WeightedSum
-from rewards.extract import boxed_contents, last_boxed
 from rewards.format import FormatReward
 from rewards.math import BoxedReward, ThinkAnswerReward, answers_match, normalize_answer
 

@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 
 from rl.config.schema import ConfigError, TrainConfig
 from rl.runtime.groups import LocalGroup, merge_learner_metrics, shard_groups
-from rl.runtime.pool import Runtime, VersionMismatch
+from rl.runtime.runtime import Runtime
+from rl.runtime.sync import VersionMismatch
 from rl.types import Completion, PromptRollout, Sampling, TrainSample
 
 
@@ -104,11 +105,14 @@ def typed(**overrides) -> TrainConfig:
 
 def test_batch_must_split_evenly_over_learners():
     with pytest.raises(ConfigError, match=r"prompts_per_step \* algorithm.group_size = 8 \* 8 = 64 .*num_learners=3"):
-        typed(prompts_per_step=8, algorithm={"group_size": 8}, cluster={"num_learners": 3})
+        typed(run={"prompts_per_step": 8}, algorithm={"group_size": 8}, cluster={"num_learners": 3})
     assert (
-        typed(prompts_per_step=12, algorithm={"group_size": 8}, cluster={"num_learners": 3}).cluster.num_learners == 3
+        typed(
+            run={"prompts_per_step": 12}, algorithm={"group_size": 8}, cluster={"num_learners": 3}
+        ).cluster.num_learners
+        == 3
     )
-    assert typed(prompts_per_step=8, cluster={"num_learners": 2}).cluster.num_learners == 2
+    assert typed(run={"prompts_per_step": 8}, cluster={"num_learners": 2}).cluster.num_learners == 2
 
 
 def test_local_mode_stays_one_learner():

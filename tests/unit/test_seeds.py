@@ -1,4 +1,4 @@
-"""Per-prompt sampling seeds (rl/data/prompts.py prompt_seed): derived from the run seed and the prompt's draw number, they
+"""Per-prompt sampling seeds (rl/seeds.py prompt_seed): derived from the run seed and the prompt's draw number, they
 travel with their prompt to whichever actor gets it (a dead actor's prompts, a stale sample's redo), so the
 samples of a prompt are the same whatever the placement, the staleness, the dynamic-sampling rounds or a resume;
 and HF generation with seeds is independent of the batch a prompt is in."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from rl.data.prompts import SEED_BITS, prompt_seed
+from rl.config.resolve import from_overrides
 from rl.runtime.groups import LocalGroup
-from rl.runtime.pool import Runtime
-from rl.config.resolve import RuntimeSpec
+from rl.runtime.runtime import Runtime
+from rl.seeds import SEED_BITS, prompt_seed
 from rl.types import Sampling
 from tests.unit.test_async import FakeActor, FakeLearner, run_loop
 
@@ -40,7 +40,8 @@ def test_prompt_seed_is_stable_distinct_and_in_range():
 def test_seeds_travel_with_their_prompts_to_a_live_actor_when_one_dies():
     log: list = []
     actors = [SeedActor(0, die_on=(1,), log=log), SeedActor(1, log=log)]
-    runtime = Runtime(LocalGroup(actors), LocalGroup([FakeLearner()]), RuntimeSpec(actor_max_restarts=1))
+    cfg = from_overrides("/m", "cluster.actor_max_restarts=1")
+    runtime = Runtime(LocalGroup(actors), LocalGroup([FakeLearner()]), cfg)
     prompts, seeds = [[1], [2], [3], [4]], [11, 12, 13, 14]
     rollouts = runtime.generate(prompts, Sampling(n=2), seeds)
     assert [r.prompt_ids[0] for r in rollouts] == [1, 2, 3, 4] and {r.actor for r in rollouts} == {1}
@@ -56,13 +57,15 @@ def test_learner_generation_gets_the_seeds_of_its_share():
             return super().generate(prompts, sampling, seeds)
 
     actor = SeedActor()
-    runtime = Runtime(LocalGroup([actor]), LocalGroup([SeedLearner()]), RuntimeSpec(learner_chunk_size=1))
+    cfg = from_overrides("/m", "cluster.learner_chunk_size=1")
+    runtime = Runtime(LocalGroup([actor]), LocalGroup([SeedLearner()]), cfg)
     runtime.generate([[1], [2], [3]], Sampling(n=1), [21, 22, 23])
     assert log == [("learner", 1, 21)] and actor.log == [(2, 22, 1), (3, 23, 1)]
 
 
 def train_seeds(tmp_path, actors, *, learner=None, staleness=0, steps=4, **kw) -> None:
-    runtime = Runtime(LocalGroup(actors), LocalGroup([learner or FakeLearner()]), RuntimeSpec(staleness, 1))
+    cfg = from_overrides("/m", f"cluster.staleness={staleness}", "cluster.actor_max_restarts=1")
+    runtime = Runtime(LocalGroup(actors), LocalGroup([learner or FakeLearner()]), cfg)
     run_loop(tmp_path, runtime, steps=steps, staleness=staleness, **kw)
 
 
@@ -110,12 +113,12 @@ def test_a_resumed_run_sends_the_seeds_of_an_uninterrupted_one(tmp_path):
 def test_hf_samples_of_a_seeded_prompt_do_not_depend_on_its_batch(tiny_model, rollout):
     """HFRollout and learner generation: prompt B sampled alone equals prompt B sampled after A (seeded); without
     seeds it does not (the per-prompt seed is drawn from one generator, so it depends on the prompts before)."""
-    from tests.helpers import make_learner, run_spec
+    from tests.helpers import make_learner
 
     if rollout == "hf":
         from rl.rollout.hf import HFRollout
 
-        engine = HFRollout(run_spec(tiny_model, "model.dtype=float32", "cluster.rollout_backend=hf").rollout)
+        engine = HFRollout(from_overrides(str(tiny_model), "model.dtype=float32", "cluster.rollout_backend=hf"))
     else:
         engine = make_learner(tiny_model)
     a, b = [1, 2, 3, 4, 5], [6, 7, 8, 9]

