@@ -20,6 +20,7 @@ Calling conventions (the caller passes one set of knobs to any entry):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -288,6 +289,10 @@ def importance_terms(
       one optimizer step (algorithm.updates_per_step = 1; the config enforces it).
     skip_threshold > 0: sequences whose mean token ratio pi_learner / pi_behaviour exceeds it get weight 0 (the
       ColossalChat seed documents this knob; here it is read). They still count in the loss normaliser.
+    mismatch_mask > 1: tokens whose pi_learner / pi_behaviour lies outside [1/mismatch_mask, mismatch_mask] get
+      weight 0 (IcePop, Ling Team 2025, "Every Step Evolves: Scaling RL for Trillion-Scale Thinking Model", eq. 4:
+      a token the two engines disagree on that much carries the mismatch's noise, not signal). They still count
+      in the loss normaliser.
     positive_weight != 1: the loss of samples with a positive advantage is scaled by it (W-REINFORCE, Zhu et al.
       2025, "The Surprising Effectiveness of Negative Reinforcement in LLM Reasoning", section 5: lambda = 0.1
       keeps most of the learning on pushing down wrong answers, which preserves the model's diversity).
@@ -308,6 +313,11 @@ def importance_terms(
             keep = (seq_ratio <= skip_threshold).to(logp.dtype)  # [B]
             weight = weight * keep.unsqueeze(1)
             metrics["policy/skipped_seq_frac"] = (1 - keep.mean()) if keep.numel() else 0.0
+        if knobs.mismatch_mask > 0:
+            band = math.log(knobs.mismatch_mask)
+            inside = (behaviour_log_ratio.abs() <= band).to(logp.dtype)  # [B, T]
+            weight = weight * inside
+            metrics["policy/mismatch_masked_frac"] = masked_mean(1 - inside, mask)
         if knobs.positive_weight != 1.0:
             positive = (advantages > 0).to(logp.dtype).unsqueeze(1)  # [B, 1]
             weight = weight * (1 + (knobs.positive_weight - 1) * positive)

@@ -84,6 +84,7 @@ class PolicyLossKnobs:
     tis_cap: float = 0.0  # truncated importance sampling: weight tokens by min(pi_learner/pi_actor, tis_cap) (0 off)
     skip_threshold: float = 0.0  # zero the loss of sequences whose mean pi_learner/pi_actor ratio exceeds this (0 off)
     positive_weight: float = 1.0  # scale the loss of positive-advantage samples (W-REINFORCE: 0.1; 1 = off)
+    mismatch_mask: float = 0.0  # zero the loss of tokens whose pi_learner/pi_actor is outside [1/x, x] (IcePop; 0 off)
 
     def __post_init__(self) -> None:
         check(self.clip_low >= 0 and self.clip_high >= 0, "algorithm.clip_low/clip_high must be >= 0")
@@ -96,6 +97,10 @@ class PolicyLossKnobs:
             "algorithm.tis_cap and algorithm.skip_threshold must be >= 0 (0 disables)",
         )
         check(self.positive_weight >= 0, f"algorithm.positive_weight must be >= 0 (got {self.positive_weight})")
+        check(
+            self.mismatch_mask == 0 or self.mismatch_mask > 1,
+            f"algorithm.mismatch_mask must be 0 (off) or > 1, the band [1/x, x] of kept ratios (got {self.mismatch_mask})",
+        )
 
 
 @dataclass

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rl import algorithms as alg
+from rl.config.schema import ConfigError
 from rl.config.schema import PolicyLossKnobs as Knobs
 from tests.unit import verl_reference
 
@@ -286,6 +287,26 @@ def test_truncated_importance_sampling_weights_and_skip_threshold():
     loss, m = alg.pg_loss(logp, old, adv, mask, agg=alg.agg_token_mean, knobs=Knobs(skip_threshold=1.2))
     assert float(loss.detach()) == approx(-2 * math.log(0.5) / 4)
     assert m["policy/skipped_seq_frac"] == approx(0.5)
+
+
+def test_mismatch_mask_zeroes_tokens_outside_the_ratio_band():
+    """IcePop: a token whose learner/actor ratio leaves [1/x, x] adds nothing to the loss or its gradient, and
+    still counts in the normaliser; tokens inside the band are untouched."""
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]))
+    logp = torch.log(torch.tensor([[1.0, 0.6, 0.5], [0.2, 0.5, 0.5]])).requires_grad_()  # ratios 2, 1.2, 1 | 0.4, 1, 1
+    mask, adv = torch.ones(2, 3), torch.tensor([1.0, 1.0])
+    knobs = Knobs(clip_low=10.0, clip_high=10.0, mismatch_mask=1.5)  # wide clip: only the mask acts
+    loss, m = alg.clipped_surrogate_loss(logp, old, adv, mask, agg=alg.agg_token_mean, knobs=knobs)
+    assert float(loss.detach()) == approx(-(1.2 + 1 + 1 + 1) / 6)  # ratios 2 and 0.4 are out of [2/3, 1.5]
+    assert m["policy/mismatch_masked_frac"] == approx(2 / 6)
+    loss.backward()
+    assert logp.grad.flatten().tolist() == approx([0.0, -1.2 / 6, -1 / 6, 0.0, -1 / 6, -1 / 6])
+    unmasked, m = alg.clipped_surrogate_loss(logp, old, adv, mask, agg=alg.agg_token_mean, knobs=Knobs(10.0, 10.0))
+    assert (
+        float(unmasked.detach()) == approx(-(2 + 1.2 + 1 + 0.4 + 1 + 1) / 6) and "policy/mismatch_masked_frac" not in m
+    )
+    with pytest.raises(ConfigError, match=r"algorithm.mismatch_mask must be 0 \(off\) or > 1"):
+        Knobs(mismatch_mask=0.5)
 
 
 # ----------------------------------------------------------------------------------------------- against verl
