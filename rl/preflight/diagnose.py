@@ -42,7 +42,7 @@ def explain(role: str, cause: str, cfg: TrainConfig, failed: str = "failed to st
 def _kv_need(cfg: TrainConfig) -> tuple[float, int, int]:
     """(KV bytes, sequences, tokens each) one actor needs to hold the step's sequences at once (0 bytes when the
     model's shape is unknown)."""
-    from rl.preflight.plan import DTYPE_BYTES, load_shape
+    from rl.preflight.shapes import DTYPE_BYTES, load_shape
 
     seqs = math.ceil(cfg.run.prompts_per_step * cfg.algorithm.group_size / cfg.cluster.num_actors)
     seq_len = cfg.max_seq_length
@@ -141,7 +141,7 @@ def _kv_too_small(cause: str, cfg: TrainConfig) -> str | None:
         seq_len, needed, have = int(m.group(1)), float(m.group(2)), float(m.group(3))
         suggestion = ""
         if not cfg.cluster.use_gpu:
-            from rl.preflight.plan import numa_node_memory
+            from rl.preflight.machine import numa_node_memory
 
             total = numa_node_memory().total / GiB
             suggestion = f"={math.ceil(100 * (f + 1.1 * (needed - have) / total)) / 100:g}"
@@ -205,7 +205,9 @@ def _cpu_kv_hint(cfg: TrainConfig) -> str:
     that the share leaves none, else ''."""
     if cfg.cluster.use_gpu or cfg.cluster.rollout_backend.value != "vllm":
         return ""
-    from rl.preflight.plan import DTYPE_BYTES, load_shape, numa_node_memory, vllm_cpu_fraction, vllm_cpu_non_kv_bytes
+    from rl.preflight.machine import numa_node_memory
+    from rl.preflight.plan import vllm_cpu_fraction, vllm_cpu_non_kv_bytes
+    from rl.preflight.shapes import DTYPE_BYTES, load_shape
 
     try:
         shape, _ = load_shape(cfg.model.path)
@@ -231,11 +233,13 @@ def _plan_memory(cfg: TrainConfig) -> str:
     """'plan=true estimates actor X GiB, learner Y GiB of a Z GiB GPU; ' for a run's config, or ''."""
     try:
         from rl.preflight import plan
+        from rl.preflight.machine import detect_gpus
+        from rl.preflight.shapes import load_shape
 
-        shape, _ = plan.load_shape(cfg.model.path)
+        shape, _ = load_shape(cfg.model.path)
         if shape is None:
             return ""
-        found = plan.detect_gpus()
+        found = detect_gpus()
         device = found[1] if found else plan.ASSUMED_GPU_GIB * GiB
         m, c = cfg.model, cfg.cluster
         roles = plan.estimate_memory(

@@ -1,7 +1,7 @@
 """Preflight plan: `python train.py ... plan=true` prints the GPU map and a memory estimate per role, then exits.
 
-Past 400 lines because the estimate is written out term by term (each term below is one function, with its
-source), so that a wrong number can be traced to the term that made it.
+The estimate is written out term by term (each term below is one function, with its source), so that a wrong
+number can be traced to the term that made it; the model's shapes are shapes.py's, the machine's memory machine.py's.
 
 Nothing starts (no Ray, no vLLM, no torch): the model's shapes come from its config.json (a local folder, the
 converted embedded model, or the local Hugging Face cache for a hub id). `estimate_memory` is a pure function of
@@ -32,21 +32,17 @@ What is counted, in bytes (an estimate: allocator slack, CUDA context and fragme
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rl.config.resolve import resolve_lora_mode, resolve_micro_batch_tokens
 from rl.config.schema import ConfigError
+from rl.preflight.machine import detect_gpus, numa_node_memory, ram_bytes
+from rl.preflight.shapes import DTYPE_BYTES, ModelShape, load_shape
 
 GiB = 1024**3
-NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)  # 4-bit code + 8-bit absmax per 64 + fp32 per 256 absmax blocks = 4.127
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 VLLM_PROFILE_TOKENS = 8192  # tokens in vLLM's profiling forward (its default max_num_batched_tokens order)
 VLLM_PROFILE_SEQS = 256  # sequences whose last-token logits the profiling run computes (max_num_seqs default)
 ASSUMED_GPU_GIB = 80.0  # when neither plan_gpu_memory_gib nor nvidia-smi says
@@ -55,130 +51,6 @@ ASSUMED_GPU_GIB = 80.0  # when neither plan_gpu_memory_gib nor nvidia-smi says
 # models from 7M to 0.4B parameters (docs/benchmarks.md); larger models are overestimated
 VLLM_CPU_BASE_BYTES = 0.70 * GiB
 VLLM_CPU_WEIGHT_FACTOR = 1.6
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The shapes of a decoder-only transformer (Llama/Qwen/Mistral style) that size its memory."""
-
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied_embeddings: bool = True
-    qkv_bias: bool = False
-    dtype: str = "bfloat16"  # the checkpoint's dtype (config.json torch_dtype / dtype)
-    name: str = ""
-
-    @classmethod
-    def from_hf_config(cls, cfg: dict, name: str = "") -> ModelShape:
-        cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg  # multimodal wrappers
-        experts = [k for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)]
-        if experts:
-            raise ValueError(
-                f"{name or 'the model'} is a mixture of experts ({experts[0]}): not sized by this estimate"
-            )
-        try:
-            hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-            return cls(
-                layers=int(cfg["num_hidden_layers"]),
-                hidden=hidden,
-                intermediate=int(cfg["intermediate_size"]),
-                heads=heads,
-                kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
-                vocab=int(cfg["vocab_size"]),
-                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                # Qwen2 always has q/k/v biases and has no attention_bias key; Llama's says
-                qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
-                dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
-                name=name or str(cfg.get("_name_or_path") or cfg.get("model_type", "")),
-            )
-        except KeyError as e:
-            raise ValueError(f"config.json of {name or 'the model'} has no {e.args[0]}: not a decoder-only LM") from e
-
-    @property
-    def q_dim(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    def module_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in, out) features of each linear layer of a block, by the module names LoRA targets use."""
-        h, i = self.hidden, self.intermediate
-        return {
-            "q_proj": (h, self.q_dim),
-            "k_proj": (h, self.kv_dim),
-            "v_proj": (h, self.kv_dim),
-            "o_proj": (self.q_dim, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
-
-    @property
-    def block_linear_weights(self) -> int:
-        """Weights of the blocks' linear layers (what 4-bit quantises), biases excluded."""
-        return self.layers * sum(a * b for a, b in self.module_shapes().values())
-
-    @property
-    def params(self) -> int:
-        bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
-        norms = self.layers * 2 * self.hidden + self.hidden
-        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return self.block_linear_weights + self.layers * bias + norms + embeddings
-
-    def lora_params(self, rank: int, targets: list[str]) -> int:
-        shapes = self.module_shapes()
-        unknown = [t for t in targets if t not in shapes]
-        if unknown:
-            raise ConfigError(f"model.lora_targets: {unknown} are not modules of this model; valid: {list(shapes)}")
-        return self.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
-
-    def flops_per_token(self, *, train: bool = False) -> int:
-        """Matmul FLOPs per token, 2N forward and 6N forward + backward (Kaplan et al. 2020, sec. 2.1), for
-        projecting throughput; attention's sequence-length term is left out. With LoRA the backward still
-        propagates through every frozen weight, so 6N holds to within the adapter's share."""
-        return (6 if train else 2) * self.params
-
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.layers * self.kv_dim * dtype_bytes
-
-    def weight_bytes(self, dtype_bytes: float, load_in_4bit: bool = False) -> float:
-        if load_in_4bit:
-            return self.block_linear_weights * NF4_BITS / 8 + (self.params - self.block_linear_weights) * 2
-        return self.params * dtype_bytes
-
-
-def load_shape(path: str) -> tuple[ModelShape | None, str]:
-    """Shapes for `model.path` without loading the model: (shape, where config.json came from) or (None, why
-    not). A local path that is not a model folder is a ConfigError (the run would fail the same way)."""
-    from rl import model_path as models
-
-    if path.startswith("embedded:"):
-        name = path.removeprefix("embedded:")
-        if name not in models.EMBEDDED:
-            models.embedded_gguf(name)  # raises the ConfigError listing the embedded models
-        cfg_file = models.cache_dir() / "models" / models.EMBEDDED[name][2] / "config.json"
-        if not cfg_file.is_file():
-            return None, f"{path} is not converted yet (the first run converts it, about 25 s)"
-    elif path.startswith(("/", ".", "~")) or Path(path).expanduser().exists() or path.count("/") != 1:
-        cfg_file = Path(models.resolve_model_path(path)) / "config.json"  # validates the folder
-    else:
-        try:
-            from huggingface_hub import try_to_load_from_cache
-        except ImportError:
-            return None, "huggingface_hub is not installed"
-        found = try_to_load_from_cache(path, "config.json")
-        if not isinstance(found, str):
-            return None, f"no config.json for {path} in the local HF cache (`hf download {path} config.json`)"
-        cfg_file = Path(found)
-    return ModelShape.from_hf_config(json.loads(cfg_file.read_text()), name=path), str(cfg_file)
 
 
 @dataclass
@@ -339,30 +211,6 @@ def gpu_map(num_actors: int, gpus_per_actor: float, num_learners: int, gpus_per_
     return gpus
 
 
-def detect_gpus() -> tuple[int, float, str] | None:
-    """(count, memory bytes of the first GPU, its name) from nvidia-smi, or None without one."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    rows = [r.rsplit(",", 1) for r in out.splitlines() if "," in r]
-    try:
-        return (len(rows), float(rows[0][1]) * 1024**2, rows[0][0].strip()) if rows else None
-    except ValueError:  # "[N/A]" and the like
-        return None
-
-
-def ram_bytes() -> float:
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
 def vllm_cpu_non_kv_bytes(weights: float) -> float:
     """What a vLLM CPU engine's process uses when it sizes its KV cache, for `weights` bytes of weights (the
     estimate behind VLLM_CPU_BASE_BYTES; a failed start reports the real number, see rl/preflight/diagnose.py)."""
@@ -374,75 +222,6 @@ def vllm_cpu_fraction(non_kv: float, kv_needed: float, node_total: float, headro
     bytes holds an engine that uses `non_kv` bytes before its KV cache plus `kv_needed` bytes of KV cache, with
     `headroom` on the engine's own part (its use varies a little from start to start)."""
     return min(1.0, math.ceil(100 * (non_kv * headroom + kv_needed) / node_total - 1e-9) / 100)
-
-
-@dataclass(frozen=True)
-class NodeMemory:
-    """One NUMA node's memory as vLLM's CPU worker reads it (vllm/utils/cpu_resource_utils.py
-    get_memory_node_info): the total it takes cluster.gpu_memory_utilization of, and what it may still allocate."""
-
-    node: int
-    total: float
-    available: float
-
-
-def numa_node_memory(cpu: int | None = None, sys_root: str = "/sys") -> NodeMemory:
-    """The memory of the NUMA node of `cpu` (default: the first CPU this process may run on, which is where a CPU
-    engine started from it allocates): MemTotal, and MemFree + Active(file) + Inactive(file) + SReclaimable as
-    available, both capped by the cgroup memory limit; without NUMA nodes in sysfs, the machine's RAM."""
-    root = Path(sys_root)
-    if cpu is None:
-        cpu = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
-    node_dirs = sorted(root.glob("devices/system/node/node[0-9]*"), key=lambda d: int(d.name[4:]))
-    node = next((int(d.name[4:]) for d in node_dirs if cpu in _id_list((d / "cpulist").read_text())), None)
-    meminfo = root / f"devices/system/node/node{node}/meminfo"
-    if node is not None and meminfo.is_file():
-        info = {}
-        for line in meminfo.read_text().splitlines():  # "Node 0 MemTotal:       16083148 kB"
-            parts = line.split()
-            if len(parts) >= 4:
-                info[parts[2].rstrip(":")] = int(parts[3]) * 1024
-        total = float(info["MemTotal"])
-        available = float(sum(info.get(k, 0) for k in ("MemFree", "Active(file)", "Inactive(file)", "SReclaimable")))
-    else:
-        node, total = 0, ram_bytes()
-        available = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
-    limit, usage = _cgroup_memory(root)
-    if limit is not None and limit < total:
-        total = float(limit)
-        available = max(0.0, min(available, limit - (usage or 0)))
-    return NodeMemory(node, total, available)
-
-
-def _id_list(text: str) -> set[int]:
-    """'0-2,4' -> {0, 1, 2, 4}."""
-    out: set[int] = set()
-    for part in text.strip().split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out.update(range(int(a), int(b) + 1))
-        elif part:
-            out.add(int(part))
-    return out
-
-
-def _cgroup_memory(root: Path) -> tuple[int | None, int | None]:
-    """(limit, usage) of this process's memory cgroup, v2 or v1, as vLLM reads them; (None, None) if unlimited."""
-
-    def read(rel: str) -> int | None:
-        try:
-            text = (root / rel).read_text().strip()
-            return int(text) if text and text != "max" else None
-        except (OSError, ValueError):
-            return None
-
-    v2 = read("fs/cgroup/memory.max")
-    if v2 is not None:
-        return v2, read("fs/cgroup/memory.current")
-    v1 = read("fs/cgroup/memory/memory.limit_in_bytes")
-    if v1 is not None and v1 < (1 << 62):
-        return v1, read("fs/cgroup/memory/memory.usage_in_bytes")
-    return None, None
 
 
 def plan_for_config(cfg: Any, shape: ModelShape, device_bytes: float) -> dict[str, RoleMemory]:
