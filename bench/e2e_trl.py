@@ -14,7 +14,7 @@ reasoning-gym chain_sum prompts x 8 completions, at most 32 new tokens, temperat
 sequence (TRL loss_type="grpo"), KL to the reference (adapter disabled) with coefficient 0.01, lr 2e-4, micro-
 batches of 16 samples (TRL: per_device_train_batch_size=16 x gradient_accumulation_steps=4 = one 64-completion
 generation batch per optimizer step; ours on CPU packs them into rows of up to 4096 tokens, its default there,
-`micro_batch_tokens` auto: the same samples, loss and optimizer step without padding), no gradient checkpointing
+`learner.micro_batch_tokens` auto: the same samples, loss and optimizer step without padding), no gradient checkpointing
 (ours has none), the task's own reasoning-gym scorer (rewards.reasoning_gym.ReasoningGymScore) as the only reward.
 TRL generates with its default path, transformers `generate` on the training model (use_vllm=False); on CPU its
 Triton fused LM head is replaced by the plain-torch `TorchLogProbs` (it cannot run on CPU; see that class);
@@ -75,9 +75,9 @@ GPU_MEMORY = 0.3
 @dataclass(frozen=True)
 class Ours:
     """Our side's settings: on a GPU the `learner` backend (16-bit) and the adapter sync (cluster.weight_sync); on
-    either device `packed_tokens` is `micro_batch_tokens`: None the config's auto (a PEFT learner packs rows, 4096
-    tokens on CPU and 16384 on a GPU; Unsloth pads), 0 padded micro-batches of `Work.micro` sequences, N > 0 rows of
-    up to N tokens (the same samples and loss, fewer and fuller forwards)."""
+    either device `packed_tokens` is `learner.micro_batch_tokens`: None the config's auto (a PEFT learner packs
+    rows, 4096 tokens on CPU and 16384 on a GPU; Unsloth pads), 0 padded micro-batches of `Work.micro` sequences,
+    N > 0 rows of up to N tokens (the same samples and loss, fewer and fuller forwards)."""
 
     learner: str = "peft"
     sync: str = "object_store"

@@ -13,7 +13,7 @@ their logits upcast to fp32, as ours), backward, grad-norm clip, AdamW step (a l
 behaviour logprobs, no clipping ratio, no entropy or other metrics).
 Our sides: `ours_full` (padded micro-batches of --micro-batch-size, full forward as raw: the ratio is our
 overhead), `ours_shared` (padded, each group's prompt run once through the KV cache: today's default),
-`ours_packed` and `ours_packed_shared` (`micro_batch_tokens`: rows of up to --micro-batch-tokens tokens without
+`ours_packed` and `ours_packed_shared` (`learner.micro_batch_tokens`: rows of up to --micro-batch-tokens tokens without
 padding, rl/learner/packing.py; the second with each prompt once per row), `ours_full_no_entropy` (what the entropy
 metric costs), `ours_shared_sdpa` (ours_shared with SDPA everywhere instead of the CPU learner's eager attention
 for short sequences, rl/learner/attention.py). kl_coef=0 on our sides unless `--kl` (the demo's GRPO, 0.01, adds a

@@ -214,7 +214,7 @@ def diagnose(r, prompts: list[list[int]], sampling, args) -> dict:
 
     variants = {
         "ours": r.generate,
-        "engine_detokenize_dict_logprobs": direct(logprobs=0),  # our generate before 2026-11-29
+        "engine_detokenize_dict_logprobs": direct(logprobs=0),  # vLLM detokenises and builds per-token logprob dicts
         "no_logprobs": direct(),  # raw vLLM's SamplingParams, on our engine and adapter
         "no_logprobs_no_detokenize": direct(detokenize=False),
     }

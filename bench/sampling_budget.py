@@ -2,7 +2,7 @@
 curriculum vs dynamic sampling).
 
 Reads each run's metrics.jsonl and summary.json: cumulative generated tokens (data/generated_tokens, every
-dynamic-sampling round included), held-out greedy accuracy at each evaluation (eval_interval), prompts skipped by a
+dynamic-sampling round included), held-out greedy accuracy at each evaluation (eval.interval), prompts skipped by a
 curriculum, wall time. The budget is the smallest total any run generated; each run's accuracy at the budget is its
 last evaluation at or below it. Prints a markdown table.
 """

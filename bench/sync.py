@@ -10,14 +10,15 @@ Per rank and lora_mode it runs `Runtime.sync()` as the driver does (learner 0's 
   learner_serialize_s   safetensors bytes (in the learner)
   to_driver_s           Ray call + result transfer learner -> driver, minus the two above
   to_actor_s            ray.put + call to the actor, minus the actor's own load time
-  merged mode (inside the vLLM worker, through `collective_rpc` of an instrumented copy of rl/vllm_ext.py's merge):
+  merged mode (inside the vLLM worker, through `collective_rpc` of an instrumented copy of rl/rollout/vllm_ext.py's
+  merge):
     rpc_s (engine IPC round trip), worker_deserialize_s, worker_delta_s (B @ A), worker_payload_s (W0 + dW),
     worker_reload_s (vLLM layerwise reload: load_weights + CPU weight repacking), reset_prefix_cache_s
   native mode: write_files_s, and first_generate_extra_s (vLLM loads a LoRARequest lazily, at its first use:
     a 1-token generate right after the load, minus the same generate again).
 The prototypes (merged mode, same actor and learner): 1. the learner's ObjectRef handed straight to the actor
 (no copy through the driver); 2. the adapter sent in bf16 (half the bytes; the merged weights are bf16 anyway);
-3. W0 + s * B @ A as one fused fp32 addmm per module in the worker (no separate delta pass).
+3. W0 + s * B @ A as one fused addmm per module in the worker (no separate delta pass; what the actor runs).
 The step share: a demo-shaped step on the same actors (8 prompts x 8 samples x 32 tokens, GRPO with the k3 KL,
 rank 16) through rl.runtime.runtime.Runtime: generate, train_step, sync, probe; and, with --metrics, the mean
 time/sync_s / time/step_s of a real run's metrics.jsonl.
@@ -84,8 +85,8 @@ class BenchLearner(Learner):
 
 
 def timed_merge(worker, config: dict, weights: bytes) -> dict:
-    """The unfused merge rl/vllm_ext.py used before the fused addmm (all deltas B @ A, then W0.float() + delta), with a
-    timer around each part; the reload is the extension's own (runs in the worker)."""
+    """The unfused merge, the baseline of the fused addmm (all deltas B @ A, then W0.float() + delta), with a timer
+    around each part; the reload is the extension's own (runs in the worker)."""
     from safetensors.torch import load as load_safetensors
 
     from bench.common import lora_deltas
@@ -115,9 +116,9 @@ def timed_merge(worker, config: dict, weights: bytes) -> dict:
 
 
 def fused_merge(worker, config: dict, weights: bytes) -> dict:
-    """The production merge (rl/vllm_ext.py, formerly PROTOTYPE 3) with W0 + s * B @ A as one fp32 `addmm` per module (no separate delta tensor, one
-    pass instead of three: B @ A, W0.float() + delta, and the dict of deltas in between); same maths and rounding
-    (one final cast to the base dtype). Timed like `timed_merge`; the reload is unchanged."""
+    """The production merge (rl/rollout/vllm_ext.py `merged_payload`, prototype 3): W0 + s * B @ A as one `addmm`
+    per module in the weights' dtype (`merge_lora`; no separate delta tensor, one pass instead of three: B @ A,
+    W0.float() + delta, and the dict of deltas in between). Timed like `timed_merge`; the reload is the same."""
     from safetensors.torch import load as load_safetensors
 
     from rl.rollout.vllm_ext import lora_factors, merged_payload
@@ -238,8 +239,8 @@ def demo_step(ray, runtime, prompts, version: int) -> dict:
 
 
 def merge_math_micro(path: str, rank: int, repeats: int) -> dict:
-    """The actor's merge arithmetic alone, in this process (no engine, no IPC), timed in turns: rl/vllm_ext.py's
-    `lora_deltas` + `W0.float() + dW` (the first version) against one fused fp32 `addmm` per module, and against
+    """The actor's merge arithmetic alone, in this process (no engine, no IPC), timed in turns: bench/common.py's
+    `lora_deltas` + `W0.float() + dW` (the unfused form) against one fused fp32 `addmm` per module, and against
     `merge_lora` (what the actor runs: one addmm in the weights' dtype), on the model's real projection weights and a
     random rank-`rank` adapter on all 7 projections. Checks that the fp32 forms give bit-identical merged weights and
     counts how many elements the weight-dtype merge rounds differently (and by how much)."""

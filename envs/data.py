@@ -2,7 +2,7 @@
 
 Sources are local jsonl/json/parquet files (the seed format or any rows with a prompt and an answer field) or
 Hugging Face Hub datasets (envs/hf.py). Shuffling and sharding are deterministic by seed. Prompts longer than
-model.max_prompt_tokens are dropped and counted by the driver (rl/driver.py PromptData), never truncated.
+model.max_prompt_tokens are dropped and counted (rl/data/prompts.py PromptData), never truncated.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ turn (outcome) and the env's per-episode terms (`episode.terms`, name -> value) 
 of verifiers' MultiTurnEnv (`env_response` / `is_completed`) and SkyRL-Gym's `init` / `step`.
 
 The env runs where the episodes run: each rollout actor builds its own copy from the env's config (a `_target_`
-node, carried in a frozen spec), so an env and its tools hold plain data and are built from keyword arguments.
+node, carried in rl/types.py's EpisodeSpec), so an env and its tools hold plain data and are built from keyword
+arguments.
 """
 
 from __future__ import annotations

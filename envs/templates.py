@@ -1,7 +1,7 @@
 """Prompt templates: a system prompt and a user-message pattern, by name or given in full.
 
-The chat template itself (special tokens, generation prompt) is the tokenizer's: the driver applies it once
-when it tokenises prompts (model.use_chat_template). Environments only build the chat messages.
+The chat template itself (special tokens, generation prompt) is the tokenizer's: it is applied once, when the
+prompts are tokenised (rl/data/prompts.py, model.use_chat_template). Environments only build the chat messages.
 """
 
 from __future__ import annotations

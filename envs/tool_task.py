@@ -42,7 +42,7 @@ class ToolEnv:
         max_calls_per_turn: int = 4,
         system_prompt: str | None = None,
     ):
-        parse_tool_calls("", tool_format)  # an unknown format fails here, at config load
+        parse_tool_calls("", tool_format)  # an unknown format fails here, when the env is built (before the run starts)
         self.inner, self.tool_format = inner, tool_format
         self.tools: dict[str, Tool] = {t.name: t for t in (get_tool(n) for n in tools)}
         self.max_turns, self.max_episode_tokens, self.max_calls_per_turn = (

@@ -5,11 +5,11 @@ directory, `<run dir>/logs/actor0.log`, `learner0.log`, ...; the driver's log re
 The console shows the run's own lines (start-up, steps, evaluations, one-line errors) and, once the roles are
 running, the roles' warnings and errors, each prefixed with its role (`[actor0] WARNING ...`), without colour codes.
 The roles' start-up chatter (vLLM's configuration, Ray's notices) stays in the files; a role that fails to start
-ends the run with one line (rl/preflight/diagnose.py). `verbose=true` shows every line of every role as it comes.
+ends the run with one line (rl/preflight/diagnose.py). `run.verbose=true` shows every line of every role as it comes.
 
 - A role's process redirects its stdout and stderr (file descriptors 1 and 2, so the vLLM engine processes it
   starts write there too) when rl/__init__.py sees `RLFT_LOG_FILE` in its environment (rl/runtime/placement.py sets it
-  per role). rl/preflight/diagnose.py's OutputMark reads a failed engine's output back from that file.
+  per role). rl/errors.py's OutputMark reads a failed engine's output back from that file.
 - The driver follows the files (`LogFollower`, a thread) and prints the lines it selects. On a cluster the files
   are written on each role's node: the driver sees those of other nodes only where the run directory is shared.
 """

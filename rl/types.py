@@ -105,8 +105,7 @@ class TrainedPolicy:
 @dataclass(frozen=True)
 class EpisodeSpec:
     """A multi-turn environment as each rollout actor builds and runs it (envs/protocol.py, rl/rollout/episodes.py);
-    filled from `env` by the resolve step
-    (rl/config/resolve.py); it travels to every rollout actor."""
+    filled from `env` by the resolve step (rl/config/resolve.py); it travels to every rollout actor."""
 
     env: str  # the env's config as JSON (`_target_` and keyword arguments, interpolations resolved)
     max_turns: int  # env.max_turns

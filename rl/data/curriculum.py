@@ -168,7 +168,7 @@ class PassRateCurriculum:
 class DifficultyCurriculum:
     """Raises a reasoning-gym task's level when its recent accuracy reaches raise_at (see the module docstring).
 
-    task: envs.reasoning_gym.TaskCurriculum (level, max_level, raise_level(), set_level(), train_items()).
+    task: envs.reasoning_gym.TaskCurriculum (name, level, max_level, set_level(), train_items()).
     make_data: turns items into PromptData (tokenised as the run's other prompts)."""
 
     def __init__(self, cfg: TrainConfig, task: Any, make_data: Callable[[list[dict]], PromptData]):

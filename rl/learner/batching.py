@@ -71,7 +71,7 @@ def micro_batches(samples: list[TrainSample], size: int, share_prompt_prefix: bo
 class Batcher:
     """Tensors of a micro-batch on the learner's device, and the logprobs of its completion tokens.
 
-    packed: None (right-padded micro-batches of `micro_batch_size` samples) or the packed attention backend
+    packed: None (right-padded micro-batches of `learner.micro_batch_size` samples) or the packed attention backend
     ("sdpa" / "varlen", packing.py) for micro-batches of at most `budget` tokens in one row."""
 
     def __init__(

@@ -28,10 +28,11 @@ from rl.types import Adapter, PromptRollout, Sampling, TrainSample
 
 
 def shares_prompt(packed: bool, checkpointing: bool, device: torch.device) -> bool:
-    """Whether `share_prompt_prefix` can apply: a packed row holds a group's prompt once, always; padded micro-batches
-    share it through a KV cache, which needs use_cache in training (Unsloth's gradient checkpointing forbids it) and
-    pays only on CPU: on an H200, at 32 prompts x 8, it made the learner step 29 s in train.py, and alone it did not
-    finish four steps in eight minutes where the plain padded forward took 3 s a step (docs/benchmarks.md)."""
+    """Whether `learner.share_prompt_prefix` can apply: a packed row holds a group's prompt once, always; padded
+    micro-batches share it through a KV cache, which needs use_cache in training (Unsloth's gradient checkpointing
+    forbids it) and pays only on CPU: on an H200, at 32 prompts x 8, it made the learner step 29 s in train.py, and
+    alone it did not finish four steps in eight minutes where the plain padded forward took 3 s a step
+    (docs/benchmarks.md)."""
     return packed or (not checkpointing and device.type == "cpu")
 
 

@@ -6,7 +6,7 @@ tokens) no forward, backward or LM-head work is spent on pad positions. Position
 and the attention sees the row as separate segments:
 
 - plain: `[p1 c1 | p2 c2 | ...]`, each segment causal over itself.
-- shared prompt (`share_prompt_prefix`): `[p c1 c2 ... cG | ...]`: a group's prompt once, then its completions;
+- shared prompt (`learner.share_prompt_prefix`): `[p c1 c2 ... cG | ...]`: a group's prompt once, then its completions;
   a completion attends to its prompt and to its own earlier tokens, and its positions continue from the prompt's.
   The same values as G full forwards (the prompt's states are the same in each), computed once.
 
@@ -233,7 +233,7 @@ def varlen_kernel() -> str | None:
 
 
 def resolve_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
-    """`packed_attention` auto|sdpa|varlen -> sdpa or varlen for this process: varlen needs a kernel, and flash
+    """`learner.packed_attention` auto|sdpa|varlen -> sdpa or varlen for this process: varlen needs a kernel, and flash
     kernels take 16-bit inputs only."""
     half = dtype in (torch.bfloat16, torch.float16)
     if name == "sdpa" or (name == "auto" and (device.type != "cuda" or varlen_kernel() is None or not half)):

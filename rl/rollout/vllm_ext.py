@@ -9,8 +9,8 @@ W = W0 + (alpha / r) * B @ A for every targeted projection. Two ways to write W:
 - otherwise through vLLM's layerwise reload (`merged_payload`: CPU, where the weights are repacked into GEMM handles;
   tensor parallel; quantized layers), which re-runs the kernels' weight packing; untargeted siblings of a fused layer
   (q/k/v in qkv_proj, gate/up in gate_up_proj) are sent with their base values so every fused layer is complete.
-vLLM's native LoRA path (`LoRARequest`, `lora_mode=native`) applies the adapter at every decode step instead, which
-decodes slower on both CPU and GPU (docs/benchmarks.md).
+vLLM's native LoRA path (`LoRARequest`, `cluster.lora_mode=native`) applies the adapter at every decode step
+instead, which decodes slower on both CPU and GPU (docs/benchmarks.md).
 
 Loaded by vLLM inside its worker process (`LLM(worker_extension_cls="rl.rollout.vllm_ext.LoraMergeExtension")`) and
 called through `llm.collective_rpc("rlft_merge_adapter", args=(...))`; method names carry an `rlft_` prefix so

@@ -151,7 +151,7 @@ def start_ray(address: str | None, num_cpus: int | None, verbose: bool = True) -
     # keep the user's PYTHONPATH after ours: packages installed with `pip --target` (the GPU machine) live there
     pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
     runtime_env = {"env_vars": {"PYTHONPATH": pythonpath}}
-    os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # what Ray streams (verbose=true) comes without colour codes
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # what Ray streams (run.verbose=true) comes without colour codes
     ray_logger, level = logging.getLogger("ray"), logging.getLogger("ray").level
     if not verbose:  # Ray's notices while it starts (token auth, ...) are left out; its errors still show
         ray_logger.setLevel(logging.ERROR)
@@ -260,8 +260,8 @@ Role = tuple[type, dict[str, str]]  # (class, environment of its process); its c
 
 
 def build_ray_runtime(cfg: TrainConfig, *, rollout: Role, learner: Role) -> Runtime:
-    """Place and start the roles. Rollout actors are restarted by Ray up to `actor_max_restarts` times, with no
-    task retries: a call in flight when one dies fails, and the Runtime sends its work to a live actor. Learners
+    """Place and start the roles. Rollout actors are restarted by Ray up to `cluster.actor_max_restarts` times, with
+    no task retries: a call in flight when one dies fails, and the Runtime sends its work to a live actor. Learners
     are never restarted (their optimizer state would be lost): a learner's death ends the run."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -272,7 +272,7 @@ def build_ray_runtime(cfg: TrainConfig, *, rollout: Role, learner: Role) -> Runt
 
     def wait_ready(
         role: str,
-    ) -> None:  # a constructor's error (model load, engine start), role named: rl/preflight/diagnose.py
+    ) -> None:  # a constructor's error (model load, engine start), role named; rl/app.py has it explained
         for i, h in enumerate(handles[role]):
             try:
                 ray.get(h.__ray_ready__.remote())
