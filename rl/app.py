@@ -102,6 +102,7 @@ def build_runtime(cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
     c = cfg.cluster
     if c.mode == ClusterMode.local:
         os.environ.update(actor_env(cfg) | deterministic_env(cfg))
+        prepare_actor_base(cfg, remote=False)
         if not cfg.run.verbose:  # the roles share the driver's console here: vLLM's own INFO lines are left out
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if cfg.model.learner_backend == "unsloth":  # too late to come first here (torch is loaded); models.py warns
@@ -115,6 +116,7 @@ def build_runtime(cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
 
     started = placement.start_ray(c.address, c.ray_num_cpus, cfg.run.verbose)
     try:
+        prepare_actor_base(cfg, remote=True)
         runtime = placement.build_ray_runtime(
             cfg, rollout=(rollout_class(cfg), actor_env(cfg)), learner=(Learner, learner_env(cfg))
         )
@@ -127,6 +129,31 @@ def build_runtime(cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
         placement.stop_ray(started)
 
     return runtime, teardown
+
+
+def prepare_actor_base(cfg: TrainConfig, *, remote: bool) -> None:
+    """Beside a 4-bit learner (model.actor_base=learner) the actors load its NF4 base dequantized
+    (`model.actor_path`, rl/learner/quantized_base.py): made here once, in a GPU process that loads the model as the
+    learner does, before any role starts (the engines measure free GPU memory while they start). Cached after."""
+    from pathlib import Path
+
+    m = cfg.model
+    if m.actor_path in (None, m.path) or (Path(m.actor_path) / "config.json").is_file():
+        return
+    from rl.learner.quantized_base import dequantized_base
+
+    print(f"making the 4-bit learner's base for the actors (once): {m.actor_path}", flush=True)
+    try:
+        if not remote:
+            dequantized_base(cfg)
+            return
+        from rl.runtime import placement
+
+        c = cfg.cluster
+        env = learner_env(cfg)  # Unsloth first in that process too
+        placement.run_task(dequantized_base, cfg, gpus=min(1.0, c.gpus_per_learner), cpus=c.cpus_per_learner, env=env)
+    except Exception as e:
+        raise RoleStartFailed("the 4-bit learner's base for the actors (model.actor_base=learner)", cause_of(e)) from e
 
 
 def start_role(role: str, cls: type, cfg: TrainConfig) -> Any:

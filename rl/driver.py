@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from rl import checkpoint, evaluation
+from rl.config.choices import ActorBase
 from rl.config.schema import TrainConfig
 from rl.data.curriculum import build_curriculum
 from rl.data.prepare import kl_reward_penalty, prepare_samples, rollout_metrics
@@ -57,12 +58,19 @@ def train(
         threshold=cfg.run.sync_probe_threshold,
         deferred=sampler.overlapped,
         seed=cfg.run.seed,
+        floor_limit=None if full_precision_sampler(cfg) else cfg.run.probe_floor_limit,
     )
     summary: dict[str, float] = {
         "data/train_prompts": len(train_data),
         "data/dropped_long_prompts": train_data.dropped + eval_data.dropped,
         "sync/probe_floor": probe.measure_floor(),
     }
+    if full_precision_sampler(cfg):
+        print(
+            f"model.actor_base=original: the actors sample model.path's full-precision weights beside the 4-bit "
+            f"learner, {summary['sync/probe_floor']:.4f} nats per token apart before training",
+            flush=True,
+        )
     start = resume(cfg, runtime, sampler, logger) + 1
     if (
         cfg.eval.size
@@ -108,6 +116,11 @@ def train(
     if cfg.eval.size and (acc := log_eval(runtime, eval_data, reward_fn, cfg, logger, step=steps)) is not None:
         summary["eval/accuracy_after"] = acc
     return summary
+
+
+def full_precision_sampler(cfg: TrainConfig) -> bool:
+    """A 4-bit learner whose actors serve model.path's own weights on purpose (model.actor_base=original)."""
+    return cfg.model.load_in_4bit and cfg.model.actor_base == ActorBase.original
 
 
 def load_data(cfg: TrainConfig, tokenizer: Any, env: Any) -> tuple[PromptData, PromptData]:

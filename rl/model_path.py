@@ -10,14 +10,16 @@ and renamed, so a killed conversion never leaves a half-written model behind.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import json
 import os
 import shutil
 import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from rl.config.schema import ConfigError
+from rl.config.schema import ConfigError, TrainConfig
 
 EMBEDDED = {
     # name: (distribution, file inside it, folder name in the cache)
@@ -50,8 +52,9 @@ def embedded_gguf(name: str) -> Path:
     raise ConfigError(f"model.path=embedded:{name}: {rel} is missing from the installed {dist}; reinstall it")
 
 
-def resolve_model_path(path: str) -> str:
-    """Turn `model.path` into a local folder or hub id; validates local paths, converts embedded models."""
+def resolve_model_path(path: str, key: str = "model.path") -> str:
+    """Turn `model.path` (or another weights key, `key`) into a local folder or hub id; validates local paths,
+    converts embedded models."""
     if path.startswith("embedded:"):
         return str(convert_embedded(path.removeprefix("embedded:")))
     p = Path(path).expanduser()
@@ -59,10 +62,10 @@ def resolve_model_path(path: str) -> str:
     if looks_local:
         if not p.is_dir():
             raise ConfigError(
-                f"model.path={path!r} does not exist: give a local HF model folder, a hub id (org/name) or embedded:smollm2-135m-instruct"
+                f"{key}={path!r} does not exist: give a local HF model folder, a hub id (org/name) or embedded:smollm2-135m-instruct"
             )
         if not (p / "config.json").is_file():
-            raise ConfigError(f"model.path={path!r} has no config.json: it must be a Hugging Face model folder")
+            raise ConfigError(f"{key}={path!r} has no config.json: it must be a Hugging Face model folder")
         return str(p.resolve())
     return path  # a hub id: transformers and vLLM resolve it (from the local HF cache when offline)
 
@@ -128,3 +131,27 @@ def _convert(gguf: Path, out: Path) -> None:
     if not tok.chat_template:
         raise RuntimeError(f"GGUF conversion of {gguf}: the tokenizer carries no chat template")
     tok.save_pretrained(out)
+
+
+def dequantized_folder(cfg: TrainConfig) -> Path:
+    """Where the NF4 base of `cfg`'s 4-bit learner, dequantized for the actors (rl/learner/quantized_base.py), lives
+    in the cache, whether or not it exists yet: one folder per model files, backend, dtype and library versions."""
+    m = cfg.model
+    source = Path(m.path)
+    files = sorted(source.glob("*.safetensors")) + [source / "config.json"] if source.is_dir() else []
+    versions = {}
+    for dist in ("bitsandbytes", "unsloth", "transformers"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    key = {
+        "path": m.path,
+        "files": [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in files if f.exists()],
+        "backend": str(getattr(m.learner_backend, "value", m.learner_backend)),
+        "dtype": m.dtype.value,
+        "quantization": "nf4-double-quant-bf16-compute",
+        "versions": versions,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "models" / f"{source.name}-nf4-dequantized-{digest}"

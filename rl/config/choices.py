@@ -9,6 +9,11 @@ from __future__ import annotations
 from enum import Enum
 
 
+class ActorBase(str, Enum):
+    learner = "learner"  # the actors serve the base the learner computes with (4-bit: its NF4 weights, dequantized)
+    original = "original"  # the actors serve model.path's weights as they are (beside a 4-bit learner: a mismatch)
+
+
 class DType(str, Enum):
     float32 = "float32"
     bfloat16 = "bfloat16"

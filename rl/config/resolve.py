@@ -1,8 +1,9 @@
 """The one resolve step: the validated config in, the same config out with every `auto`/`null` filled.
 
 `resolve(cfg, run_dir)` fills the learner backend and dtype, the LoRA mode, the packed-row budget, the loss
-normaliser, the overlong buffer, the output folders, `model.path` (an embedded model converted once) and the
-multi-turn episode limits (`episodes`, from `env`); it checks the registry names (advantage, policy loss,
+normaliser, the overlong buffer, the output folders, `model.path` (an embedded model converted once), the weights
+the actors load (`model.actor_path`: beside a 4-bit learner its NF4 base dequantized) and the multi-turn episode
+limits (`episodes`, from `env`); it checks the registry names (advantage, policy loss,
 aggregation) and that a new run does not write into another run's directory. It returns a new `TrainConfig`
 (`dataclasses.replace`), and that object is what every role takes: a setting is declared once, in
 rl/config/schema.py, and read where it is used.
@@ -17,7 +18,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from rl.config.choices import DType, LearnerBackend, LoraMode
+from rl.config.choices import ActorBase, DType, LearnerBackend, LoraMode
 from rl.config.schema import ConfigError, TrainConfig
 from rl.types import EpisodeSpec
 
@@ -107,6 +108,20 @@ def episode_spec(cfg: TrainConfig) -> EpisodeSpec | None:
     return EpisodeSpec(json.dumps(env), *limits, cfg.model.use_chat_template)
 
 
+def resolve_actor_path(cfg: TrainConfig) -> str:
+    """The weights the actors load: `model.actor_path` as given, else `model.path`, except beside a 4-bit learner
+    with `model.actor_base=learner`: its NF4 base dequantized, in the cache (rl/app.py has it made once, on a GPU,
+    before the actors start), so that both sides compute with the same base."""
+    from rl.model_path import dequantized_folder, resolve_model_path
+
+    m = cfg.model
+    if m.actor_path is not None:
+        return resolve_model_path(m.actor_path, key="model.actor_path")
+    if m.load_in_4bit and m.actor_base == ActorBase.learner:
+        return str(dequantized_folder(cfg))
+    return m.path
+
+
 def check_run_dir_is_new(cfg: TrainConfig, run_dir: Path) -> None:
     """A run that does not resume must not write into another run's directory: its metrics would be appended to
     that run's metrics.jsonl and its checkpoints mixed with that run's."""
@@ -137,13 +152,13 @@ def resolve(cfg: TrainConfig, run_dir: Path | str, *, model_path: str | None = N
 
         model_path = resolve_model_path(cfg.model.path)
     m, a = cfg.model, cfg.algorithm
-    cfg = replace(cfg, episodes=episode_spec(cfg))
+    cfg = replace(cfg, episodes=episode_spec(cfg), model=replace(m, path=str(model_path)))
+    m = cfg.model
     completion = cfg.completion_tokens
-    return replace(
+    cfg = replace(
         cfg,
         model=replace(
             m,
-            path=str(model_path),
             learner_backend=resolve_learner_backend(cfg),
             learner_dtype=DType.bfloat16 if m.learner_dtype == DType.auto else m.learner_dtype,
         ),
@@ -159,6 +174,7 @@ def resolve(cfg: TrainConfig, run_dir: Path | str, *, model_path: str | None = N
         logger=replace(cfg.logger, rollouts_dir=cfg.logger.rollouts_dir or str(run_dir / "rollouts")),
         run=replace(cfg.run, output_dir=str(run_dir)),
     )
+    return replace(cfg, model=replace(cfg.model, actor_path=resolve_actor_path(cfg)))  # keyed by the resolved model
 
 
 def from_overrides(model_path: str, *overrides: str, run_dir: Path | str = "outputs/adhoc") -> TrainConfig:

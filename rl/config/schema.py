@@ -7,8 +7,9 @@ registry names and `auto` values are resolved right after, by rl/config/resolve.
 
 This module must stay import-light (no torch, no vllm, no ray): `python train.py --help` imports it.
 
-Past 400 lines because it is the whole schema, one dataclass per config group with each field's description
-(what `--help` prints) and that group's checks beside it; one file reads as the reference of every key.
+Past 400 lines because it holds every group but three (`cluster` in cluster.py, whose placement checks are long;
+`sandbox`, envs/sandbox.py's SandboxLimits; the enums in choices.py), each field with its description (what
+`--help` and `python -m rl.tools.keys` print) and each group's checks beside it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from envs.sandbox import SandboxLimits
 from rl.config.choices import (
+    ActorBase,
     CurriculumKind,
     DType,
     KLEstimator,
@@ -60,6 +62,8 @@ class ModelConfig:
     max_new_tokens: int = 32  # completion length cap (tokens)
     use_chat_template: bool = True  # wrap prompts in the tokenizer's chat template
     trust_remote_code: bool = False  # passed to transformers / vLLM
+    actor_base: ActorBase = ActorBase.learner  # learner: actors sample the 4-bit learner's own base | original: path's
+    actor_path: str | None = None  # weights the actors load (null: model.path, or the 4-bit base dequantized, cached)
 
     def __post_init__(self) -> None:
         check(self.lora_rank > 0, f"model.lora_rank must be > 0 (got {self.lora_rank})")
@@ -236,6 +240,9 @@ class RunConfig:
     resume: str | None = None  # null: start fresh | auto: latest checkpoint in output_dir | a checkpoints/step_N path
     max_nonfinite_steps: int = 3  # stop the run after this many steps in a row with a NaN/inf loss (each is skipped)
     sync_probe_threshold: float = 0.2  # fail when the sync probe's mean |dlogp| exceeds its pre-training floor + this
+    probe_floor_limit: float | None = (
+        0.3  # fail at start when actors and learner disagree on the base by more (null: off)
+    )
 
     def __post_init__(self) -> None:
         check(self.steps >= 0, f"run.steps must be >= 0 (got {self.steps})")

@@ -18,7 +18,7 @@ class HFRollout(EpisodeEngine):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         m, seed = cfg.model, cfg.run.seed
-        model_path, dtype, trust_remote_code = m.path, m.dtype.value, m.trust_remote_code
+        model_path, dtype, trust_remote_code = m.actor_path or m.path, m.dtype.value, m.trust_remote_code
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         self.model = (

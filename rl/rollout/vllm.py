@@ -25,7 +25,7 @@ def engine_kwargs(cfg: TrainConfig) -> dict:
     comparison differs only in what VLLMRollout adds around the engine)."""
     m, c = cfg.model, cfg.cluster
     kwargs = dict(
-        model=m.path,
+        model=m.actor_path or m.path,
         dtype=m.dtype.value,
         max_model_len=cfg.max_seq_length,
         seed=cfg.run.seed,  # the engine seed makes runs repeatable

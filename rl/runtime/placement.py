@@ -2,6 +2,9 @@
 
 The only module that imports ray. Resources are given at the call site (`ray.remote(num_cpus=...)(Cls)`),
 never hard-coded on the classes. One function (`place_roles`) decides placement and logs the map.
+
+Past 400 lines because everything that talks to Ray is here, a placement group Ray refuses explained beside the
+code that asked for it (`placement_failure`), so that no other module needs Ray's API or its error texts.
 """
 
 from __future__ import annotations
@@ -337,6 +340,15 @@ def connect_learners(learners: list[Any], pg: Any, *, first_bundle: int) -> None
             f"{_first_line(e)}"
         ) from e
     log.info("placement: %d learners in one torch.distributed group at %s:%d", len(learners), address, port)
+
+
+def run_task(fn: Any, *args: Any, gpus: float, cpus: float, env: dict[str, str]) -> Any:
+    """`fn(*args)` once, as a Ray task in a fresh process with these resources and environment (outside the
+    roles' placement group: called before it exists); its result."""
+    import ray
+
+    task = ray.remote(num_gpus=gpus, num_cpus=cpus, runtime_env={"env_vars": env}, max_retries=0)(fn)
+    return ray.get(task.remote(*args))
 
 
 def stop_ray(started_here: bool) -> None:

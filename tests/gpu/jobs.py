@@ -133,6 +133,50 @@ def actor_vs_learner(model: str, lora_mode: str) -> dict:
     }
 
 
+def quantized_mismatch(model: str, kind: str, actor_base: str) -> dict:
+    """A 4-bit learner of `kind` and a CUDA vLLM actor on the base `model.actor_base` names, before any training:
+    the actor samples 8 prompts x 4 at temperature 1, the learner scores the same tokens; the mean |logp difference|
+    per token (what the sync probe's floor estimates from far fewer tokens)."""
+    import time
+
+    from transformers import AutoTokenizer
+
+    from rl.learner import Learner
+    from rl.learner.quantized_base import dequantized_base
+    from rl.rollout.vllm import VLLMRollout
+    from rl.types import Sampling
+
+    cfg = from_overrides(
+        model,
+        *COMMON,
+        *LEARNER[kind],
+        f"model.actor_base={actor_base}",
+        "cluster.gpu_memory_utilization=0.3",
+        "model.max_new_tokens=64",
+    )
+    t0 = time.perf_counter()
+    if cfg.model.actor_path != cfg.model.path:
+        dequantized_base(cfg)  # what rl/app.py does before the roles start (cached after the first time)
+    made_s = time.perf_counter() - t0
+    actor = VLLMRollout(cfg)
+    lrn = Learner(cfg)
+    tok = AutoTokenizer.from_pretrained(model)
+    prompts = [chat_ids(tok, p) for p in PROMPTS * 2]
+    rollouts = actor.generate(prompts, Sampling(n=4, temperature=1.0, max_tokens=64), seeds=list(range(len(prompts))))
+    completions = [c for r in rollouts for c in r.completions]
+    scored = lrn.sequence_logprobs(
+        [r.prompt_ids for r in rollouts for _ in r.completions], [c.token_ids for c in completions]
+    )
+    diffs = [abs(a - b) for c, lp in zip(completions, scored) for a, b in zip(c.logprobs, lp)]
+    actor.close()
+    return {
+        "mismatch": sum(diffs) / len(diffs),
+        "tokens": len(diffs),
+        "actor_path": cfg.model.actor_path,
+        "made_s": made_s,
+    }
+
+
 def in_place_vs_layerwise(actor, adapter) -> dict:
     """The merged adapter written in place into the engine's parameters (the CUDA path) against the same adapter
     through vLLM's layerwise reload: every projection weight, and the merge's time (median of 3) each way."""
@@ -340,6 +384,7 @@ JOBS = {
     "actor_vs_learner": actor_vs_learner,
     "packed_vs_padded": packed_vs_padded,
     "step_syncs": step_syncs,
+    "quantized_mismatch": quantized_mismatch,
 }
 
 if __name__ == "__main__":  # vLLM may spawn processes

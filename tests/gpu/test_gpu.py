@@ -79,6 +79,22 @@ def test_4bit_learner_matches_bf16_logprobs_and_learns(model, bf16_learner, kind
     assert out["losses"][2] < out["losses"][1] < out["losses"][0]
 
 
+@pytest.mark.parametrize("kind", ["unsloth", "peft_bnb"])
+def test_4bit_learner_and_its_actor_agree_on_the_base(model, kind):
+    """model.actor_base=learner (the default): the vLLM actor serves the 4-bit learner's NF4 base dequantized, so
+    before training the two differ by what a 16-bit learner and its actor differ by (bf16 kernels: the probe floor
+    of the 16-bit pairing is 0.055 on this model), where the actor on model.path's bf16 weights
+    (model.actor_base=original) differs by the quantisation error (0.71 here on 2026-12-04)."""
+    matched = job("quantized_mismatch", model=model, kind=kind, actor_base="learner")
+    original = job("quantized_mismatch", model=model, kind=kind, actor_base="original")
+    print(
+        f"{kind}: actor vs 4-bit learner, mean |dlogp| over {matched['tokens']} / {original['tokens']} tokens: matched "
+        f"{matched['mismatch']:.4f}, original {original['mismatch']:.4f}; base made in {matched['made_s']:.1f} s"
+    )
+    assert matched["actor_path"] != original["actor_path"] and "nf4-dequantized" in matched["actor_path"]
+    assert matched["mismatch"] <= 0.06 < 0.3 < original["mismatch"]  # 2026-12-04: 0.048 unsloth, 0.051 peft_bnb
+
+
 @pytest.mark.parametrize("lora_mode", ["merged", "native"])
 def test_vllm_actor_runs_the_learners_adapter_after_a_sync(model, lora_mode):
     out = job("actor_vs_learner", model=model, lora_mode=lora_mode)
@@ -200,6 +216,7 @@ def test_two_step_ray_run_with_unsloth_learner_and_vllm_actor_on_one_gpu(model, 
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
     summary = json.loads((out / "summary.json").read_text())
     assert "eval/accuracy_after" in summary and (out / "checkpoints" / "step_0002").is_dir()
+    assert summary["sync/probe_floor"] <= 0.1  # the actor serves the 4-bit learner's own base (model.actor_base)
 
 
 def test_full_weight_sync_through_cuda_ipc(model, tmp_path):
@@ -233,6 +250,7 @@ def test_colocated_actor_sleeps_while_the_learner_trains(model, tmp_path):
     args = [*COLOCATED, "model.learner_backend=unsloth", "model.load_in_4bit=true"]
     train = two_synced_steps([*args, f"model.path={model}"], out)
     assert all(r["time/actor_sleep_s"] > 0 and r["time/actor_wake_s"] > 0 for r in train)
+    assert json.loads((out / "summary.json").read_text())["sync/probe_floor"] <= 0.1  # the learner's own base
     print(
         f"colocated: sleep {[round(r['time/actor_sleep_s'], 3) for r in train]} s, wake "
         f"{[round(r['time/actor_wake_s'], 3) for r in train]} s, learner peak "

@@ -121,8 +121,10 @@ def fake_runtime(actors, learner, staleness=0, restarts=0) -> Runtime:
     return Runtime(LocalGroup(actors), LocalGroup([learner]), cfg)
 
 
-def run_loop(tmp_path, runtime, *, steps=4, staleness=0, max_nonfinite_steps=3, save_interval=0, resume=None):
-    dotted = dict(x.split("=", 1) for x in FAKE)
+def run_loop(
+    tmp_path, runtime, *, steps=4, staleness=0, max_nonfinite_steps=3, save_interval=0, resume=None, floor_limit=0.3
+):
+    dotted = dict(x.split("=", 1) for x in FAKE) | {"run.probe_floor_limit": floor_limit if floor_limit else "null"}
     cfg = typed_config(
         **dotted,
         **{"run.steps": steps, "eval.size": 0, "checkpoint.interval": save_interval, "run.output_dir": str(tmp_path)},
@@ -339,12 +341,27 @@ class OffsetLearner(FakeLearner):
 
 def test_sync_probe_is_checked_against_its_floor_before_training(tmp_path, capsys):
     # a constant mismatch above the threshold (train()'s default 0.1 here) is the floor, not a sync failure
-    rows = run_loop(tmp_path / "a", fake_runtime([FakeActor()], OffsetLearner(floor=0.3, drift=0.0)), steps=3)
-    assert [r["sync/logprob_abs_diff"] for r in rows] == pytest.approx([0.3] * 3)
-    assert "sync probe floor 0.3000: a step fails above 0.4000" in capsys.readouterr().out
+    rows = run_loop(tmp_path / "a", fake_runtime([FakeActor()], OffsetLearner(floor=0.25, drift=0.0)), steps=3)
+    assert [r["sync/logprob_abs_diff"] for r in rows] == pytest.approx([0.25] * 3)
+    assert "sync probe floor 0.2500: a step fails above 0.3500" in capsys.readouterr().out
     # a mismatch that grows with the adapter versions is caught once it exceeds floor + threshold
-    with pytest.raises(RuntimeError, match=r"adapter sync check failed at step 1: .* = 0\.4500 > 0\.4000"):
-        run_loop(tmp_path / "b", fake_runtime([FakeActor()], OffsetLearner(floor=0.3, drift=0.15)), steps=3)
+    with pytest.raises(RuntimeError, match=r"adapter sync check failed at step 1: .* = 0\.4000 > 0\.3500"):
+        run_loop(tmp_path / "b", fake_runtime([FakeActor()], OffsetLearner(floor=0.25, drift=0.15)), steps=3)
+
+
+def test_actors_on_another_base_than_the_learner_stop_the_run_at_start(tmp_path):
+    """A floor above run.probe_floor_limit (a 4-bit learner beside full-precision actors: 0.5-1.1 nats per token)
+    stops the run before any step, in one line naming the keys; with the limit off the run trains."""
+    from rl.runtime.probe import BaseMismatch
+
+    with pytest.raises(BaseMismatch) as e:
+        run_loop(tmp_path / "a", fake_runtime([FakeActor()], OffsetLearner(floor=0.64, drift=0.0)), steps=2)
+    assert "= 0.6400 nats per token > run.probe_floor_limit=0.3" in str(e.value) and "model.actor_base" in str(e.value)
+    assert "\n" not in str(e.value) and not (tmp_path / "a" / "metrics.jsonl").read_text().strip()  # no step ran
+    off = run_loop(
+        tmp_path / "b", fake_runtime([FakeActor()], OffsetLearner(floor=0.64, drift=0.0)), steps=2, floor_limit=None
+    )
+    assert [r["step"] for r in off] == [1, 2]
 
 
 def test_a_fresh_run_refuses_a_directory_that_holds_another_run(tmp_path):

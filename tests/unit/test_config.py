@@ -131,6 +131,26 @@ def test_the_resolve_step_returns_the_schema_with_every_auto_filled(tmp_path):
     assert run.algorithm.loss_agg_norm_length == run.model.max_new_tokens and run.cluster.lora_mode == "merged"
 
 
+def test_a_4bit_learners_actors_load_its_dequantized_base(tmp_path):
+    """model.actor_base=learner (default): beside a 4-bit learner the actors load its NF4 base dequantized, a cache
+    folder keyed by the model, backend and versions (made on a GPU before the roles start: rl/app.py);
+    `original` keeps model.path; an explicit model.actor_path is used as given."""
+    gpu4 = ("cluster.use_gpu=true", "model.load_in_4bit=true", "model.learner_backend=peft")
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    matched = specs.from_overrides(str(model), *gpu4)
+    assert "m-nf4-dequantized-" in matched.model.actor_path and matched.model.actor_path != matched.model.path
+    assert specs.from_overrides(str(model), *gpu4, "model.actor_base=original").model.actor_path == str(model)
+    assert specs.from_overrides(str(model)).model.actor_path == str(model)  # 16-bit learner: the same weights
+    unsloth = specs.from_overrides(str(model), *gpu4[:2], "model.learner_backend=unsloth").model.actor_path
+    assert unsloth != matched.model.actor_path  # another quantizer's codes, another folder
+    given = specs.from_overrides(str(model), *gpu4, f"model.actor_path={model}").model.actor_path
+    assert given == str(model)
+    with pytest.raises(ConfigError, match="model.actor_path='/nonexistent/folder' does not exist"):
+        specs.from_overrides(str(model), *gpu4, "model.actor_path=/nonexistent/folder")
+
+
 def test_help_works_without_vllm_or_unsloth():
     # Make `import vllm` / `import unsloth` / `import ray` fail: --help and --cfg must not need them.
     code = (
