@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -76,10 +77,16 @@ def convert_embedded(name: str) -> Path:
     out = cache_dir() / "models" / EMBEDDED[name][2]
     if (out / "config.json").is_file():
         return out
+    return write_model_folder(out, lambda tmp: _gguf_to_hf(gguf, tmp))
+
+
+def write_model_folder(out: Path, write: Callable[[Path], None]) -> Path:
+    """`write(tmp)` into a temporary folder beside `out`, then renamed to `out`: a killed writer never leaves a
+    half-written model where a run would load it, and of two writers racing, the first one's folder is kept."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        _gguf_to_hf(gguf, tmp)
+        write(tmp)
         tmp.chmod(0o755)
         try:
             tmp.rename(out)

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 from rl.config.schema import TrainConfig
+from rl.model_path import write_model_folder
 
 
 def dequantized_weights(model) -> dict[str, object]:
@@ -67,19 +66,13 @@ def dequantized_base(cfg: TrainConfig) -> str:
             raise RuntimeError(f"dequantized {name}: shape {tuple(w.shape)} != the model's {tuple(target.shape)}")
         with torch.no_grad():
             target.copy_(w.to(target.dtype))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        plain.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(m.path, trust_remote_code=m.trust_remote_code).save_pretrained(tmp)
-        (tmp / "dequantized_from.json").write_text(json.dumps({"model": m.path, "layers": len(weights)}, indent=2))
-        tmp.chmod(0o755)
-        try:
-            tmp.rename(out)
-        except OSError:  # another process finished first
-            if not (out / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def write(folder: Path) -> None:
+        plain.save_pretrained(folder)
+        AutoTokenizer.from_pretrained(m.path, trust_remote_code=m.trust_remote_code).save_pretrained(folder)
+        info = {"model": m.path, "layers": len(weights)}
+        (folder / "dequantized_from.json").write_text(json.dumps(info, indent=2))
+
+    write_model_folder(out, write)
     print(f"the 4-bit learner's base, dequantized for the rollout actors: {out} ({len(weights)} layers)", flush=True)
     return str(out)
