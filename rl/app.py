@@ -137,8 +137,11 @@ def prepare_actor_base(cfg: TrainConfig, *, remote: bool) -> None:
     learner does, before any role starts (the engines measure free GPU memory while they start). Cached after."""
     from pathlib import Path
 
+    from rl.model_path import dequantized_folder
+
     m = cfg.model
-    if m.actor_path in (None, m.path) or (Path(m.actor_path) / "config.json").is_file():
+    made_here = m.load_in_4bit and m.actor_path == str(dequantized_folder(cfg))  # not a folder the user gave
+    if not made_here or (Path(m.actor_path) / "config.json").is_file():
         return
     from rl.learner.quantized_base import dequantized_base
 
