@@ -46,9 +46,6 @@ class Runtime:
     def version(self, v: int) -> None:
         self.versions.published.append(v)
 
-    def allowed_versions(self) -> list[int]:
-        return self.versions.allowed()
-
     def steps_behind(self, version: int) -> int:
         return self.versions.steps_behind(version)
 
