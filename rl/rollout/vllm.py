@@ -81,6 +81,12 @@ class VLLMRollout(EpisodeEngine):
             raise engine_start_error(e, mark.read()) from e
         self.version = 0
         self.asleep = False
+        # run.deterministic: every generate call starts from an empty prefix cache, so that its samples depend on its
+        # prompts, seeds and weights only. Otherwise a resumed run differs from the uninterrupted one: there the
+        # probe after the last sync has left its prompts' KV blocks cached (the chat template's shared first block
+        # among them), the resumed engine has none, and a prefill that reads cached blocks is not bit-identical to
+        # one that computes them, even with vLLM's batch-invariant kernels (docs/benchmarks.md, the GPU resume).
+        self._cold_prefix_per_call = cfg.run.deterministic
         self.episodes, self._env = cfg.episodes, None  # a multi-turn env, built at its first episodes
         self._lora_request = None
         self.tokenizer = self.llm.get_tokenizer()
@@ -194,6 +200,8 @@ class VLLMRollout(EpisodeEngine):
         if not prompts:
             return []
         self.wake_up()
+        if self._cold_prefix_per_call:
+            self.llm.reset_prefix_cache()
         from vllm import SamplingParams
 
         def params(cap: int, seed: int | None) -> SamplingParams:
