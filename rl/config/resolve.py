@@ -38,9 +38,13 @@ GPU_PACKED_TOKENS = 16384
 def resolve_lora_mode(cfg: TrainConfig) -> LoraMode:
     """`cluster.lora_mode` as the actors run it. auto = merged on every device: vLLM's LoRA kernels decode slower
     than merged weights (docs/benchmarks.md: 7.6-9.2x on a 2-core CPU, 0.8x the speed on an H200 at 0.5B) and a
-    merged load costs about 0.2 s per version there. Full fine-tuning has no adapter: merged (no LoRA slots)."""
-    if cfg.model.full_finetune or cfg.cluster.lora_mode == LoraMode.auto:
+    merged load costs about 0.2 s per version there. Full fine-tuning has no adapter: merged (no LoRA slots). Actors
+    that keep the 4-bit learner's base in NF4 (model.actor_base=quantized) cannot merge: native."""
+    if cfg.model.full_finetune:
         return LoraMode.merged
+    if cfg.cluster.lora_mode == LoraMode.auto:
+        quantized = cfg.model.load_in_4bit and cfg.model.actor_base == ActorBase.quantized
+        return LoraMode.native if quantized else LoraMode.merged
     return cfg.cluster.lora_mode
 
 

@@ -62,7 +62,9 @@ class ModelConfig:
     max_new_tokens: int = 32  # completion length cap (tokens)
     use_chat_template: bool = True  # wrap prompts in the tokenizer's chat template
     trust_remote_code: bool = False  # passed to transformers / vLLM
-    actor_base: ActorBase = ActorBase.learner  # learner: actors sample the 4-bit learner's own base | original: path's
+    actor_base: ActorBase = (
+        ActorBase.learner
+    )  # beside a 4-bit learner: learner (its NF4 base dequantized) | quantized (vLLM's own NF4) | original (path's)
     actor_path: str | None = None  # weights the actors load (null: model.path, or the 4-bit base dequantized, cached)
 
     def __post_init__(self) -> None:
@@ -348,6 +350,17 @@ class TrainConfig:
             "cluster.weight_sync=ipc merges the adapter into the engine's weights, which cluster.lora_mode=native "
             "does not: set cluster.lora_mode=merged (or auto)",
         )
+        if m.actor_base == ActorBase.quantized:
+            check(
+                m.load_in_4bit and c.rollout_backend == RolloutBackend.vllm,
+                "model.actor_base=quantized has vLLM actors serve the 4-bit learner's NF4 base: set "
+                "model.load_in_4bit=true with cluster.rollout_backend=vllm, or model.actor_base=learner",
+            )
+            check(
+                c.lora_mode != LoraMode.merged and c.weight_sync == WeightSync.object_store,
+                "model.actor_base=quantized keeps the actors' weights in NF4, where no adapter can be merged: set "
+                "cluster.lora_mode=auto (native LoRA) and cluster.weight_sync=object_store, or model.actor_base=learner",
+            )
         if not c.use_gpu and (m.learner_backend == LearnerBackend.unsloth or m.load_in_4bit):
             what = (
                 "model.learner_backend=unsloth"

@@ -100,9 +100,11 @@ def estimate_memory(
     native_lora: bool = True,
     gradient_checkpointing: bool | None = None,
     micro_batch_tokens: int = 0,
+    actor_in_4bit: bool = False,
 ) -> dict[str, RoleMemory]:
     """Memory of one rollout actor and one learner (bytes). `device_bytes`: one GPU's memory, or the machine's RAM
-    when `use_gpu` is false. `gradient_checkpointing` None means on with 4-bit (Unsloth's default), else off."""
+    when `use_gpu` is false. `gradient_checkpointing` None means on with 4-bit (Unsloth's default), else off.
+    `actor_in_4bit`: the engine holds the weights in NF4 (model.actor_base=quantized)."""
     if load_in_4bit and full_finetune:
         raise ConfigError("model.load_in_4bit=true cannot be fully fine-tuned: set model.full_finetune=false (LoRA)")
     seq_len = max_prompt_tokens + max_new_tokens
@@ -135,8 +137,9 @@ def estimate_memory(
     )
 
     actor = RoleMemory("actor")
-    weights = shape.weight_bytes(actor_b)
-    actor.parts[f"weights ({actor_dtype if actor_dtype != 'auto' else shape.dtype})"] = weights
+    weights = shape.weight_bytes(actor_b, actor_in_4bit)
+    actor_precision = "4-bit NF4" if actor_in_4bit else actor_dtype if actor_dtype != "auto" else shape.dtype
+    actor.parts[f"weights ({actor_precision})"] = weights
     if native_lora:
         actor.parts["LoRA slot"] = shape.lora_params(lora_rank, lora_targets) * actor_b
     kv_token = shape.kv_bytes_per_token(actor_b)
@@ -250,6 +253,7 @@ def plan_for_config(cfg: Any, shape: ModelShape, device_bytes: float) -> dict[st
         vllm=vllm,
         native_lora=vllm and resolve_lora_mode(cfg) == "native",
         gradient_checkpointing=m.gradient_checkpointing,
+        actor_in_4bit=vllm and m.load_in_4bit and value(getattr(m, "actor_base", "learner")) == "quantized",
     )
 
 

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rl.config.choices import LoraMode, WeightSync
+from rl.config.choices import ActorBase, LoraMode, WeightSync
 from rl.config.schema import TrainConfig
 from rl.errors import OutputMark, engine_start_error
 from rl.rollout.episodes import EpisodeEngine
@@ -39,6 +39,10 @@ def engine_kwargs(cfg: TrainConfig) -> dict:
     )
     if c.lora_mode == LoraMode.native:
         kwargs.update(enable_lora=True, max_lora_rank=m.lora_rank, max_loras=1)
+    if m.load_in_4bit and m.actor_base == ActorBase.quantized:
+        # vLLM quantizes each weight on load with bitsandbytes' quantize_4bit, NF4 and nested absmax: the settings
+        # of the learner's BitsAndBytesConfig (rl/learner/models.py), so the same input gives the same codes
+        kwargs.update(quantization="bitsandbytes")
     # full weights as CUDA IPC handles go through vLLM's weight-transfer engine; an adapter's through ours
     if c.weight_sync == WeightSync.ipc and m.full_finetune:
         kwargs.update(weight_transfer_config={"backend": "ipc"})

@@ -168,12 +168,19 @@ def quantized_mismatch(model: str, kind: str, actor_base: str) -> dict:
         [r.prompt_ids for r in rollouts for _ in r.completions], [c.token_ids for c in completions]
     )
     diffs = [abs(a - b) for c, lp in zip(completions, scored) for a, b in zip(c.logprobs, lp)]
+    codes = None
+    if actor_base == "quantized":  # vLLM quantized model.path itself: are its NF4 codes the learner's?
+        from bench.quantized_base import engine_dequantized, same_codes
+        from rl.learner.quantized_base import dequantized_weights
+
+        codes = same_codes(actor.llm.collective_rpc(engine_dequantized)[0], dequantized_weights(lrn.model))
     actor.close()
     return {
         "mismatch": sum(diffs) / len(diffs),
         "tokens": len(diffs),
         "actor_path": cfg.model.actor_path,
         "made_s": made_s,
+        "codes": codes,
     }
 
 

@@ -44,6 +44,7 @@ def test_every_bench_script_is_covered():
         "e2e_trl",
         "learner",
         "learner_backends",
+        "quantized_base",
         "rollout",
         "rollout_lora_mode",
         "sampling_budget",
@@ -136,6 +137,18 @@ def test_colocate_reads_a_layouts_row_from_its_run_folder(tmp_path, capsys):
     assert "| split (qwen2.5-7b" in printed and "7,192,752 tokens" in printed
     ratios = json.loads(printed.strip().splitlines()[-1])["ratios"]
     assert ratios == {"split_step_over_colocated_step": 1.5, "colocated_kv_over_split_kv": 2.04}
+
+
+@pytest.mark.parametrize("kind", ["unsloth", "peft"])
+def test_quantized_base_sides_are_valid_configs(smollm2_shape, kind):
+    """Each side of bench.quantized_base resolves as a run would (GPU, 4-bit learner): `learner` loads the
+    dequantized copy, `quantized` model.path in NF4 with native LoRA, `original` model.path as it is."""
+    from bench.quantized_base import SIDES, config
+
+    cfgs = {side: config(str(smollm2_shape), kind, side, 0.35) for side in SIDES}
+    assert "nf4-dequantized" in cfgs["learner"].model.actor_path
+    assert cfgs["quantized"].model.actor_path == cfgs["original"].model.actor_path == str(smollm2_shape)
+    assert [cfgs[s].cluster.lora_mode for s in SIDES] == ["merged", "native", "merged"]
 
 
 def test_staleness_vllm_share_fits(tiny_model, tmp_path):

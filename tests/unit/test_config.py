@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -45,6 +46,21 @@ def test_every_config_option_composes_into_the_typed_schema_and_its_specs(group,
     assert run.cluster.lora_mode in ("merged", "native") and run.model.learner_backend in ("peft", "unsloth")
     assert run.model.learner_dtype != "auto" and run.learner.micro_batch_tokens is not None
     assert run.eval.save_dir == str(tmp_path / "eval") and run.run.output_dir == str(tmp_path)
+
+
+@pytest.mark.parametrize("option", sorted(f.stem for f in (CONF / "cluster").glob("*.yaml") if f.stem != "local"))
+def test_every_ray_topology_places_the_roles_its_name_says_on_two_cores(option):
+    """`<A>a<L>l` asks a bundle for each of its A actors and L learners, and they fit a 2-core machine together:
+    the topologies that no integration test trains (tests/integration/test_topologies.py PLANNED_ONLY) place too."""
+    from rl.runtime.placement import role_plans
+
+    actors, learners = map(int, re.fullmatch(r"(\d)a(\d)l", option).groups())
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = OmegaConf.to_object(compose(config_name="train", overrides=[f"cluster={option}", "run.prompts_per_step=12"]))
+    plans, bundles = role_plans(cfg.cluster)
+    expected = [("actor", i) for i in range(actors)] + [("learner", i) for i in range(learners)]
+    assert [(r.role, r.index) for r in plans] == expected
+    assert len(bundles) == actors + learners and sum(b["CPU"] for b in bundles) <= 2
 
 
 @pytest.mark.parametrize("name", sorted(f.stem for f in (CONF / "experiment").glob("*.yaml")))
@@ -149,6 +165,41 @@ def test_a_4bit_learners_actors_load_its_dequantized_base(tmp_path):
     assert given == str(model)
     with pytest.raises(ConfigError, match="model.actor_path='/nonexistent/folder' does not exist"):
         specs.from_overrides(str(model), *gpu4, "model.actor_path=/nonexistent/folder")
+
+
+def test_quantized_actors_load_the_model_in_nf4_with_native_lora(tmp_path):
+    """model.actor_base=quantized: the actors load model.path and vLLM quantizes it to NF4 (engine argument
+    quantization=bitsandbytes), with vLLM's LoRA (auto -> native: nothing can be merged into NF4 weights); the plan
+    counts the actor's weights at 4 bits. Settings that cannot hold fail in one line naming the knob."""
+    from rl.preflight.plan import plan_for_config
+    from rl.preflight.shapes import ModelShape
+    from rl.rollout.vllm import engine_kwargs
+
+    gpu4 = ("cluster.use_gpu=true", "model.load_in_4bit=true", "model.learner_backend=peft")
+    shared_gpu = ("cluster.gpus_per_actor=0.5", "cluster.gpus_per_learner=0.5")
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    cfg = specs.from_overrides(str(model), *gpu4, "model.actor_base=quantized")
+    assert cfg.model.actor_path == str(model) and cfg.cluster.lora_mode == "native"
+    kwargs = engine_kwargs(cfg)
+    assert kwargs["quantization"] == "bitsandbytes" and kwargs["enable_lora"] and kwargs["model"] == str(model)
+    assert "quantization" not in engine_kwargs(specs.from_overrides(str(model), *gpu4))  # learner: bf16 weights
+    shape = ModelShape(layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, head_dim=64, vocab=32000)
+    weights = {
+        base: next(
+            v for k, v in plan_for_config(c, shape, 80 * 2**30)["actor"].parts.items() if k.startswith("weights")
+        )
+        for base, c in (("quantized", cfg), ("learner", specs.from_overrides(str(model), *gpu4)))
+    }
+    assert weights["quantized"] < 0.5 * weights["learner"]
+    for bad, knob in [
+        (("model.actor_base=quantized",), "model.load_in_4bit=true"),
+        ((*gpu4, "model.actor_base=quantized", "cluster.lora_mode=merged"), "cluster.lora_mode=auto"),
+        ((*gpu4, "model.actor_base=quantized", "cluster.weight_sync=ipc", *shared_gpu), "no adapter can be merged"),
+    ]:
+        with pytest.raises(ConfigError, match=knob):
+            specs.from_overrides(str(model), *bad)
 
 
 def test_help_works_without_vllm_or_unsloth():
