@@ -56,7 +56,9 @@ def test_every_ray_topology_places_the_roles_its_name_says_on_two_cores(option):
 
     actors, learners = map(int, re.fullmatch(r"(\d)a(\d)l", option).groups())
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = OmegaConf.to_object(compose(config_name="train", overrides=[f"cluster={option}", "run.prompts_per_step=12"]))
+        cfg = OmegaConf.to_object(
+            compose(config_name="train", overrides=[f"cluster={option}", "run.prompts_per_step=12"])
+        )
     plans, bundles = role_plans(cfg.cluster)
     expected = [("actor", i) for i in range(actors)] + [("learner", i) for i in range(learners)]
     assert [(r.role, r.index) for r in plans] == expected
