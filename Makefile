@@ -49,9 +49,9 @@ test:  ## all CPU tests (unit + integration with real Ray and vLLM on a tiny mod
 test-fast:  ## unit tests only (no Ray, no vLLM)
 	$(BIN)/python -m pytest -q -m "not slow"
 
-test-gpu:  ## GPU tests (pytest -m gpu, one CUDA GPU); where there is none, one line and nothing run
+test-gpu:  ## GPU tests (pytest -m gpu, one CUDA GPU; K="expr" runs one part); where there is none, one line and nothing run
 	@if $(TEST_PY) -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then \
-		$(TEST_PY) -m pytest -q -m gpu -rP tests/gpu tests/unit; \
+		$(TEST_PY) -m pytest -q -m gpu -rP tests/gpu tests/unit $(if $(K),-k "$(K)"); \
 	else echo "make test-gpu: no CUDA GPU here, nothing run (the gpu tests run on a GPU machine: docs/gpus-and-clusters.md)"; fi
 
 lint:  ## ruff lint + format check
