@@ -41,6 +41,7 @@ def test_every_bench_script_is_covered():
     assert BENCHES == [
         "batch_dependence",
         "colocate",
+        "deterministic",
         "e2e_trl",
         "learner",
         "learner_backends",
@@ -149,6 +150,14 @@ def test_quantized_base_sides_are_valid_configs(smollm2_shape, kind):
     assert "nf4-dequantized" in cfgs["learner"].model.actor_path
     assert cfgs["quantized"].model.actor_path == cfgs["original"].model.actor_path == str(smollm2_shape)
     assert [cfgs[s].cluster.lora_mode for s in SIDES] == ["merged", "native", "merged"]
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_deterministic_sides_are_the_demo_which_fits(smollm2_shape, tmp_path, deterministic):
+    from bench import deterministic as bench
+
+    args = bench.parser().parse_args([f"model.path={smollm2_shape}"])
+    plan_fits(bench.train_args(deterministic, tmp_path / "run", args))
 
 
 def test_staleness_vllm_share_fits(tiny_model, tmp_path):
