@@ -11,10 +11,11 @@ Per side, in a fresh process (Unsloth patches torch on import and an in-process 
 the mean |logp difference| per token between the actor and the learner on the actor's own samples before any
 training (16 prompts x 4 samples x 64 tokens at temperature 1: what the sync probe's floor estimates from fewer
 tokens), the actor's weight memory (its parameters and bitsandbytes' quantization state), the learner's memory after
-loading, the rollout rate with the learner's adapter loaded as a run loads it (64 prompts x 8 samples x 128
-tokens by default, median and spread of 3 calls after a warm-up), and
-for `quantized` whether vLLM's NF4 codes equal the learner's (every quantized projection dequantized on both sides
-and compared). Prints one JSON line per side and a table.
+loading, the rollout rate with the learner's adapter loaded as a run loads it (64 prompts x 8 samples x 128 tokens
+by default, median and spread of 3 calls after a warm-up), and for `quantized` whether vLLM's NF4 codes equal the
+learner's (every quantized projection dequantized on both sides and compared). Prints one JSON line per side
+(`--sides=quantized` for one; the `=` matters) and a table. A random shape's folder is built once in the cache
+(`python -m bench.shapes qwen2.5-7b <cache>/bench/qwen2.5-7b --device cuda` builds the 7B one faster on the GPU).
 """
 
 from __future__ import annotations
