@@ -14,7 +14,7 @@ tokens), the actor's weight memory (its parameters and bitsandbytes' quantizatio
 loading, the rollout rate with the learner's adapter loaded as a run loads it (64 prompts x 8 samples x 128 tokens
 by default, median and spread of 3 calls after a warm-up), and for `quantized` whether vLLM's NF4 codes equal the
 learner's (every quantized projection dequantized on both sides and compared). Prints one JSON line per side
-(`--sides=quantized` for one; the `=` matters) and a table. A random shape's folder is built once in the cache
+(`--sides quantized` for one) and a table. A random shape's folder is built once in the cache
 (`python -m bench.shapes qwen2.5-7b <cache>/bench/qwen2.5-7b --device cuda` builds the 7B one faster on the GPU).
 """
 
@@ -150,6 +150,16 @@ def run_side(args) -> dict:
     return out
 
 
+def without_sides(argv: list[str]) -> list[str]:
+    """The command line less `--sides X` / `--sides=X` (each side's process gets `--side` instead)."""
+    out, skip = [], False
+    for a in argv:
+        if not skip and not a.startswith("--sides"):
+            out.append(a)
+        skip = a == "--sides"
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(ap)
@@ -164,7 +174,7 @@ def main() -> None:
         return
     rows = []
     for side in args.sides.split(","):
-        argv = [a for a in sys.argv[1:] if not a.startswith("--sides=")]
+        argv = without_sides(sys.argv[1:])
         env = repo_env(**({"RLFT_IMPORT_UNSLOTH": "1"} if args.kind == "unsloth" else {}))
         proc = subprocess.run(
             [sys.executable, "-m", "bench.quantized_base", *argv, "--side", side],
