@@ -1,12 +1,14 @@
 """Asynchronous rollouts and faults on a real local Ray: a rollout actor killed with SIGKILL in the middle of a
 run (staleness 1, two actors) is restarted by Ray, its prompts go to the other actor, every prompt of every step
-is trained exactly once and the log says what happened; and staleness 1 with real vLLM engines through train.py."""
+is trained exactly once and the log says what happened; staleness 1 with two real vLLM engines through train.py
+(cluster=2a1l's end-to-end run); and staleness 1 with a share of the prompts generated on the learner."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from rl.rollout.hf import HFRollout
 from tests.helpers import LengthReward, metric_rows, run_train, sigkill_self_once
@@ -106,6 +108,8 @@ def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, 
 
 
 def test_staleness_one_with_vllm_engines(tiny_model, tmp_path):
+    """cluster=2a1l's end-to-end run too (tests/integration/test_topologies.py): prompts split over two vLLM
+    engines, each sent every adapter."""
     out = tmp_path / "run"
     proc = run_train(
         [
@@ -135,6 +139,9 @@ def test_staleness_one_with_vllm_engines(tiny_model, tmp_path):
     assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
     assert all(r["sync/logprob_abs_diff"] < 0.01 for r in rows[1:])  # the probe of each sync, read a step later
     assert all(0 <= r["perf/actor_idle_frac"] <= 1 and 0 <= r["perf/learner_idle_frac"] <= 1 for r in rows)
+    assert "2 rollout actor(s), 1 learner(s)" in proc.stdout
+    weights = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    assert any(float(t.abs().max()) > 0 for k, t in weights.items() if "lora_B" in k)
 
 
 def test_learner_generation_with_staleness_on_ray(tiny_model, tmp_path):

@@ -1,9 +1,11 @@
 """Exact resume (tiny model, in-process HF rollout: no Ray, no vLLM): 6 steps straight equal 3 steps + resume +
-3 steps bit for bit, and a run killed with SIGKILL continues from its last checkpoint with `resume=auto`.
+3 steps bit for bit, with a curriculum whose state the checkpoint must hold too; and a run killed with SIGKILL
+continues from its last checkpoint with `resume=auto`.
 With Ray + vLLM the same exactness is tested in tests/integration/test_reproducible.py."""
 
 from __future__ import annotations
 
+import pickle
 import signal
 import subprocess
 import sys
@@ -36,17 +38,41 @@ def args(model, out, *extra: str) -> list[str]:
     ]
 
 
-def test_resume_is_bitwise_identical(tiny_model, tmp_path):
+# A curriculum on a training set small enough that prompts repeat: its state (pass rates, what it skipped) is the
+# part of a resume that the data cursor alone does not hold, so the exact-resume run carries one.
+CURRICULUM = (
+    "curriculum=pass_rate",
+    "env.size=4",  # 4 training prompts, 2 per step: every prompt comes back every other step
+    "eval.size=2",
+    "eval.correct_threshold=0.05",  # LengthReward: some samples of a prompt pass, some do not
+    "curriculum.solved=0.5",
+    "curriculum.revisit_prob=0.2",
+    "checkpoint.interval=3",
+    "checkpoint.keep_last=0",
+)
+
+
+def test_resume_with_a_curriculum_is_bitwise_identical(tiny_model, tmp_path):
+    """`curriculum=pass_rate` skips prompts and logs its metrics, its state is in the checkpoints, and 6 steps
+    straight equal 3 steps + `run.resume=auto` + 3 steps bit for bit (staleness 0: nothing in flight)."""
     straight, split = tmp_path / "straight", tmp_path / "split"
-    common = ["eval.size=2", "checkpoint.interval=3", "checkpoint.keep_last=0"]
     for out, extra in [
         (straight, ["run.steps=6"]),
         (split, ["run.steps=3"]),
         (split, ["run.steps=6", "run.resume=auto"]),
     ]:
-        proc = run_train(args(tiny_model, out, *common, *extra), timeout=300)
+        proc = run_train(args(tiny_model, out, *CURRICULUM, *extra), timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resumed from" in proc.stdout and "step 3, adapter version 3, data cursor 6" in proc.stdout
+    full = metric_rows(straight)
+    # the cursor counts the prompts drawn, the skipped ones too: the straight run's at step 3
+    cursor = int(next(r["data/cursor"] for r in full if r["step"] == 3 and "train/loss" in r))
+    assert cursor >= 6  # 2 prompts per step, and the skipped ones
+    resumed = [line for line in proc.stdout.splitlines() if line.startswith("resumed from")]
+    assert len(resumed) == 1 and f"step 3, adapter version 3, data cursor {cursor}" in resumed[0], proc.stdout[-3000:]
+    assert all("curriculum/pass_rate_1" in r for r in full if "reward/mean" in r)
+    assert sum(r.get("curriculum/skipped", 0) for r in full) > 0  # something was solved and skipped
+    state = pickle.loads((straight / "checkpoints" / "step_0006" / "trainer.pkl").read_bytes())
+    assert state["data"]["curriculum"]["kind"] == "pass_rate" and state["data"]["curriculum"]["rates"]
 
     a, b = (
         load_file(straight / "adapter" / "adapter_model.safetensors"),
@@ -57,15 +83,15 @@ def test_resume_is_bitwise_identical(tiny_model, tmp_path):
     mid = load_file(straight / "checkpoints" / "step_0003" / "adapter" / "adapter_model.safetensors")
     assert any(not mid[k].equal(a[k]) for k in a), "steps 4-6 did not move the adapter: the test would be vacuous"
 
-    train_a = [r for r in metric_rows(straight) if "train/loss" in r]
+    train_a = [r for r in full if "train/loss" in r]
     train_b = [r for r in metric_rows(split) if "train/loss" in r]
     assert [r["step"] for r in train_b] == [1, 2, 3, 4, 5, 6]
-    assert train_a == train_b
+    assert train_a == train_b  # the same prompts chosen and skipped, the same samples and losses
     assert [r["sync/version"] for r in train_b] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     # evaluation before training ran once (not again on resume); the final evaluations agree
     evals_b = [r for r in metric_rows(split) if "eval/accuracy" in r]
     assert [r["step"] for r in evals_b] == [0, 3, 6]
-    final_a = [r for r in metric_rows(straight) if "eval/accuracy" in r and r["step"] == 6]
+    final_a = [r for r in full if "eval/accuracy" in r and r["step"] == 6]
     assert final_a == [evals_b[-1]]
 
 
