@@ -88,7 +88,7 @@ def train(
             t_step = time.perf_counter()
             batch = sampler.next(step)  # generate (or collect what was sent ahead) + score + dynamic sampling
             m = probe.collect()  # the previous sync's probe, when it was read late (staleness > 0)
-            samples, sm = prepare(cfg, runtime, tokenizer, batch, step)  # shaping -> advantages -> masks
+            samples, sm = prepare(cfg, runtime, tokenizer, batch, step, logger)  # shaping -> advantages -> masks
             m |= sm | learn(runtime, samples, a.updates_per_step)
             nonfinite = count_nonfinite(m, nonfinite, step, cfg)
             m |= runtime.sync()
@@ -153,16 +153,17 @@ def resume(cfg: TrainConfig, runtime: Runtime, sampler: Sampler, logger: Metrics
 
 
 def prepare(
-    cfg: TrainConfig, runtime: Runtime, tokenizer: Any, batch: Batch, step: int
+    cfg: TrainConfig, runtime: Runtime, tokenizer: Any, batch: Batch, step: int, logger: MetricsLogger
 ) -> tuple[list[TrainSample], dict]:
     """Reward shaping (KL in the reward, overlong penalty) -> advantages -> loss masks -> top-k, the batch's
-    metrics, and the step's rollout dump (logger.rollouts_interval)."""
+    metrics, and the step's rollout dump (logger.rollouts_interval; with wandb also its `rollouts` table)."""
     shaped, kl_metrics = kl_reward_penalty(runtime.reference_logprobs, batch.rollouts, batch.rewards, cfg)
     samples, adv, metrics = prepare_samples(batch.rollouts, shaped, cfg)
     every = cfg.logger.rollouts_interval
     if every and step % every == 0:
         path = Path(cfg.logger.rollouts_dir) / f"{checkpoint.step_dir_name(step)}.jsonl"
-        evaluation.save_rollouts(path, step, tokenizer, batch.rollouts, batch.rewards, shaped, adv, cfg)
+        rows = evaluation.save_rollouts(path, step, tokenizer, batch.rollouts, batch.rewards, shaped, adv, cfg)
+        logger.log_table(step, "rollouts", rows)
     behind = [runtime.steps_behind(r.adapter_version) for r in batch.rollouts]
     return samples, {
         **kl_metrics,

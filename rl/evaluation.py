@@ -89,13 +89,15 @@ def save_rollouts(
     shaped: list[float],
     adv: torch.Tensor,
     cfg: TrainConfig,
-) -> None:
+) -> list[dict]:
     """Every completion of a training step (every logger.rollouts_interval steps) as jsonl, written atomically: task `rewards`,
     the rewards after all shaping (`shaped` is after the KL-in-reward penalty; the overlong penalty is added here,
-    as prepare_samples does), the advantages [B*G]. The prompt is decoded from the token ids the model saw."""
+    as prepare_samples does), the advantages [B*G]. The prompt is decoded from the token ids the model saw.
+    Returns the rows written (the driver logs them to wandb as a table too)."""
     lengths = torch.tensor([c.model_tokens for c in completions_of(rollouts)], dtype=torch.float32)
     final = shape_rewards(shaped, lengths, cfg)[0].tolist()
     prompts = [tokenizer.decode(r.prompt_ids) for r in rollouts]
+    written = []
     with atomic_jsonl(path) as f:
         for row, c in zip(
             rollout_rows(step, prompts, rollouts, rewards, final, adv.tolist()), completions_of(rollouts)
@@ -110,6 +112,8 @@ def save_rollouts(
                     for m, start, end in mask_spans(c.mask)
                 ]
             write_row(f, row)
+            written.append(row)
+    return written
 
 
 def mask_spans(mask: Sequence[int]) -> list[tuple[int, int, int]]:

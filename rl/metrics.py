@@ -65,6 +65,19 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
 
+    def log_table(self, step: int, name: str, rows: list[dict[str, Any]]) -> None:
+        """`rows` (one dict per sample, as the rollout dumps write them) as a wandb Table `name` at `step`; nothing
+        without wandb (the jsonl dump holds the same rows). Columns in first-seen order, a missing field empty,
+        anything but text and numbers (an episode's spans, an answer's list) as JSON text."""
+        if self._wandb is None or not rows:
+            return
+        import wandb
+
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+        cell = lambda v: v if v is None or isinstance(v, (str, int, float)) else json.dumps(v, default=str)  # noqa: E731
+        data = [[cell(row.get(c)) for c in columns] for row in rows]
+        self._wandb.log({name: wandb.Table(columns=columns, data=data)}, step=step)
+
     def drop_after(self, step: int) -> int:
         """Remove the rows of steps after `step` (a resumed run redoes them), keeping the rest of the file;
         a line cut by a kill is dropped too. Returns how many rows were removed."""

@@ -1,11 +1,14 @@
 """`logger=wandb logger.mode=offline` writes a wandb offline run directory (no account, no network) holding the
-run's history, beside metrics.jsonl (tiny model, in-process HF rollout, 1 step)."""
+run's history and, with `logger.rollouts_interval`, each dumped step's samples as a wandb Table, beside
+metrics.jsonl (tiny model, in-process HF rollout, 1 step)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.helpers import metric_rows, run_train, tiny_args
+from tests.helpers import jsonl, metric_rows, run_train, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +29,7 @@ def test_wandb_offline_run_directory(tiny_model, tmp_path):
             "logger.mode=offline",
             "logger.project=rlft-test",
             "logger.tags=[resume,offline]",
+            "logger.rollouts_interval=1",
         ],
         timeout=300,
     )
@@ -37,3 +41,10 @@ def test_wandb_offline_run_directory(tiny_model, tmp_path):
     assert not (out / "checkpoints").exists()  # save_interval=0: no checkpoints
     steps = [r["step"] for r in metric_rows(out, timings=True)]
     assert steps == [1]
+    # the step's samples as the wandb Table `rollouts`, read back from the offline run: the dump's rows
+    tables = list(runs[0].glob("files/media/table/rollouts_*.table.json"))
+    assert len(tables) == 1, sorted(p.name for p in runs[0].rglob("*") if p.is_file())
+    table = json.loads(tables[0].read_text())
+    dump = jsonl(out / "rollouts" / "step_0001.jsonl")
+    assert len(dump) == 4 and table["columns"][: len(dump[0])] == list(dump[0])
+    assert [dict(zip(table["columns"], row)) for row in table["data"]] == dump

@@ -180,3 +180,22 @@ def test_evaluation_keeps_its_reward_counters_out_of_the_next_training_step(tmp_
     assert m["eval/reward_errors"] == 3 + 3 * 2  # greedy and sampled completions, reported with the evaluation
     assert reward.pop_metrics() == {"reward/errors": 0.0}  # nothing left for the sampler's next step
     assert len((tmp_path / "eval" / "step_0000.jsonl").read_text().splitlines()) == 3 + 3 * 2  # <eval.save_dir>
+
+
+def test_an_episodes_rollout_rows_become_a_wandb_table_with_its_spans_as_json(tmp_path):
+    """logger.rollouts_interval with logger=wandb (offline, a real wandb run): the rows of the dump become the
+    Table `rollouts`, a field only some rows have left empty, an episode's spans (tool calls, results) as JSON."""
+    import json
+
+    rows = [
+        {"step": 1, "prompt": "p", "completion": "c", "reward": 1.0, "adapter_version": 0},
+        {"step": 1, "prompt": "p", "completion": "d", "reward": 0.0, "adapter_version": 0, "spans": [{"by": "env"}]},
+    ]
+    logger = MetricsLogger(tmp_path, kind="wandb", wandb_mode="offline", project="rlft-test")
+    logger.log_table(1, "rollouts", rows)
+    logger.log_table(2, "rollouts", [])  # a step with nothing dumped logs nothing
+    logger.close()
+    (table,) = tmp_path.glob("wandb/offline-run-*/files/media/table/rollouts_*.table.json")
+    saved = json.loads(table.read_text())
+    assert saved["columns"] == ["step", "prompt", "completion", "reward", "adapter_version", "spans"]
+    assert saved["data"] == [[1, "p", "c", 1.0, 0, None], [1, "p", "d", 0.0, 0, '[{"by": "env"}]']]
