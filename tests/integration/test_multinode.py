@@ -1,7 +1,7 @@
 """A real two-node Ray cluster on this machine: a head and a second node, each started with `ray start ... --block`
 as its own process tree and given one CPU, so that roles reserving a whole CPU cannot share a node. Against that
 running cluster: `python train.py cluster.address=<head>` places the rollout actor and the learners on different
-nodes, trains, checkpoints and resumes with two learners; a `-m` sweep with hydra/launcher=ray_cluster runs its
+nodes, trains, checkpoints and resumes with two learners (an HF actor); a `-m` sweep with hydra/launcher=ray_cluster runs its
 jobs as tasks on it; a vLLM rollout actor killed with SIGKILL in the middle of a run is restarted by Ray and every
 prompt is trained once. The cluster is started once for the module and stopped by its fixture."""
 
@@ -158,9 +158,11 @@ def placements(text: str) -> dict[tuple[str, int], str]:
 
 
 def test_roles_on_two_nodes_train_checkpoint_and_resume_with_two_learners(two_nodes, tiny_model, tmp_path, monkeypatch):
-    """One vLLM actor (a whole CPU: a node of its own) and two learners (half a CPU each: together on the other
+    """One rollout actor (a whole CPU: a node of its own) and two learners (half a CPU each: together on the other
     node) train 2 steps with a checkpoint after each; resume=auto continues at step 3 with the data cursor and
-    the adapter versions of the checkpoint, and the two learners hold equal adapters before and after."""
+    the adapter versions of the checkpoint, and the two learners hold equal adapters before and after. The actor
+    generates with HF: a vLLM engine on a node of this cluster, and its adapter, run in the fault test below, and
+    the two runs here would start two more."""
     for k, v in AUTH.items():
         monkeypatch.setenv(k, v)
     out = tmp_path / "run"
@@ -168,11 +170,11 @@ def test_roles_on_two_nodes_train_checkpoint_and_resume_with_two_learners(two_no
         *tiny_args(tiny_model, in_process=False),
         f"cluster.address={two_nodes.address}",
         "cluster.num_learners=2",
+        "cluster.rollout_backend=hf",
         "cluster.cpus_per_actor=1",
         "cluster.cpus_per_learner=0.5",
         "cluster.actor_threads=1",
         "cluster.learner_threads=1",
-        "cluster.gpu_memory_utilization=0.1",  # of a NUMA node: 0.05 of an 11 GiB node is less than the engine uses
         f"run.output_dir={out}",
         "logger=none",
         "run.prompts_per_step=2",
@@ -201,7 +203,7 @@ def test_roles_on_two_nodes_train_checkpoint_and_resume_with_two_learners(two_no
     assert [r["step"] for r in train_rows] == [1, 2, 3]  # each step once, none repeated after the resume
     step3 = train_rows[-1]
     assert step3["data/cursor"] == 6 and step3["sync/version"] == 3
-    assert step3["actor/adapter_version"] == 2  # step 3 was sampled with the restored adapter, pushed to vLLM
+    assert step3["actor/adapter_version"] == 2  # step 3 was sampled with the restored adapter, pushed to the actor
     # both learners restored the checkpoint: their adapters agree after the resumed step as before it
     assert [r["learner/checksum_spread"] for r in train_rows] == [0.0, 0.0, 0.0]
 

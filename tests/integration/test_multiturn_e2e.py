@@ -1,6 +1,7 @@
-"""End to end: train.py on multi-turn episodes (env=retry) with the tiny random model, on Ray + vLLM CPU and with
-the HF backend in one process: episodes run on the actor, the learner trains on their model tokens, and the
-metrics, evaluation and rollout dumps show whole episodes."""
+"""End to end: train.py on multi-turn episodes (env=retry) with the tiny random model, on Ray + vLLM CPU: episodes
+run on the actor, the learner trains on their model tokens, and the metrics, evaluation and rollout dumps show whole
+episodes. The episode loop is the rollout engines' shared base (rl/rollout/episodes.py); tests/unit/test_episodes.py
+runs it on a scripted engine (several turns) and on the HF backend (one turn)."""
 
 from __future__ import annotations
 
@@ -50,13 +51,5 @@ def check_episodes(out) -> None:
 def test_retry_episodes_on_ray_with_vllm(tiny_model, tmp_path):
     out = tmp_path / "run"
     proc = run_train([f"model.path={tiny_model}", f"run.output_dir={out}", "cluster=1a1l", *RETRY])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    check_episodes(out)
-
-
-def test_retry_episodes_with_the_hf_backend(tiny_model, tmp_path):
-    out = tmp_path / "run"
-    args = [f"model.path={tiny_model}", f"run.output_dir={out}", "cluster=local", "cluster.rollout_backend=hf"]
-    proc = run_train([*args, *RETRY])
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_episodes(out)
