@@ -295,3 +295,7 @@ class CodeTasksEnv:
 
     def eval_items(self) -> list[dict[str, Any]]:
         return self._eval
+
+    def answer_text(self, item: dict[str, Any]) -> str:
+        """The reference solution in the code block the prompt asks for (demonstrations: python -m rl.tools.demos)."""
+        return f"```python\n{item['answer']}```"

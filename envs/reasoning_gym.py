@@ -76,6 +76,10 @@ class ReasoningGymEnv:
     def eval_items(self) -> list[dict[str, Any]]:
         return self._eval
 
+    def answer_text(self, item: dict[str, Any]) -> str:
+        """A right answer as a model would write it (demonstrations: python -m rl.tools.demos)."""
+        return f"The answer is {item['answer']}."
+
     def task_curriculum(self) -> TaskCurriculum:
         """The task's difficulty levels (curriculum=difficulty); a ValueError naming env.task if it has none."""
         return TaskCurriculum(self)

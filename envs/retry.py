@@ -8,6 +8,7 @@ up to `max_turns` answers. The run's reward scores the last answer; with `discou
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from envs.protocol import Episode, Message
@@ -44,6 +45,19 @@ class RetryEnv:
 
     def start(self, item: dict[str, Any]) -> Episode:
         return Episode(item, [dict(m) for m in item["messages"]])
+
+    def demonstrate(self, episode: Episode, rng: random.Random) -> str:
+        """The next turn of a demonstration (python -m rl.tools.demos) that uses the feedback: a wrong answer first
+        (a number near the right one, or "I am not sure." when the answer is not a number), then the inner env's
+        right answer."""
+        item = episode.item
+        if episode.turns > 0:
+            return self.inner.answer_text(item)
+        try:
+            wrong = int(item["answer"]) + rng.choice([-10, -2, -1, 1, 2, 10])
+        except ValueError:
+            return "I am not sure."
+        return f"The answer is {wrong}."
 
     def step(self, episode: Episode, model_text: str) -> list[Message] | None:
         item = episode.item

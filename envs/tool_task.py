@@ -13,6 +13,9 @@ describes the tools and `<tool>name: input</tool>` in the system prompt and answ
 
 from __future__ import annotations
 
+import json
+import random
+import re
 import time
 from typing import Any
 
@@ -90,6 +93,22 @@ class ToolEnv:
         if self.tool_format == "tag":
             return [{"role": "user", "content": "\n".join(f"<result>{r}</result>" for r in results)}]
         return [{"role": "tool", "content": r} for r in results]
+
+    def demonstrate(self, episode: Episode, rng: random.Random) -> str:
+        """The next turn of a demonstration (python -m rl.tools.demos): a well-formed calculator call on the task's
+        expression (reasoning-gym arithmetic items carry it in their metadata), then the answer the tool returned."""
+        if episode.tool_calls == 0:
+            expression = episode.item.get("metadata", {}).get("expression")
+            if expression is None or "calculator" not in self.tools:
+                raise ValueError(
+                    "env: demonstrations of tool use need the calculator tool and items with metadata.expression"
+                )
+            if self.tool_format == "tag":
+                return f"<tool>calculator: {expression}</tool>"
+            call = {"name": "calculator", "arguments": {"expression": expression}}
+            return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        result = re.sub(r"</?result>", "", str(episode.messages[-1]["content"])).strip()
+        return f"The answer is {result}."
 
     def _run(self, episode: Episode, call: ToolCall) -> str:
         t0 = time.perf_counter()
