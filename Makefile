@@ -12,7 +12,7 @@ QUIET   := 2>&1 | { grep -v "^WARNING: Location" || true; }
 # The GPU machine has no .venv: its python3 holds torch and /tmp/site the carried wheels (docs/gpus-and-clusters.md)
 TEST_PY := $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 
-.PHONY: help install install-gpu demo test test-fast test-gpu lint format clean
+.PHONY: help install install-gpu demo test test-slow test-fast test-gpu lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -43,8 +43,11 @@ install-gpu:  ## create .venv with the CUDA stack instead (vllm, unsloth, bitsan
 demo:  ## train SmolLM2-135M with GRPO on a reasoning-gym task (Ray + vLLM + LoRA learner), eval before/after
 	$(BIN)/python train.py
 
-test:  ## all CPU tests (unit + integration with real Ray and vLLM on a tiny model)
-	$(BIN)/python -m pytest -q
+test:  ## the CPU tests but tier 2 (unit + integration with real Ray and vLLM on a tiny model)
+	$(BIN)/python -m pytest -q -m "not tier2"
+
+test-slow:  ## tier 2: a two-node Ray cluster, the benches' smoke run, vLLM runs repeated and resumed bit for bit
+	$(BIN)/python -m pytest -q -m tier2
 
 test-fast:  ## unit tests only (no Ray, no vLLM)
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import REPO, repo_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 
 
 def test_scaling_bench_measures_one_actor(tiny_model):

@@ -29,7 +29,7 @@ from rl import checkpoint
 from rl.rollout.vllm import VLLMRollout
 from tests.helpers import REPO, LengthReward, metric_rows, repo_env, run_train, sigkill_self_once, tiny_args
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 
 # Ray (2.60) turns token authentication on for `ray start --head` when ~/.ray/auth_token exists (any earlier local
 # ray.init writes one), and then only processes with RAY_AUTH_MODE=token and that token may join by host:port. The

@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import assert_resume_matches, assert_same_first_steps, run_train, tiny_args
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 
 RUN = [
     "cluster=1a1l",
