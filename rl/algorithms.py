@@ -362,6 +362,22 @@ def pg_loss(
     return loss, metrics
 
 
+@register_policy_loss("sft")
+def sft_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    agg: Callable[..., torch.Tensor],
+    knobs: PolicyLossKnobs = DEFAULT_KNOBS,
+) -> tuple[torch.Tensor, Metrics]:
+    """Supervised fine-tuning on demonstrations (algorithm=sft): per token -log pi(y_t), the cross-entropy of the
+    demonstration's model tokens (the mask leaves the prompt and the environment's tokens out, as in RL). There
+    is no behaviour policy and no advantage: `old_logp` and `advantages` are not read."""
+    return agg(-logp, mask), {}
+
+
 @register_policy_loss("clipped")
 def clipped_surrogate_loss(
     logp: torch.Tensor,

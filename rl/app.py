@@ -50,11 +50,13 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict) -> dict[s
         console_every=lg.console_every,
         total_steps=cfg.run.steps,
     )
-    c, verbose = cfg.cluster, cfg.run.verbose
+    c, verbose, a = cfg.cluster, cfg.run.verbose, cfg.algorithm
+    per_step = f"{a.group_size} samples" if a.demos is None else f"1 demonstration ({a.demos})"
+    start = f"\nstarting from the adapter {cfg.model.init_adapter}" if cfg.model.init_adapter else ""
     print(
-        f"run dir: {cfg.run_dir}\nmodel: {cfg.model.path}\n{c.mode.value}: {c.num_actors} rollout actor(s), "
-        f"{c.num_learners} learner(s); algorithm {cfg.algorithm.name}; {cfg.run.steps} steps x "
-        f"{cfg.run.prompts_per_step} prompts x {cfg.algorithm.group_size} samples",
+        f"run dir: {cfg.run_dir}\nmodel: {cfg.model.path}{start}\n{c.mode.value}: {c.num_actors} rollout actor(s), "
+        f"{c.num_learners} learner(s); algorithm {a.name}; {cfg.run.steps} steps x {cfg.run.prompts_per_step} prompts x "
+        f"{per_step}",
         flush=True,
     )
     # the roles' warnings and errors on the console (every line from their start on with run.verbose=true)

@@ -253,6 +253,4 @@ def find_policy(path: str | Path, key: str = "adapter") -> TrainedPolicy:
 
 def read_adapter(folder: Path, version: int = 1) -> Adapter:
     """A PEFT-format adapter folder (write_adapter's, or PEFT's save_pretrained) as the bytes an engine loads."""
-    config = json.loads((Path(folder) / "adapter_config.json").read_text())
-    weights = (Path(folder) / "adapter_model.safetensors").read_bytes()
-    return Adapter(version=version, config=config, weights=weights)
+    return Adapter.from_folder(folder, version)

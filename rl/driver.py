@@ -7,6 +7,8 @@ Reads top to bottom like nanochat's chat_rl.py: each part of a step is a named c
   corrects the train-inference mismatch (behaviour logprobs come from the rollout engine, not the learner);
 - the KL penalty to the reference policy is set per bundle (grpo: 0.01 with k3, as in the paper; dapo, dr_grpo: 0);
 - outcome rewards only (one scalar per completion), broadcast to every completion token.
+With algorithm=sft (a supervised warm start) a step's samples are demonstrations (rl/data/demos.py) instead of
+sampled and scored rollouts; the rest of the loop is the same.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from rl import checkpoint, evaluation
 from rl.config.choices import ActorBase
 from rl.config.schema import TrainConfig
 from rl.data.curriculum import build_curriculum
+from rl.data.demos import Demonstrations
 from rl.data.prepare import kl_reward_penalty, prepare_samples, rollout_metrics
 from rl.data.prompts import PromptData
 from rl.data.sampler import Batch, RewardFn, Sampler
@@ -48,30 +51,38 @@ def train(
     steps, a = cfg.run.steps, cfg.algorithm
     seed_everything(cfg.run.seed)
     train_data, eval_data = load_data(cfg, tokenizer, env)
-    curriculum = build_curriculum(cfg, env, lambda items: PromptData(items, tokenizer, cfg))
-    sampler = Sampler(runtime, train_data, reward_fn, cfg, steps, curriculum)
+    # algorithm=sft trains on demonstrations (a warm start): no rollouts, the actors evaluate and are probed
+    demos = Demonstrations(a.demos, tokenizer, cfg) if a.demos else None
+    if demos is None:
+        curriculum = build_curriculum(cfg, env, lambda items: PromptData(items, tokenizer, cfg))
+        sampler = Sampler(runtime, train_data, reward_fn, cfg, steps, curriculum)
+    data = demos or sampler
     probe = SyncProbe(
         runtime,
         train_data.prompt_ids[:2],
         a.temperature,
         a.top_p,
         threshold=cfg.run.sync_probe_threshold,
-        deferred=sampler.overlapped,
+        deferred=demos is None and sampler.overlapped,
         seed=cfg.run.seed,
         floor_limit=None if full_precision_sampler(cfg) else cfg.run.probe_floor_limit,
     )
+    if cfg.model.init_adapter:  # the actors start from the learner's starting adapter (version 0) too
+        runtime.sync()
     summary: dict[str, float] = {
         "data/train_prompts": len(train_data),
         "data/dropped_long_prompts": train_data.dropped + eval_data.dropped,
         "sync/probe_floor": probe.measure_floor(),
     }
+    if demos is not None:
+        summary |= {"data/demos": len(demos), "data/dropped_long_demos": demos.dropped}
     if full_precision_sampler(cfg):
         print(
             f"model.actor_base=original: the actors sample model.path's full-precision weights beside the 4-bit "
             f"learner, {summary['sync/probe_floor']:.4f} nats per token apart before training",
             flush=True,
         )
-    start = resume(cfg, runtime, sampler, logger) + 1
+    start = resume(cfg, runtime, data, logger) + 1
     if (
         cfg.eval.size
         and start == 1
@@ -86,10 +97,14 @@ def train(
     try:
         for step in range(start, steps + 1):
             t_step = time.perf_counter()
-            batch = sampler.next(step)  # generate (or collect what was sent ahead) + score + dynamic sampling
-            m = probe.collect()  # the previous sync's probe, when it was read late (staleness > 0)
-            samples, sm = prepare(cfg, runtime, tokenizer, batch, step, logger)  # shaping -> advantages -> masks
-            m |= sm | learn(runtime, samples, a.updates_per_step)
+            if demos is not None:
+                samples, m = demos.next(cfg.run.prompts_per_step)
+            else:
+                batch = sampler.next(step)  # generate (or collect what was sent ahead) + score + dynamic sampling
+                m = probe.collect()  # the previous sync's probe, when it was read late (staleness > 0)
+                samples, sm = prepare(cfg, runtime, tokenizer, batch, step, logger)  # shaping -> advantages -> masks
+                m |= sm
+            m |= learn(runtime, samples, a.updates_per_step)
             nonfinite = count_nonfinite(m, nonfinite, step, cfg)
             m |= runtime.sync()
             m |= probe.after_sync(step, last=step == steps)
@@ -99,11 +114,12 @@ def train(
                 m |= evaluation.evaluate(runtime, eval_data, reward_fn, cfg, step)
             logger.log(step, m)
             logger.console(step, m)
-            summary["reward/last"] = m["reward/mean"]
+            if "reward/mean" in m:
+                summary["reward/last"] = m["reward/mean"]
             every = cfg.checkpoint.interval
             if every and (step % every == 0 or step == steps):
                 checkpoint.save_run(
-                    cfg.run_dir, step, runtime, sampler, keep_last=cfg.checkpoint.keep_last, config=resolved
+                    cfg.run_dir, step, runtime, data, keep_last=cfg.checkpoint.keep_last, config=resolved
                 )
             if nonfinite >= cfg.run.max_nonfinite_steps:
                 raise RunStopped(stop_message(nonfinite_reason(nonfinite, step, cfg), cfg.run_dir))
@@ -134,8 +150,9 @@ def load_data(cfg: TrainConfig, tokenizer: Any, env: Any) -> tuple[PromptData, P
     return train_data, eval_data
 
 
-def resume(cfg: TrainConfig, runtime: Runtime, sampler: Sampler, logger: MetricsLogger) -> int:
-    """The step a checkpoint ended (0 when starting fresh); its state is loaded into the roles and the sampler."""
+def resume(cfg: TrainConfig, runtime: Runtime, data: Sampler | Demonstrations, logger: MetricsLogger) -> int:
+    """The step a checkpoint ended (0 when starting fresh); its state is loaded into the roles and the data source
+    (the sampler, or the demonstrations of algorithm=sft)."""
     ckpt = checkpoint.resolve_resume(cfg.run.resume, cfg.run_dir)
     if ckpt is None:
         if cfg.run.resume == "auto":
@@ -147,7 +164,7 @@ def resume(cfg: TrainConfig, runtime: Runtime, sampler: Sampler, logger: Metrics
                 flush=True,
             )
         return 0
-    step = checkpoint.restore_run(ckpt, runtime, sampler)
+    step = checkpoint.restore_run(ckpt, runtime, data)
     logger.drop_after(step)  # rows of steps after the checkpoint were lost work; they are redone
     return step
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,13 @@ class Adapter:
     @property
     def nbytes(self) -> int:
         return len(self.weights)
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, version: int) -> Adapter:
+        """A PEFT-format adapter folder (rl/checkpoint.py write_adapter's, or PEFT's save_pretrained)."""
+        folder = Path(folder)
+        config = json.loads((folder / "adapter_config.json").read_text())
+        return cls(version, config, (folder / "adapter_model.safetensors").read_bytes())
 
 
 @dataclass

@@ -126,6 +126,45 @@ def resolve_actor_path(cfg: TrainConfig) -> str:
     return m.path
 
 
+def resolve_init_adapter(cfg: TrainConfig) -> str | None:
+    """`model.init_adapter` as the adapter folder it names (an adapter folder, a run directory or a checkpoint:
+    rl/checkpoint.py find_policy), checked against this run's LoRA shape, which the learner must match to load it."""
+    m = cfg.model
+    if m.init_adapter is None:
+        return None
+    from rl.checkpoint import find_policy
+
+    policy = find_policy(m.init_adapter, key="model.init_adapter")
+    if policy.adapter is None:
+        raise ConfigError(
+            f"model.init_adapter={m.init_adapter} holds a full model ({policy.model}), not a LoRA adapter: give it "
+            "as model.path instead"
+        )
+    saved = json.loads((Path(policy.adapter) / "adapter_config.json").read_text())
+    theirs = (saved.get("r"), saved.get("lora_alpha"), sorted(saved.get("target_modules") or []))
+    ours = (m.lora_rank, m.lora_alpha, sorted(m.lora_targets))
+    if theirs != ours:
+        raise ConfigError(
+            f"model.init_adapter={m.init_adapter} is LoRA rank {theirs[0]}, alpha {theirs[1]} on {theirs[2]}; this "
+            f"run's model.lora_rank / lora_alpha / lora_targets are {ours[0]}, {ours[1]}, {ours[2]}: set them to the "
+            "adapter's"
+        )
+    return str(Path(policy.adapter).resolve())
+
+
+def resolve_demos(cfg: TrainConfig) -> str | None:
+    """`algorithm.demos` as an absolute path to a file that exists (the learner-side reader runs elsewhere)."""
+    demos = cfg.algorithm.demos
+    if demos is None:
+        return None
+    path = Path(demos).expanduser()
+    if not path.is_file():
+        raise ConfigError(
+            f"algorithm.demos={demos}: no such file; write one with python -m rl.tools.demos env=... --n N --out FILE"
+        )
+    return str(path.resolve())
+
+
 def check_run_dir_is_new(cfg: TrainConfig, run_dir: Path) -> None:
     """A run that does not resume must not write into another run's directory: its metrics would be appended to
     that run's metrics.jsonl and its checkpoints mixed with that run's."""
@@ -165,12 +204,14 @@ def resolve(cfg: TrainConfig, run_dir: Path | str, *, model_path: str | None = N
             m,
             learner_backend=resolve_learner_backend(cfg),
             learner_dtype=DType.bfloat16 if m.learner_dtype == DType.auto else m.learner_dtype,
+            init_adapter=resolve_init_adapter(cfg),
         ),
         algorithm=replace(
             a,
             loss_agg_norm_length=a.loss_agg_norm_length or completion,
             overlong_buffer=(a.overlong_buffer or default_overlong_buffer(completion)) if a.overlong_penalty else None,
             top_k=a.top_k if a.top_k is not None and a.top_k < a.group_size else None,
+            demos=resolve_demos(cfg),
         ),
         cluster=replace(cfg.cluster, lora_mode=resolve_lora_mode(cfg)),
         learner=replace(cfg.learner, micro_batch_tokens=resolve_micro_batch_tokens(cfg)),

@@ -66,6 +66,9 @@ class ModelConfig:
         ActorBase.learner
     )  # beside a 4-bit learner: learner (its NF4 base dequantized) | quantized (vLLM's own NF4) | original (path's)
     actor_path: str | None = None  # weights the actors load (null: model.path, or the 4-bit base dequantized, cached)
+    init_adapter: str | None = (
+        None  # LoRA adapter the run starts from (adapter folder, run dir or checkpoint; e.g. sft's)
+    )
 
     def __post_init__(self) -> None:
         check(self.lora_rank > 0, f"model.lora_rank must be > 0 (got {self.lora_rank})")
@@ -76,6 +79,10 @@ class ModelConfig:
         check(
             not (self.full_finetune and self.load_in_4bit),
             "model.full_finetune=true cannot train 4-bit weights: set model.load_in_4bit=false",
+        )
+        check(
+            not (self.full_finetune and self.init_adapter),
+            "model.init_adapter starts LoRA from an adapter; model.full_finetune=true trains no adapter: drop one",
         )
 
 
@@ -141,12 +148,19 @@ class AlgorithmConfig(PolicyLossKnobs):
     updates_per_step: int = 1  # optimizer steps per rollout batch (mini-batches); 1 = fully on-policy
     temperature: float = 1.0  # sampling temperature for rollouts
     top_p: float = 1.0  # nucleus sampling for rollouts
+    demos: str | None = None  # sft: the demonstrations JSONL it trains on (python -m rl.tools.demos, or your own)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.group_size >= 2, f"algorithm.group_size must be >= 2 for group baselines (got {self.group_size})")
         check(self.lr > 0, f"algorithm.lr must be > 0 (got {self.lr})")
         check(self.updates_per_step >= 1, f"algorithm.updates_per_step must be >= 1 (got {self.updates_per_step})")
+        check(
+            (self.policy_loss == "sft") == (self.demos is not None),
+            "algorithm=sft trains on demonstrations: give algorithm.demos=<jsonl> (python -m rl.tools.demos writes one)"
+            if self.policy_loss == "sft"
+            else f"algorithm.demos is read by algorithm=sft only (this run's policy_loss is {self.policy_loss})",
+        )
         check(
             self.tis_cap == 0 or self.updates_per_step == 1,
             "algorithm.tis_cap > 0 uses the learner's current logprobs as the proximal policy: set "
@@ -381,7 +395,8 @@ class TrainConfig:
             f"algorithm.overlong_buffer={a.overlong_buffer} exceeds model.max_new_tokens={m.max_new_tokens}: lower it "
             "(null: a quarter of model.max_new_tokens)",
         )
-        samples, learners = self.run.prompts_per_step * a.group_size, c.num_learners
+        # algorithm=sft trains on one demonstration per prompt
+        samples, learners = self.run.prompts_per_step * (1 if a.policy_loss == "sft" else a.group_size), c.num_learners
         check(
             samples % learners == 0,
             f"run.prompts_per_step * algorithm.group_size = {self.run.prompts_per_step} * {a.group_size} = {samples} "

@@ -72,6 +72,14 @@ class Learner:
                     stacklevel=2,
                 )
                 self.batcher = self._batcher(None)
+        if (
+            cfg.model.init_adapter
+        ):  # the run starts from this adapter (its version 0; the resolve step checked its shape)
+            start = Adapter.from_folder(cfg.model.init_adapter, version=0)
+            export.load_policy_bytes(self.model, start, self.device, full_weights=False)
+            if cfg.algorithm.kl_coef > 0:  # the KL's reference is the policy the run starts from, not the base
+                trained = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+                self.policy.ref_adapter = trained
         params = [p for p in self.model.parameters() if p.requires_grad]
         # fused: one kernel for all parameters, and it can skip a non-finite step on the device (`found_inf`), so the
         # step launches without waiting for the host to read the loss (the GPU would idle meanwhile)
@@ -130,13 +138,14 @@ class Learner:
             mask, old, adv = self.batcher.completion_batch(mb)
             # the entropy bonus needs the entropy's gradient; otherwise it is a metric from the same logsumexp
             ent = "loss" if a.entropy_coef > 0 else "metric"
+            if kl_coef > 0:  # before the policy's forward: a reference that swaps weights must not touch its graph
+                with torch.no_grad(), self.policy.reference() as ref_model:
+                    ref = self.batcher.logprobs(ref_model, mb, a.temperature)[0]
             logp, entropy, n_positions = self.batcher.logprobs(self.model, mb, a.temperature, entropy=ent)  # [B, C]
             loss, metrics = self.loss_fn(logp, old, adv, mask, agg=self.agg_fn, knobs=a)
             if a.entropy_coef > 0:  # entropy bonus: maximise the aggregated token entropy
                 loss = loss - a.entropy_coef * self.agg_fn(entropy, mask)
             if kl_coef > 0:
-                with torch.no_grad(), self.policy.reference() as ref_model:
-                    ref = self.batcher.logprobs(ref_model, mb, a.temperature)[0]
                 kl = algorithms.kl_penalty(logp, ref, a.kl_estimator.value)
                 loss = loss + kl_coef * self.agg_fn(kl, mask)
                 metrics["policy/kl_ref"] = algorithms.masked_mean(kl, mask)

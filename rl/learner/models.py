@@ -28,13 +28,20 @@ class PolicyModel:
     logits_to_keep: bool  # the forward takes `logits_to_keep` (the LM head can skip prompt positions)
     ref_model: Any = None  # full fine-tuning with a KL: a frozen copy of the initial weights
     full_finetune: bool = False
+    # a run that starts from an adapter (model.init_adapter) with a KL: that adapter's weights, the reference
+    ref_adapter: dict[str, Any] | None = None
 
     def reference(self):
-        """Context manager yielding the reference policy: the adapter switched off, or the frozen copy."""
+        """Context manager yielding the reference policy: the adapter switched off, the frozen copy, or (a run that
+        starts from an adapter) the model with the starting adapter's weights swapped in. The swap writes the
+        trainable tensors in place: call it before the step's own forward, whose graph would otherwise hold
+        tensors the swap changed."""
         if self.ref_model is not None:
             return contextlib.nullcontext(self.ref_model)
         if self.full_finetune:
             raise RuntimeError("this full fine-tuning learner keeps no reference copy (built only when kl_coef > 0)")
+        if self.ref_adapter is not None:
+            return self._starting_adapter()
 
         @contextlib.contextmanager
         def adapter_off():
@@ -42,6 +49,20 @@ class PolicyModel:
                 yield self.model
 
         return adapter_off()
+
+    @contextlib.contextmanager
+    def _starting_adapter(self):
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            current = {n: params[n].detach().clone() for n in self.ref_adapter}
+            for n, t in self.ref_adapter.items():
+                params[n].copy_(t)
+        try:
+            yield self.model
+        finally:
+            with torch.no_grad():
+                for n, t in current.items():
+                    params[n].copy_(t)
 
 
 def load_policy(cfg: TrainConfig, device: torch.device) -> PolicyModel:

@@ -129,7 +129,7 @@ class VLLMRollout(EpisodeEngine):
             self.llm.collective_rpc("rlft_load_weights", args=(adapter.weights,))
             self.llm.reset_prefix_cache()
         elif self.lora_mode == LoraMode.native:
-            if self._lora_request is not None and self._lora_request.lora_int_id == adapter.version:
+            if self._lora_request is not None and self._lora_request.lora_int_id == adapter.version + 1:
                 # the same version again (a rejoining actor, a resume): already in use; rewriting its folder and
                 # removing the "old" one would delete the adapter the engine reads
                 return {"seconds": time.perf_counter() - t0, "bytes": adapter.nbytes}
@@ -153,7 +153,8 @@ class VLLMRollout(EpisodeEngine):
         (folder / "adapter_config.json").write_text(json.dumps(adapter.config, default=str))
         (folder / "adapter_model.safetensors").write_bytes(adapter.weights)
         old = self._lora_request
-        self._lora_request = LoRARequest(f"v{adapter.version}", adapter.version, str(folder))
+        # vLLM's LoRA ids start at 1; version 0 is an adapter too when the run starts from one (model.init_adapter)
+        self._lora_request = LoRARequest(f"v{adapter.version}", adapter.version + 1, str(folder))
         if old is not None:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
             shutil.rmtree(old.lora_path, ignore_errors=True)

@@ -32,6 +32,9 @@ def test_every_config_option_composes_into_the_typed_schema_and_its_specs(group,
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         # 12 prompts split evenly over 1, 2 or 3 learners (the default 8 x 8 samples do not split over 1a3l's 3)
         batch = ["run.prompts_per_step=12"] if group == "cluster" else []
+        if (group, option) == ("algorithm", "sft"):  # trains on a demonstrations file, which must exist
+            (tmp_path / "demos.jsonl").write_text("")
+            batch = [f"algorithm.demos={tmp_path / 'demos.jsonl'}"]
         cfg = compose(config_name="train", overrides=[f"{group}={option}", *batch])
     if group in ("reward", "env"):
         assert "_target_" in cfg[group]

@@ -306,3 +306,23 @@ def test_cpu_short_eager_attention_gives_the_sdpa_step(tiny_model, share, monkey
     sdpa = [(k, grad) for path, k, grad in calls if path == "sdpa"]
     assert any(k > attention.EAGER_MAX_KEYS for k, grad in sdpa)  # the long prompt's
     assert any(k <= attention.EAGER_MAX_KEYS and not grad for k, grad in sdpa)  # the no-grad reference's
+
+
+def test_a_learner_started_from_an_adapter_trains_it_and_keeps_it_as_the_kl_reference(tiny_model, tmp_path):
+    """model.init_adapter: the learner starts with the adapter's weights (its policy is the adapter's), and with a
+    KL its reference is that starting policy, also after a step changed the adapter, not the base model."""
+    from rl.checkpoint import write_adapter
+    from tests.helpers import run_spec
+
+    donor = make_learner(tiny_model)  # random lora_B: an adapter that changes logprobs
+    write_adapter(donor.get_adapter(), tmp_path / "start")
+    samples = make_samples()
+    prompts, completions = [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
+    start = donor.sequence_logprobs(prompts, completions)
+    base = donor.sequence_logprobs(prompts, completions, reference=True)
+    overrides = (*LEARNER_TEST_OVERRIDES, f"model.init_adapter={tmp_path / 'start'}", "algorithm.kl_coef=0.1")
+    learner = Learner(run_spec(tiny_model, *overrides, "algorithm.lr=1e-2"))
+    assert learner.sequence_logprobs(prompts, completions) == start != base
+    learner.train_step(samples)
+    assert learner.sequence_logprobs(prompts, completions) != start  # the step trained the starting adapter
+    assert learner.sequence_logprobs(prompts, completions, reference=True) == start
