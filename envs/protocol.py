@@ -45,6 +45,7 @@ class Episode:
     terms: dict[str, float] = field(default_factory=dict)  # per-episode reward terms, added to the outcome reward
     tool_calls: int = 0  # well-formed tool calls the env ran
     tool_errors: int = 0  # malformed calls, unknown tools and tools that raised
+    malformed_calls: int = 0  # of those, calls the env could not parse (the tool format not followed)
     tool_seconds: float = 0.0  # time spent in tools
 
 

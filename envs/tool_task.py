@@ -84,6 +84,7 @@ class ToolEnv:
             return None
         results = [f"error: {e}" for e in errors]
         episode.tool_errors += len(errors)
+        episode.malformed_calls += len(errors)
         for k, call in enumerate(calls):
             if k >= self.max_calls_per_turn:
                 results.append(f"error: at most {self.max_calls_per_turn} tool calls per turn")

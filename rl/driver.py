@@ -184,7 +184,7 @@ def prepare(
     behind = [runtime.steps_behind(r.adapter_version) for r in batch.rollouts]
     return samples, {
         **kl_metrics,
-        **rollout_metrics(batch.rollouts, batch.rewards, adv, cfg.algorithm.group_size),
+        **rollout_metrics(batch.rollouts, batch.rewards, adv, cfg.algorithm.group_size, cfg.eval.correct_threshold),
         **batch.stats,
         **metrics,
         **runtime.pop_counts(),

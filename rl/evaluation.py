@@ -63,7 +63,8 @@ def evaluate(
         ks=ev.pass_k,
     )
     out["eval/length_mean"] = float(np.mean([r.completions[0].model_tokens for r in greedy]))
-    out |= {f"eval/{k[4:]}": v for k, v in episode_metrics(completions_of(greedy)).items()}
+    episodes = episode_metrics(completions_of(greedy), runs[0][2], ev.correct_threshold)
+    out |= {f"eval/{k[4:]}": v for k, v in episodes.items()}
     out["eval/n"] = float(len(data))
     # the evaluation's reward errors and timeouts are its own, not the next training step's; eval/reward_errors has
     # one slash, as every overall eval metric (eval/<set>/<metric> is a named eval set's)

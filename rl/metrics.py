@@ -115,6 +115,8 @@ class MetricsLogger:
             ("response/length_mean", "len", "{:.1f}"),
             ("env/turns_mean", "turns", "{:.2f}"),  # multi-turn envs only
             ("env/tool_calls_per_episode", "tools", "{:.2f}"),
+            ("env/solved_after_feedback_frac", "solved_late", "{:.2f}"),
+            ("eval/solved_after_feedback_frac", "eval_solved_late", "{:.2f}"),
             ("train/loss", "loss", "{:+.4f}"),
             ("policy/approx_kl", "kl", "{:.4f}"),
             ("sync/logprob_abs_diff", "probe", "{:.4f}"),

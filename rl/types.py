@@ -25,6 +25,7 @@ class EpisodeInfo:
     turns: int  # model turns
     tool_calls: int = 0
     tool_errors: int = 0
+    malformed_calls: int = 0  # tool calls the env could not parse (in tool_errors too)
     tool_seconds: float = 0.0
     env_tokens: int = 0  # environment tokens in the completion (mask 0)
     terms: dict[str, float] = field(default_factory=dict)  # per-episode reward terms, added to the outcome reward

@@ -104,7 +104,9 @@ def model_mask(c: Completion) -> torch.Tensor:
     return torch.ones(len(c.token_ids)) if c.mask is None else torch.tensor(c.mask, dtype=torch.float32)
 
 
-def rollout_metrics(rollouts: list[PromptRollout], rewards: list[float], adv: torch.Tensor, group_size: int) -> dict:
+def rollout_metrics(
+    rollouts: list[PromptRollout], rewards: list[float], adv: torch.Tensor, group_size: int, threshold: float = 1.0
+) -> dict:
     completions = completions_of(rollouts)
     lengths = [c.model_tokens for c in completions]
     truncated = [c.finish_reason == "length" for c in completions]
@@ -119,26 +121,44 @@ def rollout_metrics(rollouts: list[PromptRollout], rewards: list[float], adv: to
         "adv/mean": float(adv.mean()),
         "adv/std": float(adv.std()) if adv.numel() > 1 else 0.0,
         "adv/zero_group_frac": float((rw.std(dim=1) == 0).float().mean()),
-    } | episode_metrics(completions)
+    } | episode_metrics(completions, rewards, threshold)
 
 
-def episode_metrics(completions: list[Completion]) -> dict[str, float]:
+def episode_metrics(
+    completions: list[Completion], rewards: list[float] | None = None, threshold: float = 1.0
+) -> dict[str, float]:
     """Multi-turn episodes (none: no metrics): turns, tool calls and errors and time per episode, the share of
-    environment tokens among completion tokens, and the share of episodes truncated (finish_reason "length")."""
+    well-formed tool calls among those the model tried, the share of environment tokens among completion tokens,
+    and the share of episodes truncated (finish_reason "length"). With `rewards` (one per completion), what shows
+    the environment's answers being used: the share of episodes solved (reward >= `threshold`), the share solved
+    after it answered (on the second model turn or later: after feedback or tool results), and the mean turn of
+    the solved ones."""
     episodes = [c.episode for c in completions if c.episode is not None]
     if not episodes:
         return {}
     all_tokens = sum(len(c.token_ids) for c in completions)
-    return {
-        "env/turns_mean": float(np.mean([e.turns for e in episodes])),
-        "env/turns_max": float(max(e.turns for e in episodes)),
-        "env/tool_calls_per_episode": float(np.mean([e.tool_calls for e in episodes])),
-        "env/tool_errors_per_episode": float(np.mean([e.tool_errors for e in episodes])),
-        "env/tool_s": float(sum(e.tool_seconds for e in episodes)),
-        "env/env_token_frac": sum(e.env_tokens for e in episodes) / max(all_tokens, 1),
-        "env/truncated_frac": float(np.mean([c.finish_reason == "length" for c in completions])),
-        "env/episode_length_mean": float(np.mean([len(c.token_ids) for c in completions])),
-    } | {
-        f"env/term/{name}": float(np.mean([e.terms.get(name, 0.0) for e in episodes]))
-        for name in sorted({n for e in episodes for n in e.terms})
+    tried = sum(e.tool_calls + e.malformed_calls for e in episodes)
+    solved = [] if rewards is None else [c.episode.turns for c, r in zip(completions, rewards) if r >= threshold]
+    outcome = {
+        "env/solved_frac": len(solved) / len(episodes),
+        "env/solved_after_feedback_frac": sum(t >= 2 for t in solved) / len(episodes),
+        "env/solved_turn_mean": float(np.mean(solved)) if solved else 0.0,
     }
+    return (
+        (outcome if rewards is not None else {})
+        | {
+            "env/tool_calls_wellformed_frac": sum(e.tool_calls for e in episodes) / tried if tried else 1.0,
+            "env/turns_mean": float(np.mean([e.turns for e in episodes])),
+            "env/turns_max": float(max(e.turns for e in episodes)),
+            "env/tool_calls_per_episode": float(np.mean([e.tool_calls for e in episodes])),
+            "env/tool_errors_per_episode": float(np.mean([e.tool_errors for e in episodes])),
+            "env/tool_s": float(sum(e.tool_seconds for e in episodes)),
+            "env/env_token_frac": sum(e.env_tokens for e in episodes) / max(all_tokens, 1),
+            "env/truncated_frac": float(np.mean([c.finish_reason == "length" for c in completions])),
+            "env/episode_length_mean": float(np.mean([len(c.token_ids) for c in completions])),
+        }
+        | {
+            f"env/term/{name}": float(np.mean([e.terms.get(name, 0.0) for e in episodes]))
+            for name in sorted({n for e in episodes for n in e.terms})
+        }
+    )

@@ -106,6 +106,7 @@ class _Run:
             turns=e.turns,
             tool_calls=e.tool_calls,
             tool_errors=e.tool_errors,
+            malformed_calls=e.malformed_calls,
             tool_seconds=e.tool_seconds,
             env_tokens=self.env_tokens,
             terms=dict(e.terms),

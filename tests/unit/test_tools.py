@@ -178,6 +178,7 @@ def test_tool_env_runs_calls_and_counts_errors():
     assert contents[1] == "7006652"
     assert "unknown tool 'nope'" in contents[2] and "exponent too large" in contents[3]
     assert (ep.tool_calls, ep.tool_errors) == (3, 3) and ep.tool_seconds > 0
+    assert ep.malformed_calls == 1  # the bad JSON: the format not followed (env/tool_calls_wellformed_frac 3/4)
     assert env.step(ep, "The answer is 7006652.") is None  # no call: the final answer
     ep.turns = 3
     assert env.step(ep, text) is None  # max_turns reached
