@@ -34,6 +34,12 @@ from typing import Any, Protocol, runtime_checkable
 Message = dict[str, Any]  # a chat message: {"role": ..., "content": ...} (tool messages may add "name")
 
 
+class ContextTurn(str):
+    """A model turn of a demonstration (an env's `demonstrate`) that sets the scene but is not to be imitated, such
+    as the wrong first answer before the feedback: a warm start trains on the turns after it, not on it
+    (rl/tools/demos.py marks it `"train": false`, rl/data/demos.py masks it out)."""
+
+
 @dataclass
 class Episode:
     """One conversation in progress. The env keeps what it needs in `state`; counters are reported as metrics."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from envs.protocol import Episode, Message
+from envs.protocol import ContextTurn, Episode, Message
 
 
 class RetryEnv:
@@ -48,16 +48,16 @@ class RetryEnv:
 
     def demonstrate(self, episode: Episode, rng: random.Random) -> str:
         """The next turn of a demonstration (python -m rl.tools.demos) that uses the feedback: a wrong answer first
-        (a number near the right one, or "I am not sure." when the answer is not a number), then the inner env's
-        right answer."""
+        (a number near the right one, or "I am not sure." when the answer is not a number), as context only (a
+        warm start should not learn to answer wrong), then the inner env's right answer."""
         item = episode.item
         if episode.turns > 0:
             return self.inner.answer_text(item)
         try:
             wrong = int(item["answer"]) + rng.choice([-10, -2, -1, 1, 2, 10])
         except ValueError:
-            return "I am not sure."
-        return f"The answer is {wrong}."
+            return ContextTurn("I am not sure.")
+        return ContextTurn(f"The answer is {wrong}.")
 
     def step(self, episode: Episode, model_text: str) -> list[Message] | None:
         item = episode.item

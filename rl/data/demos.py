@@ -8,10 +8,11 @@ one sample exactly as an RL episode does (rl/rollout/episodes.py): the prompt th
 trains the very tokens, in the very layout, that the RL run after it samples and scores.
 
 The file: one JSON object per line with `prompt` (a list of messages), `messages` (the conversation after it, at
-least one `assistant` message) and optionally `tools`; `python -m rl.tools.demos` writes such files, and a user's
-own follow the same form. Demonstrations whose prompt is longer than model.max_prompt_tokens, or whose conversation
-is longer than the run's completion budget (model.max_new_tokens, or env.max_episode_tokens for multi-turn envs),
-are dropped and counted. The order repeats in seeded passes, whose position a checkpoint saves (PromptData's).
+least one `assistant` message; one marked `"train": false` is context, not imitated) and optionally `tools`;
+`python -m rl.tools.demos` writes such files, and a user's own follow the same form. Demonstrations whose prompt is
+longer than model.max_prompt_tokens, or whose conversation is longer than the run's completion budget
+(model.max_new_tokens, or env.max_episode_tokens for multi-turn envs), are dropped and counted. The order repeats in
+seeded passes, whose position a checkpoint saves (PromptData's).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def render_conversation(
     tokenizer: Any, messages: list[dict], use_chat_template: bool, tools: list[dict] | None = None
 ) -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of the conversation after the prompt, as an episode lays it out: each model turn's
-    tokens and its end-of-turn token with mask 1, the environment's messages between turns with mask 0."""
+    tokens and its end-of-turn token with mask 1 (0 for a turn marked `"train": false`), the environment's messages
+    between turns with mask 0."""
     env_tokens = EnvTokens(tokenizer, use_chat_template)
     ids: list[int] = []
     mask: list[int] = []
@@ -67,7 +69,7 @@ def render_conversation(
             t = env_tokens.encode(pending, ids[-1] if ids else None, tools)
             ids, mask, pending = ids + t, mask + [0] * len(t), []
         t = list(tokenizer(m["content"], add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
-        ids, mask = ids + t, mask + [1] * len(t)
+        ids, mask = ids + t, mask + [int(m.get("train", True))] * len(t)  # "train": false: context, not imitated
     return ids, mask
 
 

@@ -17,8 +17,9 @@ and envs/tool_task.py have the first, envs/reasoning_gym.py and envs/code_tasks.
 
 One JSON object per line, written atomically: `prompt` (the item's messages), `tools` (hermes tool schemas, or
 null), `turns` (the model's texts in order), `messages` (the conversation after the prompt: the model's turns and
-the environment's messages), `answer`, `reward`, `tool_calls`, `tool_errors`, `index` (the item's position in the
-env's training items).
+the environment's messages; a model turn that only sets the scene, such as retry's wrong first answer, carries
+`"train": false` and a warm start does not imitate it), `answer`, `reward`, `tool_calls`, `tool_errors`, `index`
+(the item's position in the env's training items).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from envs.protocol import Episode, is_multi_turn
+from envs.protocol import ContextTurn, Episode, is_multi_turn
 from rl.atomic import replace_when_done
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -51,8 +52,9 @@ def demonstrate(env: Any, item: dict[str, Any], rng: random.Random) -> Episode:
     while True:
         text = env.demonstrate(episode, rng)
         episode.turns += 1
-        episode.messages.append({"role": "assistant", "content": text})
-        reply = env.step(episode, text)
+        turn = {"role": "assistant", "content": str(text)}
+        episode.messages.append(turn | ({"train": False} if isinstance(text, ContextTurn) else {}))
+        reply = env.step(episode, str(text))
         if reply is None:
             return episode
         episode.messages.extend(reply)

@@ -43,7 +43,8 @@ def replays(env, row: dict) -> bool:
             break
         episode.messages.extend(reply)
         messages.extend(reply)
-    return item["messages"] == row["prompt"] and messages == row["messages"]
+    said = [{k: v for k, v in m.items() if k != "train"} for m in row["messages"]]  # the env sees the text only
+    return item["messages"] == row["prompt"] and messages == said
 
 
 @pytest.mark.parametrize("fmt", ["tag", "hermes"])
@@ -68,6 +69,7 @@ def test_retry_demonstrations_answer_wrong_read_the_feedback_and_correct_it():
     for row in rows:
         wrong, feedback, right = row["messages"]
         assert feedback == {"role": "user", "content": env.feedback} and row["reward"] == 1.0
+        assert wrong["train"] is False and "train" not in right  # a warm start learns the correction, not the error
         item = _item(env, row)
         assert reward([wrong["content"]], answer=[item["answer"]], metadata=[item["metadata"]])[0] == 0.0
         assert right["content"] == f"The answer is {row['answer']}." and replays(env, row)

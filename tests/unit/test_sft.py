@@ -12,6 +12,7 @@ from rl.algorithms import get_loss_agg, get_policy_loss
 from rl.config import resolve as specs
 from rl.config.schema import ConfigError
 from rl.data.demos import Demonstrations, render_conversation
+from rl.evaluation import mask_spans
 from rl.rollout.episodes import run_episodes
 from rl.tools.demos import demonstrations
 from rl.types import Completion, EpisodeSpec, PromptRollout, Sampling
@@ -62,8 +63,16 @@ def test_a_demonstration_renders_as_the_episode_with_its_turns(tiny_model, env_n
     (episode,) = run_episodes(teacher_forced(row["turns"], tok), tok, env, [prompt], [item], Sampling(n=1), spec, 0)
     rl = episode.completions[0]
     ids, mask = render_conversation(tok, row["messages"], True, row["tools"])
-    assert (ids, mask) == (rl.token_ids, rl.mask) and 0 in mask and mask[-1] == 1
-    assert rl.episode.messages == row["messages"]
+    assert ids == rl.token_ids and 0 in mask and mask[-1] == 1
+    # the episode's mask, less the turns the demonstration marks as context (retry's wrong first answer)
+    spans = mask_spans(rl.mask)
+    model_turns = [(s, e) for m, s, e in spans if m == 1]
+    expected = list(rl.mask)
+    for (s, e), turn in zip(model_turns, (m for m in row["messages"] if m["role"] == "assistant")):
+        if turn.get("train") is False:
+            expected[s:e] = [0] * (e - s)
+    assert mask == expected and (expected != rl.mask) == (env_name == "retry")
+    assert rl.episode.messages == [{k: v for k, v in m.items() if k != "train"} for m in row["messages"]]
 
 
 def test_sft_loss_is_the_masked_cross_entropy_of_the_model_tokens():
