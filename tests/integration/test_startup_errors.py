@@ -34,6 +34,7 @@ def assert_no_driver_traceback(proc) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.tier2
 def test_kv_cache_share_too_small_on_cpu(tiny_model, tmp_path):
     """cluster.gpu_memory_utilization=0.01 of a NUMA node leaves vLLM's CPU worker no KV cache once its process
     holds the libraries and weights (what bench.e2e_trl's fixed 0.05 did on this machine)."""

@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import metric_rows, run_train, tiny_args
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 
 
 def test_multirun_sweeps_algorithms_on_ray(tiny_model, tmp_path):
