@@ -144,10 +144,12 @@ def episode_metrics(
         "env/solved_after_feedback_frac": sum(t >= 2 for t in solved) / len(episodes),
         "env/solved_turn_mean": float(np.mean(solved)) if solved else 0.0,
     }
+    # a share of no tool call is no number: the key is left out when none was tried
+    wellformed = {"env/tool_calls_wellformed_frac": sum(e.tool_calls for e in episodes) / tried} if tried else {}
     return (
         (outcome if rewards is not None else {})
+        | wellformed
         | {
-            "env/tool_calls_wellformed_frac": sum(e.tool_calls for e in episodes) / tried if tried else 1.0,
             "env/turns_mean": float(np.mean([e.turns for e in episodes])),
             "env/turns_max": float(max(e.turns for e in episodes)),
             "env/tool_calls_per_episode": float(np.mean([e.tool_calls for e in episodes])),

@@ -145,7 +145,7 @@ def test_episode_loop_batches_turns_and_masks_env_tokens(tok):
     m = episode_metrics([x for r in rollouts for x in r.completions])
     assert m["env/turns_mean"] == pytest.approx((1 + 3 + 2 + 2) / 4) and m["env/turns_max"] == 3
     assert 0 < m["env/env_token_frac"] < 1 and m["env/truncated_frac"] == 0
-    assert "env/solved_frac" not in m and m["env/tool_calls_wellformed_frac"] == 1.0  # no rewards, no tool tried
+    assert "env/solved_frac" not in m and "env/tool_calls_wellformed_frac" not in m  # no rewards, no tool tried
     # with the task rewards: 3 of 4 episodes solved, 2 of them after the feedback (on their second turn)
     completions = [x for r in rollouts for x in r.completions]
     rewards = [float(c.text == answer) for c, answer in zip(completions, ["5", "5", "7", "7"])]
