@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rl.config.schema import ConfigError, TrainConfig
-from rl.data.prompts import PromptData, encode_prompt
+from rl.data.prompts import PromptData
 from rl.rollout.episodes import EnvTokens
 from rl.types import TrainSample
 
@@ -78,21 +78,25 @@ class Demonstrations:
 
     def __init__(self, path: str | Path, tokenizer: Any, cfg: TrainConfig):
         m, budget = cfg.model, cfg.completion_tokens
-        items, self.samples, self.dropped = [], [], 0
+        items, too_long = [], 0
         for row in read_demos(path):
-            prompt = encode_prompt(tokenizer, row["prompt"], m.use_chat_template, row.get("tools"))
             ids, mask = render_conversation(tokenizer, row["messages"], m.use_chat_template, row.get("tools"))
-            if len(prompt) > m.max_prompt_tokens or len(ids) > budget:
-                self.dropped += 1
+            if len(ids) > budget:
+                too_long += 1
                 continue
-            items.append({"messages": row["prompt"], "tools": row.get("tools")})
-            self.samples.append(TrainSample(prompt, ids, [0.0] * len(ids), 1.0, mask))
+            items.append({"messages": row["prompt"], "tools": row.get("tools"), "completion": (ids, mask)})
+        # PromptData tokenises the prompts, drops (and counts) those over model.max_prompt_tokens, and keeps the order
+        self.data = PromptData(items, tokenizer, cfg)
+        self.dropped = too_long + self.data.dropped
+        self.samples = [
+            TrainSample(prompt, ids, [0.0] * len(ids), 1.0, mask)
+            for prompt, (ids, mask) in zip(self.data.prompt_ids, (it["completion"] for it in self.data.items))
+        ]
         if not self.samples:
             raise ConfigError(
                 f"algorithm.demos={path}: all {self.dropped} demonstrations are longer than model.max_prompt_tokens="
                 f"{m.max_prompt_tokens} (prompt) or the completion budget of {budget} tokens: raise those"
             )
-        self.data = PromptData(items, tokenizer, cfg)
 
     def __len__(self) -> int:
         return len(self.samples)

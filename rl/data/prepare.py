@@ -138,16 +138,18 @@ def episode_metrics(
         return {}
     all_tokens = sum(len(c.token_ids) for c in completions)
     tried = sum(e.tool_calls + e.malformed_calls for e in episodes)
-    solved = [] if rewards is None else [c.episode.turns for c, r in zip(completions, rewards) if r >= threshold]
-    outcome = {
-        "env/solved_frac": len(solved) / len(episodes),
-        "env/solved_after_feedback_frac": sum(t >= 2 for t in solved) / len(episodes),
-        "env/solved_turn_mean": float(np.mean(solved)) if solved else 0.0,
-    }
+    outcome = {}
+    if rewards is not None:
+        solved = [c.episode.turns for c, r in zip(completions, rewards) if r >= threshold]
+        outcome = {
+            "env/solved_frac": len(solved) / len(episodes),
+            "env/solved_after_feedback_frac": sum(t >= 2 for t in solved) / len(episodes),
+            "env/solved_turn_mean": float(np.mean(solved)) if solved else 0.0,
+        }
     # a share of no tool call is no number: the key is left out when none was tried
     wellformed = {"env/tool_calls_wellformed_frac": sum(e.tool_calls for e in episodes) / tried} if tried else {}
     return (
-        (outcome if rewards is not None else {})
+        outcome
         | wellformed
         | {
             "env/turns_mean": float(np.mean([e.turns for e in episodes])),

@@ -72,9 +72,8 @@ class Learner:
                     stacklevel=2,
                 )
                 self.batcher = self._batcher(None)
-        if (
-            cfg.model.init_adapter
-        ):  # the run starts from this adapter (its version 0; the resolve step checked its shape)
+        # a run that starts from an adapter: its version 0 (the resolve step checked its shape)
+        if cfg.model.init_adapter:
             start = Adapter.from_folder(cfg.model.init_adapter, version=0)
             export.load_policy_bytes(self.model, start, self.device, full_weights=False)
             if cfg.algorithm.kl_coef > 0:  # the KL's reference is the policy the run starts from, not the base
