@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from envs.protocol import Environment
 from rl.config.schema import ConfigError, TrainConfig, register_configs
-from rl.entry import build_target, check_renamed, fail, one_line_config_error
+from rl.entry import build_target, check_renamed, compose_checked, fail, one_line_config_error
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 log = logging.getLogger("train")
@@ -56,16 +56,7 @@ def precheck_overrides(argv: list[str]) -> TrainConfig | None:
     if any(a in flags or a.split("=")[0] in flags for a in argv):
         return None
     overrides = [a for a in argv if not a.startswith("hydra.") and not a.startswith("+hydra.")]
-    from hydra import compose, initialize_config_dir
-
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose(config_name="train", overrides=overrides)
-            return OmegaConf.to_object(cfg.copy())  # typed validation (__post_init__ checks)
-    except ConfigError as e:
-        fail(str(e))
-    except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf errors become one line
-        fail(one_line_config_error(e, TrainConfig))
+    return compose_checked(CONF_DIR, "train", overrides, TrainConfig)[1]
 
 
 def to_typed(cfg: DictConfig) -> TrainConfig:

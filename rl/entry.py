@@ -1,6 +1,7 @@
-"""What the two entry scripts (train.py and `python -m rl.tools.eval`) share: turning a config or build error into the one
-line the user reads (`error: ...`, exit 2), and building the `_target_` nodes (env, reward) with an error naming
-the key. It imports only Hydra and OmegaConf, so both scripts' `--help` stays instant.
+"""What the entry scripts (train.py, `python -m rl.tools.eval`, `python -m rl.tools.demos`) share: composing a config
+and turning a config or build error into the one line the user reads (`error: ...`, exit 2), and building the
+`_target_` nodes (env, reward) with an error naming the key. It imports only Hydra and OmegaConf, so the scripts'
+`--help` stays instant.
 """
 
 from __future__ import annotations
@@ -79,6 +80,24 @@ def valid_keys(full_key: str, schema: type) -> list[str]:
     for part in full_key.split(".")[:-1]:
         node = typing.get_type_hints(node).get(part) if dataclasses.is_dataclass(node) else None
     return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
+
+
+def compose_checked(conf_dir: str, name: str, overrides: list[str], schema: type) -> tuple[DictConfig, Any]:
+    """conf_dir/name.yaml with `overrides`: (the composed DictConfig, its typed and checked `schema` object); a bad key
+    or value exits with one line naming it. `schema` must be registered with Hydra's ConfigStore already."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rl.config.errors import ConfigError
+
+    try:
+        with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+            dcfg = compose(config_name=name, overrides=overrides)
+        return dcfg, OmegaConf.to_object(dcfg.copy())  # typed validation (__post_init__ checks)
+    except ConfigError as e:
+        fail(str(e))
+    except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf errors become one line
+        fail(one_line_config_error(e, schema))
 
 
 def build_target(node: DictConfig, key: str) -> Any:

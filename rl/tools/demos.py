@@ -106,24 +106,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", required=True, help="the JSONL file to write")
     ap.add_argument("overrides", nargs="*", help="a run's overrides (env=..., reward=..., run.seed=...)")
     args = ap.parse_args(argv)
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from rl.config.schema import ConfigError, TrainConfig, register_configs
-    from rl.entry import build_target, check_renamed, fail, one_line_config_error
+    from rl.config.schema import TrainConfig, register_configs
+    from rl.entry import build_target, check_renamed, compose_checked, fail
 
     if args.n < 1:
         fail(f"--n must be >= 1 (got {args.n})")
     check_renamed(args.overrides)
     register_configs()
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            dcfg = compose(config_name="train", overrides=args.overrides)
-        cfg: TrainConfig = OmegaConf.to_object(dcfg.copy())
-    except ConfigError as e:
-        fail(str(e))
-    except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf errors become one line
-        fail(one_line_config_error(e, TrainConfig))
+    dcfg, cfg = compose_checked(CONF_DIR, "train", args.overrides, TrainConfig)
     env = build_target(dcfg.env, "env")
     reward = build_target(dcfg.reward, "reward")
     try:

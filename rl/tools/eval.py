@@ -30,7 +30,7 @@ from typing import Any
 
 from rl.config.resolve import resolve
 from rl.config.schema import ConfigError, TrainConfig, check, register_configs
-from rl.entry import build_target, fail, one_line_config_error
+from rl.entry import build_target, compose_checked, fail
 from rl.types import TrainedPolicy
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -87,19 +87,8 @@ def resolve_eval(
 
 def compose(argv: list[str]) -> tuple[Any, EvalCommandConfig]:
     """(the composed DictConfig, its typed and checked form); a bad key or value exits with one line."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
-
     register_eval_config()
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            dcfg = hydra_compose(config_name="eval", overrides=argv)
-        return dcfg, OmegaConf.to_object(dcfg.copy())
-    except ConfigError as e:
-        fail(str(e))
-    except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf errors become one line
-        fail(one_line_config_error(e, EvalCommandConfig))
+    return compose_checked(CONF_DIR, "eval", argv, EvalCommandConfig)
 
 
 def select_items(items: list[dict], only: Sequence[str], size: int) -> list[dict]:
