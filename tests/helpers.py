@@ -196,9 +196,14 @@ def assert_same_first_steps(a: Path, b: Path, steps: int = 2) -> None:
     """Run `a` (more steps) and run `b` (`steps` steps, then maybe resumed) agree up to `steps`: metrics, each
     step's checkpointed adapter and rollout dump (`checkpoint.interval=1`, `logger.rollouts_interval=1`), and the
     evaluation before training; and the groups' samples differed (the comparison is not vacuous)."""
-    # b's rows up to `steps` are its first part's (a resume keeps them), less the evaluation that ended it
-    early = [r for r in metric_rows(b) if r["step"] <= steps and not (r["step"] == steps and "eval/n" in r)]
-    assert [r for r in metric_rows(a) if r["step"] <= steps] == early
+
+    # b's rows up to `steps` are its first part's (a resume keeps them), less the evaluation that ended it (and a's
+    # too when a also stopped there)
+    def first_part(run: Path) -> list[dict]:
+        return [r for r in metric_rows(run) if r["step"] <= steps and not (r["step"] == steps and "eval/n" in r)]
+
+    early, rows_a = first_part(b), first_part(a)
+    assert rows_a == early, [(x, y) for x, y in zip(rows_a, early) if x != y][:2] or (len(rows_a), len(early))
     assert len([r for r in early if "train/loss" in r]) == steps
     assert any(r.get("reward/std", 0) > 0 for r in early)
     for step in range(1, steps + 1):
