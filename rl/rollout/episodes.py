@@ -155,6 +155,10 @@ def run_episodes(
         outs = generate([r.prompt_ids + r.ids for r in active], one, budgets, turn_seeds)
         for run, out in zip(active, outs):
             run.add_model_turn(out.completions[0])
+    finish = getattr(env, "finish", None)
+    if finish is not None:  # an env that scores the whole episode does it once, however the episode ended
+        for run in runs:
+            finish(run.episode, run.finish == "length")
     return [
         PromptRollout(list(p), [r.completion(len(item["messages"])) for r in g], version)
         for p, item, g in zip(prompts, items, groups)
