@@ -1,0 +1,152 @@
+"""OpenEnv environments (the `openenv-core` library) on our env protocol: `env=openenv`.
+
+An OpenEnv environment is Gymnasium-shaped: `reset(seed) -> Observation`, `step(Action) -> Observation` with the
+observation's `reward` and `done`; its server (`create_app`) only wraps that class in HTTP/WebSocket sessions, one
+instance per session. Here each episode gets its own instance in the rollout actor's process, the way a server
+session would, without the server:
+
+- the prompt is the observation `reset(seed)` returns, as a user message (after `system_prompt`); an item is a seed
+  (`size` training seeds, `eval_size` held-out seeds after them, never trained on);
+- each model turn becomes the env's Action: the model's text in the action's `action_field` (by default its one
+  required field); an action the class rejects is answered with the validation error and counted as malformed;
+- the next observation is the next user message, until the observation is `done` or `max_turns`;
+- the reward is the sum of the steps' rewards (the episode's return), the episode term `openenv/return`, and
+  `reward=episode` (which conf/env/openenv.yaml selects) adds nothing for the last turn.
+
+The token ids are the actor's own (rl/rollout/episodes.py renders the observations with the chat template and
+masks them out of the loss). The observation's text is its `observation_field`, or by default its one string field
+besides `metadata`, else all its fields but `done`, `reward` and `metadata` as JSON.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import typing
+from typing import Any
+
+try:
+    from openenv.core import Action, Environment, Observation
+except ImportError:
+    raise ImportError(
+        "env=openenv needs the openenv-core package: make install-envs (pip install --no-deps -r requirements-envs.txt)"
+    ) from None
+
+from pydantic import ValidationError
+
+from envs.protocol import Episode, Message
+
+_OBSERVATION_BASE = {"done", "reward", "metadata"}
+
+
+def import_path(path: str) -> Any:
+    module, _, name = path.partition(":")
+    if not name:
+        raise ValueError(f"env: {path!r} is not an import path: write module:Class")
+    return getattr(importlib.import_module(module), name)
+
+
+def action_class(env_cls: type) -> type:
+    """The Action class an environment's `step` takes (its annotation)."""
+    hints = typing.get_type_hints(env_cls.step)
+    cls = hints.get("action")
+    if not (isinstance(cls, type) and issubclass(cls, Action)):
+        raise TypeError(f"env: {env_cls.__name__}.step has no Action annotation: set env.action=module:ActionClass")
+    return cls
+
+
+def one_field(model: type, exclude: set[str], want_str: bool) -> str | None:
+    """The one field of a pydantic class (outside `exclude`; a str one when `want_str`), or None."""
+    names = [
+        n
+        for n, f in model.model_fields.items()
+        if n not in exclude and (not want_str or f.annotation is str) and (want_str or f.is_required())
+    ]
+    return names[0] if len(names) == 1 else None
+
+
+class OpenEnvEnv:
+    """env: `module:Class` of an `openenv.core.Environment`; env_args: its constructor's keyword arguments;
+    action: `module:Class` of its Action (default: `step`'s annotation); action_field: the action's field that takes
+    the model's text; observation_field: the observation's field shown to the model; system_prompt: before the first
+    observation; size / eval_size: training / held-out seeds; seed: the first seed; max_turns: model turns per
+    episode; max_episode_tokens: tokens after the prompt (the model's turns and the observations)."""
+
+    def __init__(
+        self,
+        env: str,
+        env_args: dict[str, Any] | None = None,
+        action: str | None = None,
+        action_field: str | None = None,
+        observation_field: str | None = None,
+        system_prompt: str | None = None,
+        size: int = 256,
+        eval_size: int = 0,
+        seed: int = 0,
+        max_turns: int = 4,
+        max_episode_tokens: int = 256,
+    ):
+        self.env_cls = import_path(env)
+        if not (isinstance(self.env_cls, type) and issubclass(self.env_cls, Environment)):
+            raise TypeError(f"env.env={env} is not an openenv.core.Environment subclass")
+        self.env_args = dict(env_args or {})
+        self.action_cls = import_path(action) if action else action_class(self.env_cls)
+        self.action_field = action_field or one_field(self.action_cls, {"metadata"}, want_str=False)
+        if self.action_field not in self.action_cls.model_fields:
+            raise ValueError(
+                f"env.action_field={self.action_field}: {self.action_cls.__name__} has no such field; set "
+                f"env.action_field to one of {', '.join(self.action_cls.model_fields)}"
+            )
+        self.observation_field = observation_field
+        if size < 1 or eval_size < 0:
+            raise ValueError(f"env.size={size} must be >= 1 and env.eval_size={eval_size} >= 0")
+        self.system_prompt, self.size, self.eval_size, self.seed = system_prompt, size, eval_size, seed
+        self.max_turns, self.max_episode_tokens = max_turns, max_episode_tokens
+
+    def observation_text(self, obs: Observation) -> str:
+        name = self.observation_field or one_field(type(obs), _OBSERVATION_BASE, want_str=True)
+        if name is not None:
+            return str(getattr(obs, name))
+        return json.dumps(obs.model_dump(mode="json", exclude=_OBSERVATION_BASE), default=str)
+
+    def item(self, seed: int) -> dict[str, Any]:
+        """The prompt of the episode `reset(seed)` starts (a throwaway instance renders it)."""
+        env = self.env_cls(**self.env_args)
+        try:
+            obs = env.reset(seed=seed)
+        finally:
+            env.close()
+        messages: list[Message] = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages.append({"role": "user", "content": self.observation_text(obs)})
+        return {"messages": messages, "answer": "", "metadata": {"seed": seed}}
+
+    def train_items(self) -> list[dict[str, Any]]:
+        return [self.item(self.seed + i) for i in range(self.size)]
+
+    def eval_items(self) -> list[dict[str, Any]]:
+        return [self.item(self.seed + self.size + i) for i in range(self.eval_size)]
+
+    def start(self, item: dict[str, Any]) -> Episode:
+        env = self.env_cls(**self.env_args)
+        env.reset(seed=item["metadata"]["seed"])
+        episode = Episode(item, [dict(m) for m in item["messages"]], state={"env": env})
+        episode.terms["openenv/return"] = 0.0
+        return episode
+
+    def step(self, episode: Episode, model_text: str) -> list[Message] | None:
+        try:
+            action = self.action_cls(**{self.action_field: model_text})
+        except ValidationError as e:
+            episode.tool_errors += 1
+            episode.malformed_calls += 1
+            text = f"error: invalid action: {e.errors()[0]['msg']}"
+            return None if episode.turns >= self.max_turns else [{"role": "user", "content": text}]
+        obs = episode.state["env"].step(action)
+        episode.terms["openenv/return"] += float(obs.reward or 0.0)
+        if obs.done or episode.turns >= self.max_turns:
+            return None
+        return [{"role": "user", "content": self.observation_text(obs)}]
+
+    def finish(self, episode: Episode, truncated: bool) -> None:
+        """The instance is this episode's only: close it (its return is already in the terms)."""
+        episode.state.pop("env").close()
