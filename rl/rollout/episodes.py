@@ -197,6 +197,13 @@ class EpisodeEngine:
         if items is not None and self.episodes is not None:
             if self._env is None:
                 self._env = build_env(self.episodes)
+            if getattr(self._env, "agent", None) is not None:  # agent code plays the episodes through an endpoint
+                from rl.rollout.agents import run_agent_episodes
+
+                env_tokens = EnvTokens(self.tokenizer, self.episodes.use_chat_template)
+                return run_agent_episodes(
+                    self._generate, env_tokens, self._env, items, sampling, self.episodes, self.version, seeds
+                )
             return run_episodes(
                 self._generate, self.tokenizer, self._env, prompts, items, sampling, self.episodes, self.version, seeds
             )
