@@ -214,7 +214,7 @@ class VerifiersEnv:
         item: dict[str, Any] = {
             "messages": messages,
             "answer": str(getattr(data, "answer", "") or ""),
-            "metadata": {"vf_task": data.model_dump(mode="json")},
+            "metadata": {"vf_task": data.model_dump(mode="json", exclude_defaults=True)},
         }
         if self.tools.schemas:
             item["tools"] = self.tools.schemas
