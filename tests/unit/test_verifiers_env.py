@@ -93,6 +93,19 @@ def test_tasks_become_prompt_items_with_a_held_out_split():
     assert make_env(eval_size=3, seed=1).train_items() == train  # the split is seeded
 
 
+def test_a_taskset_loads_by_its_verifiers_id_as_by_import_path(tmp_path, monkeypatch):
+    # an installed taskset package: a top-level module exporting its one Taskset in __all__
+    (tmp_path / "sum_tasks_pkg.py").write_text(
+        "from envs.verifiers_example import SumTaskset\n__all__ = ['SumTaskset']\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    by_id = make_env("sum-tasks-pkg", eval_size=64)  # verifiers' ids: dashes for underscores
+    by_path = make_env("envs.verifiers_example:SumTaskset", eval_size=64)
+    assert len(by_id.train_items()) == 136 and by_id.train_items() == by_path.train_items()
+    with pytest.raises(TypeError, match="not a verifiers Taskset"):
+        make_env("envs.verifiers_example:SumTask")
+
+
 def test_rubric_scores_the_whole_episode_into_terms(tok):
     env = make_env()
     item = next(i for i in env.train_items() if i["answer"] == "3")
