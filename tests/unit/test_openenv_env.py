@@ -28,6 +28,7 @@ class GuessObservation(openenv.Observation):
 class GuessEnv(openenv.Environment):
     """Guess a number in 0..9 (the seed's last digit) in 3 tries; "higher"/"lower" after each wrong one."""
 
+    SUPPORTS_CONCURRENT_SESSIONS = True  # each instance keeps its own episode (a server may run several)
     instances = 0
     closed = 0
 
@@ -119,3 +120,45 @@ def test_import_without_the_package_fails_with_one_line():
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: env=openenv needs the openenv-core package: make install-envs")
+
+
+@pytest.fixture
+def server_url():
+    """GuessEnv behind OpenEnv's own server (create_fastapi_app) on a loopback port, stopped after the test."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    app = openenv.create_fastapi_app(GuessEnv, GuessAction, GuessObservation, max_concurrent_envs=8)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_a_running_server_plays_the_same_episodes(tok, server_url):
+    from envs.openenv_env import OpenEnvEnv
+
+    with pytest.raises(ValueError, match="set env.action_field"):
+        OpenEnvEnv(url=server_url)
+    remote = OpenEnvEnv(url=server_url, action_field="guess", size=1, seed=7)
+    local = make_env(size=1, seed=7)
+    assert remote.train_items() == local.train_items()
+    spec = EpisodeSpec("{}", remote.max_turns, remote.max_episode_tokens, True)
+    out = {}
+    for name, env in (("remote", remote), ("local", local)):
+        engine = ScriptedEngine(tok, [["5", "It is 9."], ["7", "8"], ["x"]])
+        (rollout,) = run_episodes(engine, tok, env, [[1, 2]], env.train_items(), Sampling(n=2, max_tokens=16), spec, 0)
+        out[name] = [(c.token_ids, c.mask, c.episode.terms, c.episode.turns) for c in rollout.completions]
+    assert out["remote"] == out["local"]
