@@ -234,11 +234,11 @@ class VerifiersEnv:
         episode.tool_errors += len(errors)
         episode.malformed_calls += len(errors)
         for k, call in enumerate(calls):
-            episode.tool_calls += 1
             if k >= self.max_calls_per_turn:
                 results.append(f"error: at most {self.max_calls_per_turn} tool calls per turn")
                 episode.tool_errors += 1
                 continue
+            episode.tool_calls += 1
             try:
                 results.append(self.tools.call(call.name, call.arguments))
             except Exception as e:  # noqa: BLE001 - a failing tool is the model's to read, and is counted

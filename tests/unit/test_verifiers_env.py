@@ -19,6 +19,7 @@ from tests.unit.test_episodes import ScriptedEngine  # noqa: E402
 
 TASKSET = "tests.unit.test_verifiers_env:SumTaskset"
 TOOLS_TASKSET = "tests.unit.test_verifiers_env:SumToolsTaskset"
+RECORDING_TASKSET = "tests.unit.test_verifiers_env:RecordingTaskset"
 
 
 class SumData(vf.TaskData):
@@ -47,6 +48,22 @@ class SumTaskset(vf.Taskset[SumTask]):
                     SumData(prompt=f"What is {a} + {b}?", system_prompt="Answer with the number.", answer=str(a + b)),
                     self.config.task,
                 )
+
+
+class RecordingTask(SumTask):
+    """SumTask that keeps every trace it scored."""
+
+    traces: list = []
+
+    async def score(self, trace, runtime=None):
+        RecordingTask.traces.append(trace)
+        await super().score(trace, runtime)
+
+
+class RecordingTaskset(vf.Taskset[RecordingTask]):
+    def load(self):
+        for task in SumTaskset(self.config).load():
+            yield RecordingTask(task.data, self.config.task)
 
 
 class AddTools(vf.Toolset):
@@ -116,6 +133,21 @@ def test_rubric_scores_the_whole_episode_into_terms(tok):
     assert short.episode.terms == {"vf/correct": 1.0, "vf/brief": 0.5}  # weight 0.5
     assert long.episode.terms == {"vf/correct": 1.0, "vf/brief": 0.0}
     assert short.episode.turns == 1 and short.mask == [1] * len(short.token_ids)  # single-turn: model tokens only
+
+
+def test_an_episode_cut_by_its_budget_is_scored_too(tok):
+    """finish runs however the episode ends: here its one turn is cut by env.max_episode_tokens."""
+    env = make_env(RECORDING_TASKSET, max_episode_tokens=3)
+    item = next(i for i in env.train_items() if i["answer"] == "3")
+    engine = ScriptedEngine(tok, [["The answer is 3, I computed it with care."]])
+    spec = EpisodeSpec("{}", env.max_turns, env.max_episode_tokens, True)
+    RecordingTask.traces.clear()
+    (rollout,) = run_episodes(engine, tok, env, [[1, 2, 3]], [item], Sampling(n=1, max_tokens=32), spec, 0)
+    (c,) = rollout.completions
+    assert c.finish_reason == "length" and len(c.token_ids) == 3
+    assert set(c.episode.terms) == {"vf/correct", "vf/brief"}
+    (trace,) = RecordingTask.traces
+    assert trace.is_truncated and trace.num_turns == 1  # verifiers' own view: a cut turn
 
 
 def test_tool_calls_run_in_process_and_only_model_tokens_are_in_the_loss(tok):
