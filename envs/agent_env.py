@@ -31,7 +31,7 @@ class AgentEnv:
         host: str = "127.0.0.1",
         max_request_bytes: int = 1 << 20,
         episode_timeout_s: float = 300.0,
-        max_concurrent: int = 16,
+        max_concurrent: int = 64,
     ):
         if max_request_bytes < 1 or episode_timeout_s <= 0 or max_concurrent < 1:
             raise ValueError(
