@@ -27,16 +27,23 @@ import json
 import typing
 from typing import Any
 
-try:
-    from openenv.core import Action, Environment, GenericEnvClient
-except ImportError:
-    raise ImportError(
-        "env=openenv needs the openenv-core package: make install-envs (pip install --no-deps -r requirements-envs.txt)"
-    ) from None
-
 from pydantic import ValidationError
 
 from envs.protocol import Episode, Message
+
+
+def require_openenv() -> Any:
+    """`openenv.core`, or the one line that says how to install it. Imported when the env is built, not with this
+    module, so the resolve step and `--help` work without it."""
+    try:
+        import openenv.core
+    except ImportError:
+        raise ImportError(
+            "env=openenv needs the openenv-core package: make install-envs "
+            "(pip install --no-deps -r requirements-envs.txt)"
+        ) from None
+    return openenv.core
+
 
 _OBSERVATION_BASE = {"done", "reward", "metadata"}
 
@@ -52,7 +59,7 @@ def action_class(env_cls: type) -> type:
     """The Action class an environment's `step` takes (its annotation)."""
     hints = typing.get_type_hints(env_cls.step)
     cls = hints.get("action")
-    if not (isinstance(cls, type) and issubclass(cls, Action)):
+    if not (isinstance(cls, type) and issubclass(cls, require_openenv().Action)):
         raise TypeError(f"env: {env_cls.__name__}.step has no Action annotation: set env.action=module:ActionClass")
     return cls
 
@@ -90,7 +97,7 @@ class RemoteSession:
     """One episode as a WebSocket session of a running OpenEnv server (its own instance of the env there)."""
 
     def __init__(self, url: str, action_field: str):
-        self.client = GenericEnvClient(base_url=url).sync()
+        self.client = require_openenv().GenericEnvClient(base_url=url).sync()
         self.action_field = action_field
 
     def reset(self, seed: int) -> Step:
@@ -129,6 +136,7 @@ class OpenEnvEnv:
         max_turns: int = 4,
         max_episode_tokens: int = 256,
     ):
+        openenv = require_openenv()
         if (env is None) == (url is None):
             raise ValueError(
                 "env=openenv: set one of env.env (module:Class, in process) and env.url (a running server)"
@@ -138,7 +146,7 @@ class OpenEnvEnv:
         self.url, self.env_args = url, dict(env_args or {})
         if env is not None:
             self.env_cls = import_path(env)
-            if not (isinstance(self.env_cls, type) and issubclass(self.env_cls, Environment)):
+            if not (isinstance(self.env_cls, type) and issubclass(self.env_cls, openenv.Environment)):
                 raise TypeError(f"env.env={env} is not an openenv.core.Environment subclass")
             self.action_cls = import_path(action) if action else action_class(self.env_cls)
             action_field = action_field or one_field(self.action_cls)

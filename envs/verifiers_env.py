@@ -31,17 +31,22 @@ import random
 import threading
 from typing import Any
 
-try:
-    import verifiers.v1 as vf
-    from verifiers.v1.utils.generic import concrete_type
-except ImportError:
-    raise ImportError(
-        "env=verifiers needs the verifiers package: make install-envs (pip install --no-deps -r requirements-envs.txt)"
-    ) from None
-
 from envs.protocol import Episode, Message
 from envs.tool_calls import parse_tool_calls
 from envs.tools import schema_of
+
+
+def require_verifiers() -> Any:
+    """`verifiers.v1`, or the one line that says how to install it. Imported when the env is built, not with this
+    module, so the resolve step and `--help` work without it."""
+    try:
+        import verifiers.v1 as vf
+    except ImportError:
+        raise ImportError(
+            "env=verifiers needs the verifiers package: make install-envs "
+            "(pip install --no-deps -r requirements-envs.txt)"
+        ) from None
+    return vf
 
 
 def run_async(coro: Any) -> Any:
@@ -69,6 +74,9 @@ def run_async(coro: Any) -> Any:
 
 def load_taskset(taskset: str, args: dict[str, Any]) -> Any:
     """A verifiers taskset by id (an installed package, as `vf.load_taskset` finds it) or by `module:Class`."""
+    vf = require_verifiers()
+    from verifiers.v1.utils.generic import concrete_type
+
     if ":" in taskset:
         module, _, name = taskset.partition(":")
         cls = getattr(importlib.import_module(module), name)
@@ -84,6 +92,7 @@ class VerifiersTools:
     or the bare name with `TOOL_PREFIX = None`), with their JSON schemas for the chat template."""
 
     def __init__(self, toolsets: list[Any]):
+        vf = require_verifiers()
         from verifiers.v1.utils.decorators import discover_decorated
 
         self.functions: dict[str, Any] = {}
@@ -128,6 +137,7 @@ def vf_message(m: Message, index: int) -> dict[str, Any]:
 def build_trace(task: Any, messages: list[Message], n_prompt: int, truncated: bool) -> Any:
     """A `vf.Trace` of one episode, enough for the task's rubric: the message graph as one branch, the model's
     turns marked sampled (verifiers' `assistant_messages`, `last_reply`), tool results after their calls."""
+    vf = require_verifiers()
     from verifiers.v1.graph import MessageNode
     from verifiers.v1.trace import AgentInfo, TraceTask
 

@@ -114,10 +114,14 @@ def test_a_rejected_action_is_answered_and_counted():
     env.finish(episode, truncated=False)
 
 
-def test_import_without_the_package_fails_with_one_line():
-    code = "import sys; sys.modules['openenv'] = None; import envs.openenv_env"
+def test_without_the_package_the_module_imports_and_building_the_env_fails_with_one_line():
+    """The resolve step reads the class without the package (its limits); building it says what to install."""
+    code = (
+        "import sys; sys.modules['openenv'] = None; sys.modules['openenv.core'] = None; "
+        "from envs.openenv_env import OpenEnvEnv; print('imported'); OpenEnvEnv('tests.unit.test_openenv_env:GuessEnv')"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode != 0
+    assert proc.returncode != 0 and proc.stdout.strip() == "imported"
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: env=openenv needs the openenv-core package: make install-envs")
 

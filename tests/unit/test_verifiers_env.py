@@ -182,9 +182,13 @@ def test_unknown_tools_and_bad_calls_are_the_models_to_read(tok):
     assert env.step(episode, "The answer is 5.") is None  # no call: the episode ends
 
 
-def test_import_without_the_package_fails_with_one_line():
-    code = "import sys; sys.modules['verifiers'] = None; sys.modules['verifiers.v1'] = None; import envs.verifiers_env"
+def test_without_the_package_the_module_imports_and_building_the_env_fails_with_one_line():
+    """The resolve step reads the class without the package (its limits); building it says what to install."""
+    code = (
+        "import sys; sys.modules['verifiers'] = None; sys.modules['verifiers.v1'] = None; "
+        "from envs.verifiers_env import VerifiersEnv; print('imported'); VerifiersEnv('envs.verifiers_example:SumTaskset')"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode != 0
+    assert proc.returncode != 0 and proc.stdout.strip() == "imported"
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: env=verifiers needs the verifiers package: make install-envs")
