@@ -251,6 +251,22 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> to
     raise KeyError(f"algorithm.kl_estimator={estimator!r} is not known; valid names: k1, k2, k3")
 
 
+def distill_reverse_kl(
+    logp: torch.Tensor, teacher_logp: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, Metrics]:
+    """Sampled reverse KL to a teacher, per sequence: sum_t (log pi(y_t) - log pi_T(y_t)) over the sampled tokens
+    y ~ pi (on-policy distillation: Gu et al. 2024, MiniLLM, eq. 1, optimised by policy gradient as in its
+    section 2.2; Agarwal et al. 2024, GKD, with the reverse KL as divergence). Its expectation under pi is
+    KL(pi || pi_T) of the whole completion; its negative is the reward algorithm=distill maximises.
+
+    logp: [B, T] the student's (behaviour) logprobs of its sampled tokens; teacher_logp: [B, T] the teacher's of
+    the same tokens; mask: [B, T] 1 on the model's tokens. Returns ([B] per-sequence sums, metrics):
+    `distill/kl_per_token`, the per-token mean over every unmasked token of the batch (the teacher-student KL)."""
+    per_token = (logp - teacher_logp) * mask  # [B, T]
+    per_seq = per_token.sum(dim=1)  # [B]
+    return per_seq, {"distill/kl_per_token": masked_mean(logp - teacher_logp, mask)}
+
+
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the full next-token distribution, H = logsumexp(z) - sum softmax(z) z. logits [B, T, V] -> [B, T].
 

@@ -8,6 +8,7 @@ learner computes: the driver passes a function that returns them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -18,7 +19,7 @@ from rl.config.schema import TrainConfig
 from rl.data import filters
 from rl.types import Completion, PromptRollout, TrainSample, completions_of
 
-RefLogprobs = Callable[[list[PromptRollout]], list[list[float]]]
+RefLogprobs = Callable[[list[PromptRollout]], list[list[float]]]  # also the teacher's (Runtime.teacher_logprobs)
 
 
 def prepare_samples(
@@ -96,6 +97,38 @@ def kl_reward_penalty(
     return shaped, {
         "reward/kl_penalty_mean": coef * float(np.mean(per_seq)),
         "policy/kl_ref_seq": float(np.mean(per_seq)),
+    }
+
+
+def distill_reward(
+    teacher_logprobs: RefLogprobs, rollouts: list[PromptRollout], rewards: list[float], cfg: TrainConfig
+) -> tuple[list[float], dict[str, float]]:
+    """On-policy distillation as a reward (algorithm=distill): each completion's reward becomes
+    task_reward_coef * r - distill_coef * sum_t (log pi(y_t) - log pi_T(y_t)), the sampled reverse KL to the
+    teacher on the student's own tokens (rl/algorithms.py distill_reverse_kl), with the behaviour logprobs as
+    the student's and the judge/teacher engines' logprobs of the same token ids as the teacher's. The advantages
+    are then computed on that, so any estimator and loss apply. Without algorithm.distill_coef the rewards pass
+    through unchanged. Metrics: `distill/kl_per_token` (the teacher-student KL of the step's samples, nats per
+    token), `distill/kl_seq`, `time/teacher_s`."""
+    a = cfg.algorithm
+    if not a.distill_coef:
+        return rewards, {}
+    t0 = time.perf_counter()
+    teacher = teacher_logprobs(rollouts)
+    seconds = time.perf_counter() - t0
+    completions = completions_of(rollouts)
+    width = max((len(c.token_ids) for c in completions), default=0)
+
+    def padded(rows: list[list[float]]) -> torch.Tensor:
+        return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32)  # [B*G, T]
+
+    mask = padded([model_mask(c).tolist() for c in completions])
+    per_seq, metrics = algorithms.distill_reverse_kl(padded([c.logprobs for c in completions]), padded(teacher), mask)
+    shaped = [a.task_reward_coef * r - a.distill_coef * float(k) for r, k in zip(rewards, per_seq)]
+    return shaped, {
+        "distill/kl_per_token": float(metrics["distill/kl_per_token"]),
+        "distill/kl_seq": float(per_seq.mean()) if per_seq.numel() else 0.0,
+        "time/teacher_s": seconds,
     }
 
 
