@@ -41,6 +41,7 @@ class ClusterConfig:
     num_teachers: int = 0  # vLLM judge/teacher engines (the `teacher` group's model; reward=judge, algorithm=distill)
     gpus_per_teacher: float = 1.0  # GPUs per judge/teacher engine (tensor parallel when > 1), when use_gpu
     cpus_per_teacher: float = 1.0  # Ray CPU resources reserved per judge/teacher engine
+    teacher_memory_utilization: float | None = None  # vLLM memory fraction of a judge/teacher engine (null: as actors)
 
     def __post_init__(self) -> None:
         check(self.num_actors >= 1, f"cluster.num_actors must be >= 1 (got {self.num_actors})")
@@ -64,6 +65,10 @@ class ClusterConfig:
         check(
             self.learner_chunk_size >= 0,
             f"cluster.learner_chunk_size must be >= 0 (0: only the actors generate; got {self.learner_chunk_size})",
+        )
+        check(
+            self.teacher_memory_utilization is None or 0 < self.teacher_memory_utilization <= 1,
+            "cluster.teacher_memory_utilization must be in (0, 1] or null (null: cluster.gpu_memory_utilization)",
         )
         check(self.num_teachers >= 0, f"cluster.num_teachers must be >= 0 (got {self.num_teachers})")
         check(

@@ -150,7 +150,7 @@ class AlgorithmConfig(PolicyLossKnobs):
     temperature: float = 1.0  # sampling temperature for rollouts
     top_p: float = 1.0  # nucleus sampling for rollouts
     demos: str | None = None  # sft: the demonstrations JSONL it trains on (python -m rl.tools.demos, or your own)
-    distill_coef: float = 0.0  # distill: reward -= coef * sampled reverse KL to the teacher, sum over tokens (0 off)
+    distill_coef: float = 0.0  # distill: each token's advantage -= coef * (log pi - log pi_teacher) there (0 off)
     task_reward_coef: float = 1.0  # weight of the task reward beside the distillation term (distill: 0, pure KL)
 
     def __post_init__(self) -> None:

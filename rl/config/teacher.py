@@ -18,7 +18,7 @@ class TeacherConfig:
     path: str | None = None  # judge/teacher weights: folder, hub id or embedded:<name> (null: model.path)
     adapter: str | None = None  # LoRA adapter merged into them (folder, run dir or checkpoint; null: none)
     max_new_tokens: int = 16  # tokens a judge writes for its verdict
-    max_prompt_tokens: int = 1024  # judge prompts longer than this (question + completion + template) score 0
+    max_prompt_tokens: int = 512  # judge prompts longer than this (question + completion + template) score 0
 
     def __post_init__(self) -> None:
         check(self.max_new_tokens > 0, f"teacher.max_new_tokens must be > 0 (got {self.max_new_tokens})")

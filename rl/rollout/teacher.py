@@ -36,6 +36,7 @@ def teacher_engine_config(cfg: TrainConfig) -> TrainConfig:
     cluster = replace(
         c,
         gpus_per_actor=c.gpus_per_teacher,
+        gpu_memory_utilization=c.teacher_memory_utilization or c.gpu_memory_utilization,
         lora_mode=LoraMode.merged,
         weight_sync=WeightSync.object_store,
         colocate=False,

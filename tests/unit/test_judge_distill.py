@@ -173,18 +173,44 @@ def test_the_sampled_reverse_kl_sums_logp_differences_over_the_mask():
     assert float(est) / 200_000 == pytest.approx(exact, abs=0.01)
 
 
-def test_distill_reward_replaces_the_task_reward_by_minus_the_teacher_kl():
-    from rl.data.prepare import distill_reward
+def test_distillation_gives_each_token_minus_its_reverse_kl_as_advantage():
+    from rl.data.prepare import distill_advantages, prepare_samples
 
-    cfg = typed_config(**{"algorithm.distill_coef": 0.5, "algorithm.task_reward_coef": 0.0, "cluster.num_teachers": 1})
+    cfg = typed_config(
+        **{
+            "algorithm.distill_coef": 0.5,
+            "algorithm.task_reward_coef": 0.0,
+            "cluster.num_teachers": 1,
+            "algorithm.group_size": 2,
+        }
+    )
     rollouts = [
         PromptRollout([1, 2], [Completion([5, 6], [-1.0, -1.0], "stop", "a"), Completion([7], [-2.0], "stop", "b")], 0)
     ]
-    shaped, m = distill_reward(lambda rs: [[-2.0, -1.5], [-2.0]], rollouts, [1.0, 0.0], cfg)
-    assert shaped == pytest.approx([-0.5 * (1.0 + 0.5), -0.0])
+    token_adv, m = distill_advantages(lambda rs: [[-2.0, -1.5], [-2.0]], rollouts, cfg)
+    assert token_adv == [pytest.approx([-0.5, -0.25]), pytest.approx([0.0])]
     assert m["distill/kl_per_token"] == pytest.approx(1.5 / 3) and m["distill/kl_seq"] == pytest.approx(0.75)
-    off = typed_config()
-    assert distill_reward(lambda rs: 1 / 0, rollouts, [1.0, 0.0], off) == ([1.0, 0.0], {})
+    samples, adv, _ = prepare_samples(rollouts, [1.0, 0.0], cfg, token_adv)
+    assert adv.tolist() == [0.0, 0.0]  # task_reward_coef 0: the teacher's term is the whole signal
+    assert [s.token_advantages for s in samples] == token_adv
+    assert distill_advantages(lambda rs: 1 / 0, rollouts, typed_config()) == (None, {})
+
+
+def test_per_token_advantages_reach_the_loss_token_by_token():
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], requires_grad=True)
+    mask = torch.ones(2, 2)
+    per_token = torch.tensor([[1.0, -2.0], [0.5, 0.0]])
+    agg = algorithms.get_loss_agg("token_mean")
+    loss, _ = algorithms.get_policy_loss("pg")(logp, logp.detach(), per_token, mask, agg=agg)
+    assert float(loss) == pytest.approx(float((-per_token * logp.detach()).mean()))
+    clipped, _ = algorithms.get_policy_loss("clipped")(logp, logp.detach(), per_token, mask, agg=agg)
+    clipped.backward()
+    assert torch.allclose(logp.grad, -per_token / 4)  # ratio 1: d/dlogp = -A_t / n_tokens
+    scalar, _ = algorithms.get_policy_loss("clipped")(logp, logp.detach(), torch.tensor([1.0, 0.5]), mask, agg=agg)
+    same, _ = algorithms.get_policy_loss("clipped")(
+        logp, logp.detach(), torch.tensor([[1.0], [0.5]]) * mask, mask, agg=agg
+    )
+    assert float(scalar) == pytest.approx(float(same))
 
 
 def test_distillation_without_a_teacher_engine_fails_at_load():
