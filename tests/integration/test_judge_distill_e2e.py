@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import metric_rows, run_train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]  # 70 s and more each on the 2-core machine: the second tier
 
 TEACHER = "embedded:smollm2-135m-instruct"
 SMALL = [
@@ -76,7 +76,6 @@ def perturbed_adapter(base: str, out: Path, std: float = 0.05) -> Path:
     return out
 
 
-@pytest.mark.tier2
 def test_distillation_lowers_the_student_teacher_kl_step_by_step(tmp_path):
     """algorithm=distill with SmolLM2 on both sides: the student starts from a perturbed adapter
     (model.init_adapter), the teacher is the base; the student samples, the teacher scores each of its tokens, each

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tier2]  # about 60 s each on the 2-core machine: the second tier
 
 SCRIPT = r"""
 import json, os, sys
@@ -51,7 +51,6 @@ def test_teacher_logprobs_of_a_completion_equal_the_sampling_logprobs_of_the_sam
         assert max(abs(a - b) for a, b in zip(sampled, scored)) < 1e-3
 
 
-@pytest.mark.tier2
 def test_a_teacher_adapter_is_merged_into_the_teacher(tiny_model, tmp_path):
     """teacher.adapter: the same base plus an adapter is another model (its samples and their logprobs differ from
     the base's), and its token logprobs are the adapted model's own."""
