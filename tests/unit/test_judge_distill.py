@@ -300,3 +300,14 @@ def test_the_runtime_shards_teacher_calls_and_keeps_their_order():
     no_teacher = Runtime(LocalGroup([]), LocalGroup([]), cfg)
     with pytest.raises(RuntimeError, match="cluster.num_teachers"):
         no_teacher.teacher_logprobs(rollouts)
+
+
+def test_a_judge_reward_without_a_judge_engine_fails_before_anything_starts():
+    from rl.app import check_teacher
+
+    with pytest.raises(ConfigError, match="cluster.num_teachers=1"):
+        check_teacher(typed_config(), _Tok({}), JudgeReward())
+    assert check_teacher(typed_config(), _Tok({}), lambda c, **k: [0.0] * len(c)) is None
+    same = typed_config(**{"cluster.num_teachers": 1, "algorithm.distill_coef": 1.0})
+    student = _Tok({"a": 0})
+    assert check_teacher(same, student, JudgeReward()) is student  # teacher.path null: the student's own tokenizer
