@@ -198,6 +198,12 @@ def main(argv: list[str]) -> int:
         cause = e.__cause__ or e
         print(f"error: could not build the reward: {type(cause).__name__}: {str(cause).splitlines()[0]}")
         return 2
+    if getattr(reward, "needs_judge", False):  # a model judge: no engine starts here
+        print(
+            "error: this reward asks a judge model, which python -m rewards.check does not start; its gate runs with a "
+            "gullible fake judge in tests/unit/test_judge_distill.py (docs/judges-and-teachers.md)"
+        )
+        return 2
     results, unjudged = run_check(reward)
     failed = [r for r in results if not r.passed]
     for r in results if verbose else failed:

@@ -34,6 +34,8 @@ class WeightedSum:
     """sum_i weight_i * reward_i(completion).
 
     terms: a list of {reward: <reward object or dotted path>, weight: float}, e.g. 0.9 * boxed + 0.1 * format.
+    A term that says `batched = True` (a model judge, rewards/judge.py) or that is itself a runner (no `score_one`
+    but a batch call) is called once for the whole batch; the others one completion at a time.
     """
 
     def __init__(self, terms: list[dict[str, Any]]):
@@ -52,4 +54,35 @@ class WeightedSum:
         self, completions: list[str], *, answer: list[Any], metadata: list[dict] | None = None, **kwargs
     ) -> list[float]:
         metas = metadata if metadata is not None else [None] * len(completions)
-        return [self.score_one(c, a, m) for c, a, m in zip(completions, answer, metas)]
+        if not any(_batched(r) for r, _ in self.terms):
+            return [self.score_one(c, a, m) for c, a, m in zip(completions, answer, metas)]
+        total = [0.0] * len(completions)
+        for r, w in self.terms:
+            if _batched(r):
+                scores = [float(x) for x in r(completions, answer=answer, metadata=list(metas))]
+            else:
+                scores = [score_sample(r, c, a, {"metadata": m}) for c, a, m in zip(completions, answer, metas)]
+            total = [t + w * x for t, x in zip(total, scores)]
+        return total
+
+    @property
+    def needs_judge(self) -> bool:
+        return any(getattr(r, "needs_judge", False) for r, _ in self.terms)
+
+    def bind_judge(self, judge: Any) -> None:
+        """Hand the run's judge to every term that asks for one (rewards/judge.py)."""
+        for r, _ in self.terms:
+            if hasattr(r, "bind_judge"):
+                r.bind_judge(judge)
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The terms' own counts (reward/errors, judge/parse_failures, ...), summed where two terms share a key."""
+        out: dict[str, float] = {}
+        for r, _ in self.terms:
+            for k, v in (r.pop_metrics() if hasattr(r, "pop_metrics") else {}).items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+
+def _batched(reward: Callable) -> bool:
+    return bool(getattr(reward, "batched", False))

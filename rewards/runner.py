@@ -114,6 +114,20 @@ class RewardRunner:
             return [self._in_process(completions[i], answer[i], extras[i]) for i in range(n)]
         return self._in_workers(completions, answer, extras)
 
+    batched = True  # a batch call fans out over its workers (rewards.combine.WeightedSum calls it once per batch)
+
+    @property
+    def needs_judge(self) -> bool:
+        return bool(getattr(self.reward, "needs_judge", False))
+
+    def bind_judge(self, judge: Any) -> None:
+        """A model judge cannot run here: the workers are separate processes without the run's judge engines."""
+        if hasattr(self.reward, "bind_judge"):
+            raise ValueError(
+                "a judge reward cannot run inside rewards.runner.RewardRunner (its workers have no judge engine): "
+                "put it beside the runner as a term of rewards.combine.WeightedSum (conf/reward/judge_boxed.yaml)"
+            )
+
     def pop_metrics(self) -> dict[str, float]:
         out = {"reward/errors": float(self.errors), "reward/timeouts": float(self.timeouts)}
         self.errors = self.timeouts = 0

@@ -10,7 +10,8 @@ these registries by name; nothing in the code branches on the algorithm's name.
 Calling conventions (the caller passes one set of knobs to any entry):
 - advantage estimator: `fn(rewards [B*G], group_size, **knobs) -> [B*G]`; knobs an estimator does not use are
   ignored (`**_`), so `algorithm.advantage=X` is the only thing that changes between estimators.
-- policy loss: `fn(logp, old_logp, advantages, mask, *, agg, knobs) -> (loss, metrics)`; `old_logp` are the
+- policy loss: `fn(logp, old_logp, advantages, mask, *, agg, knobs) -> (loss, metrics)`; advantages [B], or
+  [B, T] when samples carry per-token terms (`per_token_advantages` broadcasts either); `old_logp` are the
   behaviour logprobs returned by the rollout engine; `knobs` is the algorithm's `PolicyLossKnobs` (rl/config/schema.py),
   of which each loss reads the fields it uses. Shared knobs: `tis_cap`, `skip_threshold` (see `importance_terms`).
   A new knob is a field of PolicyLossKnobs, its value in a conf/algorithm/ bundle, and its use here.
@@ -251,6 +252,22 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> to
     raise KeyError(f"algorithm.kl_estimator={estimator!r} is not known; valid names: k1, k2, k3")
 
 
+def distill_reverse_kl(
+    logp: torch.Tensor, teacher_logp: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, Metrics]:
+    """Sampled reverse KL to a teacher, per sequence: sum_t (log pi(y_t) - log pi_T(y_t)) over the sampled tokens
+    y ~ pi (on-policy distillation: Gu et al. 2024, MiniLLM, eq. 1, optimised by policy gradient as in its
+    section 2.2; Agarwal et al. 2024, GKD, with the reverse KL as divergence). Its expectation under pi is
+    KL(pi || pi_T) of the whole completion; its negative is the reward algorithm=distill maximises.
+
+    logp: [B, T] the student's (behaviour) logprobs of its sampled tokens; teacher_logp: [B, T] the teacher's of
+    the same tokens; mask: [B, T] 1 on the model's tokens. Returns ([B] per-sequence sums, metrics):
+    `distill/kl_per_token`, the per-token mean over every unmasked token of the batch (the teacher-student KL)."""
+    per_token = (logp - teacher_logp) * mask  # [B, T]
+    per_seq = per_token.sum(dim=1)  # [B]
+    return per_seq, {"distill/kl_per_token": masked_mean(logp - teacher_logp, mask)}
+
+
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the full next-token distribution, H = logsumexp(z) - sum softmax(z) z. logits [B, T, V] -> [B, T].
 
@@ -262,6 +279,12 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------- losses
+
+
+def per_token_advantages(advantages: torch.Tensor) -> torch.Tensor:
+    """Advantages in a shape that broadcasts over tokens: one per sequence [B] -> [B, 1]; per token [B, T] (the
+    sequence's advantage plus a per-token term, e.g. algorithm=distill's reverse KL) as they are."""
+    return advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -319,7 +342,7 @@ def importance_terms(
             weight = weight * inside
             metrics["policy/mismatch_masked_frac"] = masked_mean(1 - inside, mask)
         if knobs.positive_weight != 1.0:
-            positive = (advantages > 0).to(logp.dtype).unsqueeze(1)  # [B, 1]
+            positive = (per_token_advantages(advantages) > 0).to(logp.dtype)  # [B, 1] or [B, T]
             weight = weight * (1 + (knobs.positive_weight - 1) * positive)
     log_ratio = (logp - logp.detach()) if tis_cap > 0 else (logp - old_logp) * mask
     return log_ratio, weight, metrics
@@ -354,7 +377,7 @@ def pg_loss(
     optional truncated-IS weight and skip_threshold (see `importance_terms`).
     """
     _, weight, metrics = importance_terms(logp, old_logp, advantages, mask, knobs)
-    per_token = -advantages.unsqueeze(1) * logp * weight  # [B, T]
+    per_token = -per_token_advantages(advantages) * logp * weight  # [B, T]
     loss = agg(per_token, mask)
     with torch.no_grad():
         log_ratio = (logp - old_logp) * mask
@@ -399,7 +422,7 @@ def clipped_surrogate_loss(
     clip_low, clip_high, dual_clip = knobs.clip_low, knobs.clip_high, knobs.dual_clip
     log_ratio, weight, metrics = importance_terms(logp, old_logp, advantages, mask, knobs)
     ratio = torch.exp(log_ratio)  # [B, T]
-    adv = advantages.unsqueeze(1)  # [B, 1]
+    adv = per_token_advantages(advantages)  # [B, 1] or [B, T]
     unclipped = -ratio * adv
     clipped = -torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * adv
     per_token = torch.maximum(unclipped, clipped)
@@ -444,7 +467,7 @@ def gspo_loss(
     seq_log_ratio = token_log_ratio.sum(1) / mask.sum(1).clamp(min=1)  # [B]
     log_s = torch.clamp(logp - logp.detach() + seq_log_ratio.detach().unsqueeze(1), max=10.0)  # [B, T]
     s = torch.exp(log_s)
-    adv = advantages.unsqueeze(1)  # [B, 1]
+    adv = per_token_advantages(advantages)  # [B, 1] or [B, T]
     per_token = torch.maximum(-s * adv, -torch.clamp(s, 1 - clip_low, 1 + clip_high) * adv)
     loss = agg(per_token * weight, mask)
     with torch.no_grad():
@@ -476,7 +499,7 @@ def cispo_loss(
     log_ratio = (logp - old_logp) * mask
     ratio = torch.exp(log_ratio)  # [B, T]
     clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high).detach()
-    adv = advantages.unsqueeze(1)
+    adv = per_token_advantages(advantages)  # [B, 1] or [B, T]
     per_token = -clipped * adv * logp
     loss = agg(per_token * weight, mask)
     with torch.no_grad():

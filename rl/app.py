@@ -37,6 +37,7 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict) -> dict[s
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     except Exception as e:
         raise StartupError(explain("the tokenizer", cause_of(e), cfg, "did not load")) from e
+    teacher_tokenizer = check_teacher(cfg, tokenizer, reward_fn)  # before anything starts
     lg = cfg.logger
     logger = MetricsLogger(
         cfg.run_dir,
@@ -77,6 +78,13 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict) -> dict[s
         follower.stop()
         logger.close()
         raise
+    try:
+        bind_judge(cfg, runtime, teacher_tokenizer, reward_fn)
+    except BaseException:
+        follower.stop()
+        teardown()
+        logger.close()
+        raise
     if not verbose:
         follower.start()  # from here on: what the roles print while they run, their start-up chatter left out
     try:
@@ -96,6 +104,45 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict) -> dict[s
     return summary
 
 
+def check_teacher(cfg: TrainConfig, tokenizer: Any, reward_fn: Any) -> Any:
+    """Before any role starts: a judge reward needs a judge engine, and a distillation teacher the student's
+    tokenizer. Returns the teacher's tokenizer (None without a judge/teacher engine)."""
+    from transformers import AutoTokenizer
+
+    from rl.config.errors import ConfigError
+    from rl.rollout.teacher import check_same_tokenizer
+
+    needs_judge = bool(getattr(reward_fn, "needs_judge", False))
+    if needs_judge and not cfg.cluster.num_teachers:
+        raise ConfigError("reward=judge asks a judge model: set cluster.num_teachers=1 (teacher.path: its model)")
+    if not cfg.cluster.num_teachers:
+        return None
+    path = cfg.teacher.path or cfg.model.path  # resolved: null is the student's model
+    same = path == cfg.model.path
+    theirs = tokenizer if same else AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+    if cfg.algorithm.distill_coef > 0 and not same:
+        check_same_tokenizer(tokenizer, theirs, cfg.model.path, path)
+    return theirs
+
+
+def bind_judge(cfg: TrainConfig, runtime: Runtime, teacher_tokenizer: Any, reward_fn: Any) -> None:
+    """Hand a judge reward the run's judge engines (rewards/judge.py talks text, rl/data/judge.py tokenises)."""
+    if teacher_tokenizer is None or not getattr(reward_fn, "needs_judge", False):
+        return
+    from rl.data.judge import JudgeClient
+
+    t = cfg.teacher
+    reward_fn.bind_judge(
+        JudgeClient(
+            runtime,
+            teacher_tokenizer,
+            max_prompt_tokens=t.max_prompt_tokens,
+            max_new_tokens=t.max_new_tokens,
+            chat=cfg.model.use_chat_template,
+        )
+    )
+
+
 def build_runtime(cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
     """Create the roles (in this process, or as Ray actors); returns the runtime and a function that tears it down."""
     from rl.learner import Learner
@@ -111,7 +158,12 @@ def build_runtime(cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
             import unsloth  # noqa: F401
         learner = start_role("learner 0", Learner, cfg)
         rollout = start_role("rollout actor 0", rollout_class(cfg), cfg)
-        runtime = Runtime(LocalGroup([rollout]), LocalGroup([learner]), cfg)
+        teachers = None
+        if c.num_teachers:
+            from rl.rollout.teacher import TeacherEngine
+
+            teachers = LocalGroup([start_role("judge/teacher 0", TeacherEngine, cfg)])
+        runtime = Runtime(LocalGroup([rollout]), LocalGroup([learner]), cfg, teachers)
         return runtime, runtime.close
 
     from rl.runtime import placement
@@ -119,8 +171,13 @@ def build_runtime(cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
     started = placement.start_ray(c.address, c.ray_num_cpus, cfg.run.verbose)
     try:
         prepare_actor_base(cfg, remote=True)
+        teacher = None
+        if c.num_teachers:
+            from rl.rollout.teacher import TeacherEngine
+
+            teacher = (TeacherEngine, actor_env(cfg))
         runtime = placement.build_ray_runtime(
-            cfg, rollout=(rollout_class(cfg), actor_env(cfg)), learner=(Learner, learner_env(cfg))
+            cfg, rollout=(rollout_class(cfg), actor_env(cfg)), learner=(Learner, learner_env(cfg)), teacher=teacher
         )
     except BaseException:
         placement.stop_ray(started)

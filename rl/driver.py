@@ -26,7 +26,7 @@ from rl.config.choices import ActorBase
 from rl.config.schema import TrainConfig
 from rl.data.curriculum import build_curriculum
 from rl.data.demos import Demonstrations
-from rl.data.prepare import kl_reward_penalty, prepare_samples, rollout_metrics
+from rl.data.prepare import distill_advantages, kl_reward_penalty, prepare_samples, rollout_metrics
 from rl.data.prompts import PromptData
 from rl.data.sampler import Batch, RewardFn, Sampler
 from rl.errors import RunStopped
@@ -175,7 +175,8 @@ def prepare(
     """Reward shaping (KL in the reward, overlong penalty) -> advantages -> loss masks -> top-k, the batch's
     metrics, and the step's rollout dump (logger.rollouts_interval; with wandb also its `rollouts` table)."""
     shaped, kl_metrics = kl_reward_penalty(runtime.reference_logprobs, batch.rollouts, batch.rewards, cfg)
-    samples, adv, metrics = prepare_samples(batch.rollouts, shaped, cfg)
+    token_adv, distill_metrics = distill_advantages(runtime.teacher_logprobs, batch.rollouts, cfg)  # distill
+    samples, adv, metrics = prepare_samples(batch.rollouts, shaped, cfg, token_adv)
     every = cfg.logger.rollouts_interval
     if every and step % every == 0:
         path = Path(cfg.logger.rollouts_dir) / f"{checkpoint.step_dir_name(step)}.jsonl"
@@ -184,6 +185,7 @@ def prepare(
     behind = [runtime.steps_behind(r.adapter_version) for r in batch.rollouts]
     return samples, {
         **kl_metrics,
+        **distill_metrics,
         **rollout_metrics(batch.rollouts, batch.rewards, adv, cfg.algorithm.group_size, cfg.eval.correct_threshold),
         **batch.stats,
         **metrics,

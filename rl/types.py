@@ -85,6 +85,7 @@ class TrainSample:
     old_logprobs: list[float]  # behaviour logprobs from the rollout engine, one per completion token
     advantage: float
     loss_mask: list[int] = field(default_factory=list)  # per completion token (empty = all ones)
+    token_advantages: list[float] = field(default_factory=list)  # per-token terms added to `advantage` (distill)
 
 
 def completions_of(rollouts: list[PromptRollout]) -> list[Completion]:

@@ -38,6 +38,10 @@ class ClusterConfig:
     actor_max_restarts: int = 2  # times Ray restarts a dead rollout actor (its prompts go to a live one meanwhile)
     learner_chunk_size: int = 0  # prompts each learner generates per generate call, HF generate (0: actors only)
     colocate: bool = False  # actor i and learner i time-share one GPU: the engine sleeps while the learner trains
+    num_teachers: int = 0  # vLLM judge/teacher engines (the `teacher` group's model; reward=judge, algorithm=distill)
+    gpus_per_teacher: float = 1.0  # GPUs per judge/teacher engine (tensor parallel when > 1), when use_gpu
+    cpus_per_teacher: float = 1.0  # Ray CPU resources reserved per judge/teacher engine
+    teacher_memory_utilization: float | None = None  # vLLM memory fraction of a judge/teacher engine (null: as actors)
 
     def __post_init__(self) -> None:
         check(self.num_actors >= 1, f"cluster.num_actors must be >= 1 (got {self.num_actors})")
@@ -61,6 +65,15 @@ class ClusterConfig:
         check(
             self.learner_chunk_size >= 0,
             f"cluster.learner_chunk_size must be >= 0 (0: only the actors generate; got {self.learner_chunk_size})",
+        )
+        check(
+            self.teacher_memory_utilization is None or 0 < self.teacher_memory_utilization <= 1,
+            "cluster.teacher_memory_utilization must be in (0, 1] or null (null: cluster.gpu_memory_utilization)",
+        )
+        check(self.num_teachers >= 0, f"cluster.num_teachers must be >= 0 (got {self.num_teachers})")
+        check(
+            self.num_teachers == 0 or self.mode == ClusterMode.ray or self.num_teachers == 1,
+            "cluster.mode=local runs one judge/teacher engine in-process: set cluster.num_teachers=1 (or 0)",
         )
         check(self.actor_max_restarts >= 0, f"cluster.actor_max_restarts must be >= 0 (got {self.actor_max_restarts})")
         if self.colocate:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rl.config.choices import ActorBase, DType, LearnerBackend, LoraMode
 from rl.config.schema import ConfigError, TrainConfig
+from rl.config.teacher import TeacherConfig
 from rl.types import EpisodeSpec
 
 # auto's packed row with the PEFT backend. CPU: at the demo's batch (64 sequences of 67-97 tokens, 8 prompts shared)
@@ -152,6 +153,30 @@ def resolve_init_adapter(cfg: TrainConfig) -> str | None:
     return str(Path(policy.adapter).resolve())
 
 
+def resolve_teacher(cfg: TrainConfig) -> TeacherConfig:
+    """`teacher.path` as the folder its engines load (null: the resolved `model.path`; an embedded model converted
+    once) and `teacher.adapter` as the adapter folder it names (rl/checkpoint.py find_policy). Untouched when no
+    judge/teacher engine runs (`cluster.num_teachers=0`)."""
+    t = cfg.teacher
+    if cfg.cluster.num_teachers == 0:
+        return t
+    from rl.model_path import resolve_model_path
+
+    path = cfg.model.path if t.path is None else str(resolve_model_path(t.path))
+    adapter = None
+    if t.adapter is not None:
+        from rl.checkpoint import find_policy
+
+        policy = find_policy(t.adapter, key="teacher.adapter")
+        if policy.adapter is None:
+            raise ConfigError(
+                f"teacher.adapter={t.adapter} holds a full model ({policy.model}), not a LoRA adapter: give it as "
+                "teacher.path instead"
+            )
+        adapter = str(Path(policy.adapter).resolve())
+    return replace(t, path=path, adapter=adapter)
+
+
 def resolve_demos(cfg: TrainConfig) -> str | None:
     """`algorithm.demos` as an absolute path to a file that exists (the learner-side reader runs elsewhere)."""
     demos = cfg.algorithm.demos
@@ -219,6 +244,7 @@ def resolve(cfg: TrainConfig, run_dir: Path | str, *, model_path: str | None = N
         logger=replace(cfg.logger, rollouts_dir=cfg.logger.rollouts_dir or str(run_dir / "rollouts")),
         run=replace(cfg.run, output_dir=str(run_dir)),
     )
+    cfg = replace(cfg, teacher=resolve_teacher(cfg))  # after model.path: a null teacher.path is the student's
     return replace(cfg, model=replace(cfg.model, actor_path=resolve_actor_path(cfg)))  # keyed by the resolved model
 
 

@@ -36,6 +36,7 @@ from rl.config.choices import (
 )
 from rl.config.cluster import ClusterConfig
 from rl.config.errors import ConfigError, check
+from rl.config.teacher import TeacherConfig
 from rl.types import EpisodeSpec, Sampling
 
 
@@ -149,6 +150,8 @@ class AlgorithmConfig(PolicyLossKnobs):
     temperature: float = 1.0  # sampling temperature for rollouts
     top_p: float = 1.0  # nucleus sampling for rollouts
     demos: str | None = None  # sft: the demonstrations JSONL it trains on (python -m rl.tools.demos, or your own)
+    distill_coef: float = 0.0  # distill: each token's advantage -= coef * (log pi - log pi_teacher) there (0 off)
+    task_reward_coef: float = 1.0  # weight of the task reward beside the distillation term (distill: 0, pure KL)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -188,6 +191,7 @@ class AlgorithmConfig(PolicyLossKnobs):
         )
         check(self.temperature > 0, f"algorithm.temperature must be > 0 (got {self.temperature})")
         check(0 < self.top_p <= 1, f"algorithm.top_p must be in (0, 1] (got {self.top_p})")
+        check(self.distill_coef >= 0, f"algorithm.distill_coef must be >= 0 (0: off; got {self.distill_coef})")
 
     @property
     def loss_kl_coef(self) -> float:
@@ -342,6 +346,7 @@ class TrainConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)  # how a step's samples are cut into micro-batches
     eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation before, during and after training
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # how often to save, how many to keep
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)  # judge/teacher model (cluster.num_teachers engines)
     plan: bool = (
         False  # print the GPU map and a memory estimate per role, then exit (nothing starts; rl/preflight/plan.py)
     )
@@ -394,6 +399,11 @@ class TrainConfig:
             not a.overlong_penalty or a.overlong_buffer is None or a.overlong_buffer <= m.max_new_tokens,
             f"algorithm.overlong_buffer={a.overlong_buffer} exceeds model.max_new_tokens={m.max_new_tokens}: lower it "
             "(null: a quarter of model.max_new_tokens)",
+        )
+        check(
+            a.distill_coef == 0 or c.num_teachers >= 1,
+            "algorithm.distill_coef > 0 scores the samples with a teacher: set cluster.num_teachers=1 (teacher.path: "
+            "its model)",
         )
         # algorithm=sft trains on one demonstration per prompt
         samples, learners = self.run.prompts_per_step * (1 if a.policy_loss == "sft" else a.group_size), c.num_learners

@@ -8,6 +8,7 @@ learner computes: the driver passes a function that returns them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -18,14 +19,18 @@ from rl.config.schema import TrainConfig
 from rl.data import filters
 from rl.types import Completion, PromptRollout, TrainSample, completions_of
 
-RefLogprobs = Callable[[list[PromptRollout]], list[list[float]]]
+RefLogprobs = Callable[[list[PromptRollout]], list[list[float]]]  # also the teacher's (Runtime.teacher_logprobs)
 
 
 def prepare_samples(
-    rollouts: list[PromptRollout], rewards: list[float], cfg: TrainConfig
+    rollouts: list[PromptRollout],
+    rewards: list[float],
+    cfg: TrainConfig,
+    token_advantages: list[list[float]] | None = None,
 ) -> tuple[list[TrainSample], torch.Tensor, dict]:
     """The learner's samples, the advantages [B*G] (before top-k), and metrics. `rewards` are after any KL-in-reward
-    penalty (`kl_reward_penalty`); the overlong penalty is added here."""
+    penalty (`kl_reward_penalty`); the overlong penalty is added here. `token_advantages` (one list per completion,
+    `distill_advantages`) ride along, added to each sample's advantage token by token."""
     completions = completions_of(rollouts)
     lengths = torch.tensor([c.model_tokens for c in completions], dtype=torch.float32)  # [B*G], loss tokens
     a = cfg.algorithm
@@ -45,7 +50,14 @@ def prepare_samples(
         lengths=lengths * torch.tensor(in_loss, dtype=torch.float32),
     )
     samples = [
-        TrainSample(r.prompt_ids, c.token_ids, c.logprobs, float(adv[k]), loss_mask(c, in_loss[k]))
+        TrainSample(
+            r.prompt_ids,
+            c.token_ids,
+            c.logprobs,
+            float(adv[k]),
+            loss_mask(c, in_loss[k]),
+            token_advantages[k] if token_advantages is not None else [],
+        )
         for k, (r, c) in enumerate((r, c) for r in rollouts for c in r.completions)
     ]
     metrics["response/masked_truncated_frac"] = 1.0 - sum(in_loss) / max(len(in_loss), 1)
@@ -66,10 +78,12 @@ def loss_mask(c: Completion, in_loss: bool) -> list[int]:
 def shape_rewards(
     rewards: list[float], lengths: torch.Tensor, cfg: TrainConfig
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The rewards the advantages are computed from [B*G]: with DAPO's soft overlong punishment (eq. 13) added when
-    algorithm.overlong_penalty is on (the resolve step leaves algorithm.overlong_buffer None when it is off)."""
-    shaped = torch.tensor(rewards, dtype=torch.float32)  # [B*G]
+    """The rewards the advantages are computed from [B*G]: weighted by algorithm.task_reward_coef (0 with
+    algorithm=distill: the teacher's per-token term is the whole signal), with DAPO's soft overlong punishment
+    (eq. 13) added when algorithm.overlong_penalty is on (the resolve step leaves algorithm.overlong_buffer None
+    when it is off)."""
     a = cfg.algorithm
+    shaped = a.task_reward_coef * torch.tensor(rewards, dtype=torch.float32)  # [B*G]
     if a.overlong_buffer is None:
         return shaped, {}
     penalty = filters.overlong_penalty(lengths, cfg.completion_tokens, a.overlong_buffer, a.overlong_penalty_factor)
@@ -96,6 +110,41 @@ def kl_reward_penalty(
     return shaped, {
         "reward/kl_penalty_mean": coef * float(np.mean(per_seq)),
         "policy/kl_ref_seq": float(np.mean(per_seq)),
+    }
+
+
+def distill_advantages(
+    teacher_logprobs: RefLogprobs, rollouts: list[PromptRollout], cfg: TrainConfig
+) -> tuple[list[list[float]] | None, dict[str, float]]:
+    """On-policy distillation (algorithm=distill): each sampled token's advantage gains
+    -distill_coef * (log pi(y_t) - log pi_T(y_t)), minus the sampled reverse KL to the teacher at that token
+    (rl/algorithms.py distill_reverse_kl), with the behaviour logprobs as the student's and the judge/teacher
+    engines' logprobs of the same token ids as the teacher's; 0 on environment tokens. The term is per token and
+    undiscounted (each token answers for its own KL, not the rest of the sequence's): lower variance than the
+    sequence's sum as a reward, and what makes a few steps enough. None (and no metrics) without
+    algorithm.distill_coef. Metrics: `distill/kl_per_token` (the teacher-student KL of the step's samples, nats
+    per token), `distill/kl_seq` (per completion), `time/teacher_s`."""
+    coef = cfg.algorithm.distill_coef
+    if not coef:
+        return None, {}
+    t0 = time.perf_counter()
+    teacher = teacher_logprobs(rollouts)
+    seconds = time.perf_counter() - t0
+    completions = completions_of(rollouts)
+    width = max((len(c.token_ids) for c in completions), default=0)
+
+    def padded(rows: list[list[float]]) -> torch.Tensor:
+        return torch.tensor([list(r) + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32)  # [B*G, T]
+
+    student, theirs = padded([c.logprobs for c in completions]), padded(teacher)
+    mask = padded([model_mask(c).tolist() for c in completions])
+    per_seq, metrics = algorithms.distill_reverse_kl(student, theirs, mask)
+    per_token = -coef * (student - theirs) * mask  # [B*G, T]
+    token_adv = [per_token[k, : len(c.token_ids)].tolist() for k, c in enumerate(completions)]
+    return token_adv, {
+        "distill/kl_per_token": float(metrics["distill/kl_per_token"]),
+        "distill/kl_seq": float(per_seq.mean()) if per_seq.numel() else 0.0,
+        "time/teacher_s": seconds,
     }
 
 

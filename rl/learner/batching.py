@@ -133,8 +133,9 @@ class Batcher:
         return to_batch(logp), to_batch(ent), n_positions
 
     def completion_batch(self, samples: list[TrainSample]):
-        """Completion-aligned [B, C] loss mask and behaviour logprobs (right-padded), advantages [B]. The tokens
-        themselves come with the logits (`logprobs`), as each layout aligns them."""
+        """Completion-aligned [B, C] loss mask and behaviour logprobs (right-padded), advantages [B], or [B, C] when
+        a sample carries per-token advantages (added to its own). The tokens themselves come with the logits
+        (`logprobs`), as each layout aligns them."""
         C = max(len(s.completion_ids) for s in samples)
         B = len(samples)
         mask = torch.zeros((B, C), dtype=torch.float32)
@@ -144,6 +145,11 @@ class Batcher:
             mask[i, :c] = torch.tensor(s.loss_mask, dtype=torch.float32) if s.loss_mask else 1.0
             old[i, :c] = torch.tensor(s.old_logprobs, dtype=torch.float32)
         adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+        if any(s.token_advantages for s in samples):
+            per_token = torch.zeros((B, C), dtype=torch.float32)
+            for i, s in enumerate(samples):
+                per_token[i, : len(s.token_advantages)] = torch.tensor(s.token_advantages, dtype=torch.float32)
+            adv = adv.unsqueeze(1) + per_token  # [B, C]
         return tuple(upload(x, self.device) for x in (mask, old, adv))
 
     def logits(self, model: Any, samples: list[TrainSample]):

@@ -125,7 +125,7 @@ class Learner:
         if kl_coef == 0 and a.entropy_coef == 0:
             # A sample with advantage 0 adds exactly 0 to the policy loss and its gradient; it only counts in the
             # normaliser (n_seq / n_tok above, computed before this filter), so skipping its forward is exact.
-            samples = [s for s in samples if s.advantage != 0.0]
+            samples = [s for s in samples if s.advantage != 0.0 or any(s.token_advantages)]
         n_seq, n_tok, n_signal = self.dp.sum_counts(n_seq, n_tok, len(samples))
         # Loss and metrics stay on the device until the step is launched: a float() between forward and backward
         # makes the CPU wait for the forward to drain before it can queue the backward

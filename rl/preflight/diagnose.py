@@ -24,7 +24,14 @@ MODEL_HINT = (
 
 def explain(role: str, cause: str, cfg: TrainConfig, failed: str = "failed to start") -> str:
     """One line for a role that failed to start: `<role> failed to start: <cause>: <the fix>`. `cfg` is the
-    run's resolved config (model path, memory settings, the step's size, for the suggested values)."""
+    run's resolved config (model path, memory settings, the step's size, for the suggested values). A judge/teacher
+    engine is explained with its own engine config, and its memory key named."""
+    if role.startswith("judge/teacher"):
+        from rl.rollout.teacher import teacher_engine_config
+
+        text = explain("engine", cause, teacher_engine_config(cfg), failed)
+        key = "cluster.gpu_memory_utilization"
+        return role + text.removeprefix("engine").replace(key, "cluster.teacher_memory_utilization")
     for rule in (_cpu_kv_cache, _cpu_share_not_free, _gpu_share_not_free, _kv_too_small, _cuda_oom, _host_oom,
                  _model_files):  # fmt: skip
         text = rule(cause, cfg)

@@ -131,14 +131,26 @@ def role_plans(c: ClusterConfig) -> tuple[list[RolePlan], list[dict[str, float]]
             plans.append(RolePlan("actor", i, {"CPU": c.cpus_per_actor, **gpu(c.gpus_per_actor / 2)}, bundle=i))
         for i in range(c.num_learners):
             plans.append(RolePlan("learner", i, {"CPU": c.cpus_per_learner, **gpu(c.gpus_per_learner / 2)}, bundle=i))
-        return plans, bundles
+        return _with_teachers(c, plans, bundles)
     plans = [RolePlan("actor", i, {"CPU": c.cpus_per_actor, **gpu(c.gpus_per_actor)}) for i in range(c.num_actors)]
     plans += [
         RolePlan("learner", i, {"CPU": c.cpus_per_learner, **gpu(c.gpus_per_learner)}) for i in range(c.num_learners)
     ]
     for b, plan in enumerate(plans):
         plan.bundle = b
-    return plans, [dict(plan.resources) for plan in plans]
+    return _with_teachers(c, plans, [dict(plan.resources) for plan in plans])
+
+
+def _with_teachers(
+    c: ClusterConfig, plans: list[RolePlan], bundles: list[dict[str, float]]
+) -> tuple[list[RolePlan], list[dict[str, float]]]:
+    """The judge/teacher engines after the other roles, a bundle each (never colocated: a judge answers while the
+    learners train)."""
+    gpu = {"GPU": c.gpus_per_teacher} if c.use_gpu else {}
+    for i in range(c.num_teachers):
+        plans.append(RolePlan("teacher", i, {"CPU": c.cpus_per_teacher, **gpu}, bundle=len(bundles)))
+        bundles.append(dict(plans[-1].resources))
+    return plans, bundles
 
 
 def start_ray(address: str | None, num_cpus: int | None, verbose: bool = True) -> bool:
@@ -262,8 +274,9 @@ def wait_placed(
 Role = tuple[type, dict[str, str]]  # (class, environment of its process); its constructor takes the config
 
 
-def build_ray_runtime(cfg: TrainConfig, *, rollout: Role, learner: Role) -> Runtime:
-    """Place and start the roles. Rollout actors are restarted by Ray up to `cluster.actor_max_restarts` times, with
+def build_ray_runtime(cfg: TrainConfig, *, rollout: Role, learner: Role, teacher: Role | None = None) -> Runtime:
+    """Place and start the roles. Rollout actors (and judge/teacher engines, `teacher`) are restarted by Ray up to
+    `cluster.actor_max_restarts` times, with
     no task retries: a call in flight when one dies fails, and the Runtime sends its work to a live actor. Learners
     are never restarted (their optimizer state would be lost): a learner's death ends the run."""
     import ray
@@ -271,7 +284,8 @@ def build_ray_runtime(cfg: TrainConfig, *, rollout: Role, learner: Role) -> Runt
 
     c = cfg.cluster
     pg, plans = place_roles(c)
-    handles: dict[str, list] = {"actor": [], "learner": []}
+    handles: dict[str, list] = {"actor": [], "learner": [], "teacher": []}
+    names = {"actor": "rollout actor", "learner": "learner", "teacher": "judge/teacher"}
 
     def wait_ready(
         role: str,
@@ -280,9 +294,9 @@ def build_ray_runtime(cfg: TrainConfig, *, rollout: Role, learner: Role) -> Runt
             try:
                 ray.get(h.__ray_ready__.remote())
             except Exception as e:
-                for hh in handles["actor"] + handles["learner"]:
+                for hh in handles["actor"] + handles["learner"] + handles["teacher"]:
                     ray.kill(hh)
-                raise RoleStartFailed(f"{'rollout actor' if role == 'actor' else role} {i}", cause_of(e)) from e
+                raise RoleStartFailed(f"{names[role]} {i}", cause_of(e)) from e
 
     for plan in plans:
         if (c.use_gpu or c.colocate) and plan.role == "learner" and plan.index == 0:
@@ -291,7 +305,9 @@ def build_ray_runtime(cfg: TrainConfig, *, rollout: Role, learner: Role) -> Runt
             wait_ready("actor")
             if c.colocate:  # and then sleep, so that the learners load into the memory the engines gave back
                 ray.get([h.sleep.remote() for h in handles["actor"]])
-        cls, env = rollout if plan.role == "actor" else learner
+        if c.use_gpu and plan.role == "teacher" and plan.index == 0:
+            wait_ready("learner")  # as above: a teacher's engine measures free memory on a GPU it may share
+        cls, env = {"actor": rollout, "learner": learner, "teacher": teacher}[plan.role]
         env = dict(env) | role_log_env(cfg.log_dir, plan.role, plan.index)  # its output: <run dir>/logs/<role>.log
         opts = dict(
             num_cpus=plan.resources["CPU"],
@@ -300,20 +316,24 @@ def build_ray_runtime(cfg: TrainConfig, *, rollout: Role, learner: Role) -> Runt
                 placement_group=pg, placement_group_bundle_index=plan.bundle
             ),
             runtime_env={"env_vars": env},
-            max_restarts=c.actor_max_restarts if plan.role == "actor" else 0,
+            max_restarts=0 if plan.role == "learner" else c.actor_max_restarts,
             max_task_retries=0,
         )
         handles[plan.role].append(ray.remote(**opts)(cls).remote(cfg))
     wait_ready("actor")
     wait_ready("learner")
+    wait_ready("teacher")
     if c.num_learners > 1:
         try:
             connect_learners(handles["learner"], pg, first_bundle=next(r.bundle for r in plans if r.role == "learner"))
         except Exception:
-            for hh in handles["actor"] + handles["learner"]:
+            for hh in handles["actor"] + handles["learner"] + handles["teacher"]:
                 ray.kill(hh)
             raise
-    return Runtime(RayGroup(handles["actor"], pg, "rollout actor"), RayGroup(handles["learner"], pg, "learner"), cfg)
+    teachers = RayGroup(handles["teacher"], pg, "judge/teacher") if handles["teacher"] else None
+    return Runtime(
+        RayGroup(handles["actor"], pg, "rollout actor"), RayGroup(handles["learner"], pg, "learner"), cfg, teachers
+    )
 
 
 def connect_learners(learners: list[Any], pg: Any, *, first_bundle: int) -> None:

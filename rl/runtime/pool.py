@@ -30,8 +30,8 @@ class Call:
 class ActorPool:
     """The rollout actors behind one group, with their deaths and restarts counted."""
 
-    def __init__(self, actors: Group, max_restarts: int):
-        self.actors, self.max_restarts = actors, max_restarts
+    def __init__(self, actors: Group, max_restarts: int, role: str = "rollout actor"):
+        self.actors, self.max_restarts, self.role = actors, max_restarts, role  # role: "judge/teacher" too
         self.deaths = [0] * len(actors)
         self.gone: set[int] = set()  # actors that used up their restarts
         self.restarting: set[int] = set()  # actors Ray is restarting: no work until they are ready again
@@ -82,11 +82,11 @@ class ActorPool:
                 return
             if not self.restarting:
                 raise RuntimeError(
-                    "every rollout actor is dead and none has restarts left (cluster.actor_max_restarts): find why "
+                    f"every {self.role} is dead and none has restarts left (cluster.actor_max_restarts): find why "
                     "they die (out of memory? the Ray logs say) or raise cluster.actor_max_restarts"
                 )
             if time.monotonic() > deadline:
-                raise RuntimeError(f"no rollout actor came back from its restart within {REJOIN_TIMEOUT_S:.0f} s")
+                raise RuntimeError(f"no {self.role} came back from its restart within {REJOIN_TIMEOUT_S:.0f} s")
             time.sleep(0.5)
 
     def died(self, call: Call, what_call: str, e: MemberDied, n_prompts: int) -> int:
@@ -110,5 +110,5 @@ class ActorPool:
         to = min(others, key=lambda j: (j - i) % len(self.actors)) if others else live[0]
         if n_prompts:
             what += f"; its {n_prompts} prompt(s) go to actor {to}"
-        print(f"rollout actor {i} died during {what_call} ({e.cause}): {what}", flush=True)
+        print(f"{self.role} {i} died during {what_call} ({e.cause}): {what}", flush=True)
         return to

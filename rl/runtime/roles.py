@@ -99,4 +99,24 @@ class Learner(Protocol):
     def close(self) -> None: ...
 
 
+class Teacher(Protocol):
+    """A judge/teacher engine (rl/rollout/teacher.py): verdicts as text, logprobs of another model's tokens."""
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        seeds: list[int] | None = None,
+        items: list[dict] | None = None,
+    ) -> list[PromptRollout]:
+        """A judge's verdicts: `sampling.n` completions per prompt (their `text`)."""
+        ...
+
+    def token_logprobs(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
+        """log p_teacher of each completion token after its prompt, one list per (prompt, completion) pair."""
+        ...
+
+    def close(self) -> None: ...
+
+
 Method = Any  # a protocol's function, e.g. `RolloutActor.generate`: the group calls the member's method of its name

@@ -9,22 +9,24 @@ step (here: shard, step together, check that they agree). Each job's logic is wr
 from __future__ import annotations
 
 from rl.config.schema import TrainConfig
-from rl.runtime.groups import Group, merge_learner_metrics, shard_groups
+from rl.runtime.groups import Group, MemberDied, merge_learner_metrics, shard, shard_groups
 from rl.runtime.pipeline import PendingGeneration, Pipeline
 from rl.runtime.pool import ActorPool, Call
-from rl.runtime.roles import Learner, RolloutActor
+from rl.runtime.roles import Learner, Method, RolloutActor, Teacher
 from rl.runtime.sync import AdapterSync, Versions
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample, completions_of, prompts_of
 
 
 class Runtime:
     """Splits work over the roles and keeps the actors' adapter versions honest. `cfg` (resolved) gives the
-    cluster's staleness, restarts, learner chunk, weight sync and colocation (None: the schema's defaults)."""
+    cluster's staleness, restarts, learner chunk, weight sync and colocation (None: the schema's defaults).
+    `teachers`: the judge/teacher engines (cluster.num_teachers; None when there are none), restarted as actors are."""
 
-    def __init__(self, actors: Group, learners: Group, cfg: TrainConfig | None = None):
+    def __init__(self, actors: Group, learners: Group, cfg: TrainConfig | None = None, teachers: Group | None = None):
         cfg = cfg or TrainConfig()
         c = cfg.cluster
-        self.actors, self.learners = actors, learners
+        self.actors, self.learners, self.teachers = actors, learners, teachers
+        self.teacher_pool = ActorPool(teachers, c.actor_max_restarts, "judge/teacher") if teachers else None
         self.colocate = c.colocate  # actors sleep while the learners train (one GPU per actor/learner pair)
         self.versions = Versions(c.staleness)
         self.pool = ActorPool(actors, c.actor_max_restarts)
@@ -101,6 +103,42 @@ class Runtime:
     def adapter(self, for_sync: bool = False) -> Adapter:
         return self.adapter_sync.adapter(for_sync)
 
+    # ------------------------------------------------------------------------------------------------ teachers
+
+    def teacher_generate(self, prompts: list[list[int]], sampling: Sampling) -> list[PromptRollout]:
+        """Judge verdicts: the prompts sharded over the live judge/teacher engines, results in prompt order."""
+        return self._on_teachers(Teacher.generate, len(prompts), lambda idx: ([prompts[k] for k in idx], sampling))
+
+    def teacher_logprobs(self, rollouts: list[PromptRollout]) -> list[list[float]]:
+        """The teacher's logprob of every sampled token of every completion (algorithm=distill), in rollout order."""
+        prompts, comps = prompts_of(rollouts), [c.token_ids for c in completions_of(rollouts)]
+        return self._on_teachers(
+            Teacher.token_logprobs, len(comps), lambda idx: ([prompts[k] for k in idx], [comps[k] for k in idx])
+        )
+
+    def _on_teachers(self, method: Method, n: int, args_of) -> list:
+        """`method` on contiguous shards of n items over the live teachers, results in item order; a teacher that
+        dies in the call is handed to Ray's restart and its shard goes to a live one (as an actor's prompts do)."""
+        pool = self.teacher_pool
+        if pool is None:
+            raise RuntimeError("no judge/teacher engine runs: set cluster.num_teachers=1 (teacher.path: its model)")
+        if n == 0:
+            return []
+        pool.rejoin(wait=True)
+        live = pool.live()
+        parts = shard(list(range(n)), len(live))
+        calls = [(idx, pool.submit(i, method, *args_of(idx))) for i, idx in zip(live, parts) if idx]
+        out: list = []
+        for idx, call in calls:
+            while True:
+                try:
+                    out.extend(pool.result(call))
+                    break
+                except MemberDied as e:
+                    to = pool.died(call, method.__name__, e, len(idx))
+                    call = pool.submit(to, method, *args_of(idx))
+        return out
+
     # ------------------------------------------------------------------------------------------------ sync
 
     def sync(self) -> dict[str, float]:
@@ -123,6 +161,9 @@ class Runtime:
             "async/dropped_stale": float(self.pipeline.dropped_stale),
         }
         self.pool.restarts, self.pipeline.dropped_stale = 0, 0
+        if self.teacher_pool is not None:
+            out["fault/teacher_restarts"] = float(self.teacher_pool.restarts)
+            self.teacher_pool.restarts = 0
         return out
 
     def pop_idle(self, elapsed_s: float) -> dict[str, float]:
@@ -135,7 +176,7 @@ class Runtime:
         }
 
     def close(self) -> None:
-        for group in (self.actors, self.learners):
+        for group in (self.actors, self.learners, *([self.teachers] if self.teachers else [])):
             try:
                 group.close()
             except Exception:  # closing one role must not stop the other from being closed

@@ -35,6 +35,8 @@ def test_every_config_option_composes_into_the_typed_schema_and_its_specs(group,
         if (group, option) == ("algorithm", "sft"):  # trains on a demonstrations file, which must exist
             (tmp_path / "demos.jsonl").write_text("")
             batch = [f"algorithm.demos={tmp_path / 'demos.jsonl'}"]
+        if (group, option) == ("algorithm", "distill"):  # scores with a teacher engine
+            batch = ["cluster.num_teachers=1"]
         cfg = compose(config_name="train", overrides=[f"{group}={option}", *batch])
     if group in ("reward", "env"):
         assert "_target_" in cfg[group]
