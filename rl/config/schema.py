@@ -405,15 +405,23 @@ class TrainConfig:
             "algorithm.distill_coef > 0 scores the samples with a teacher: set cluster.num_teachers=1 (teacher.path: "
             "its model)",
         )
-        # algorithm=sft trains on one demonstration per prompt
-        samples, learners = self.run.prompts_per_step * (1 if a.policy_loss == "sft" else a.group_size), c.num_learners
-        check(
-            samples % learners == 0,
-            f"run.prompts_per_step * algorithm.group_size = {self.run.prompts_per_step} * {a.group_size} = {samples} "
-            f"samples do not split evenly over cluster.num_learners={learners}: make run.prompts_per_step a multiple "
-            f"of {learners // math.gcd(learners, a.group_size)} (each learner then gets whole prompt groups when it "
-            f"is a multiple of {learners}) or change cluster.num_learners",
-        )
+        learners = c.num_learners
+        if a.policy_loss == "sft":  # one demonstration per prompt: algorithm.group_size plays no part
+            check(
+                self.run.prompts_per_step % learners == 0,
+                f"algorithm=sft trains on run.prompts_per_step={self.run.prompts_per_step} demonstrations a step, "
+                f"which do not split evenly over cluster.num_learners={learners}: make run.prompts_per_step a "
+                f"multiple of {learners} or change cluster.num_learners",
+            )
+        else:
+            samples = self.run.prompts_per_step * a.group_size
+            check(
+                samples % learners == 0,
+                f"run.prompts_per_step * algorithm.group_size = {self.run.prompts_per_step} * {a.group_size} = "
+                f"{samples} samples do not split evenly over cluster.num_learners={learners}: make "
+                f"run.prompts_per_step a multiple of {learners // math.gcd(learners, a.group_size)} (each learner then "
+                f"gets whole prompt groups when it is a multiple of {learners}) or change cluster.num_learners",
+            )
 
     # Derived values: computed from the settings above (after the resolve step), never set.
 

@@ -94,6 +94,24 @@ def test_cross_field_check_names_the_key():
 
 
 @pytest.mark.parametrize(
+    ("algorithm", "expected"),
+    [
+        ({}, r"run.prompts_per_step \* algorithm.group_size = 3 \* 8 = 24 samples do not split evenly"),
+        (
+            {"policy_loss": "sft", "demos": "demos.jsonl"},
+            r"algorithm=sft trains on run.prompts_per_step=3 demonstrations a step, which do not split evenly over "
+            r"cluster.num_learners=5: make run.prompts_per_step a multiple of 5",
+        ),
+    ],
+)
+def test_a_batch_that_does_not_split_over_the_learners_names_the_keys_that_set_it(algorithm, expected):
+    settings = {"algorithm": algorithm, "cluster": {"num_learners": 5}, "run": {"prompts_per_step": 3}}
+    with pytest.raises(ConfigError, match=expected) as failure:
+        OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), settings))
+    assert ("group_size" in str(failure.value)) == (not algorithm)  # sft has one sample per demonstration
+
+
+@pytest.mark.parametrize(
     ("override", "expected"),
     [
         ("model.pathh=x", "unknown config key 'model.pathh'"),
