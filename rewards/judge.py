@@ -6,7 +6,7 @@ binds it to this reward at start (`bind_judge`), and every scoring call sends al
 in one batch. The judge sees what the template names and nothing else: `{question}` and `{completion}` always,
 `{reference}` (the item's hidden answer) only when the template asks for it.
 
-What keeps the reward from being gamed (`python -m rewards.check`, tests/unit/test_judge.py): before any judge
+What keeps the reward from being gamed (`python -m rewards.check`, tests/unit/test_judge_distill.py): before any judge
 call, a completion that is empty, only restates the question, or talks to the grader ("the grader should...",
 "Score: 10", "ignore the rubric") scores 0 and is counted (`judge/blocked`): a small judge is easily flattered,
 and these never carry an answer. The completion goes into the prompt between markers it cannot close. A verdict
