@@ -14,10 +14,13 @@ from tests.helpers import REPO, metric_rows, run_train, tiny_args
 
 pytestmark = pytest.mark.slow
 
-# The RL bundles. A supervised one (policy_loss sft) learns from demonstrations, not from these rewards, and has an
-# end-to-end test of its own.
+# The RL bundles. A supervised one (policy_loss sft) learns from demonstrations, not from these rewards, and one that
+# distils (distill_coef > 0) needs a teacher engine beside the roles; each has an end-to-end test of its own
+# (tests/integration/test_sft.py, test_judge_distill_e2e.py).
 BUNDLES = sorted(
-    p.stem for p in (REPO / "conf" / "algorithm").glob("*.yaml") if OmegaConf.load(p).get("policy_loss") != "sft"
+    p.stem
+    for p in (REPO / "conf" / "algorithm").glob("*.yaml")
+    if OmegaConf.load(p).get("policy_loss") != "sft" and not OmegaConf.load(p).get("distill_coef")
 )
 
 
