@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,24 @@ def parse_tool_calls(text: str, fmt: str) -> tuple[list[ToolCall], list[str]]:
     if fmt == "tag":
         return _parse(text, _TAG, _tag_call, "</tool>")
     raise ValueError(f"env.tool_format={fmt!r} is not known; valid: {', '.join(FORMATS)}")
+
+
+def answer_calls(
+    episode: Any, calls: list[ToolCall], errors: list[str], max_per_turn: int, run: Callable[[Any, ToolCall], str]
+) -> list[str]:
+    """One turn's tool results, counted on the episode (envs/protocol.py Episode): each parse error first (a
+    malformed call), then `run(episode, call)` for each of the first `max_per_turn` calls (it counts the call and
+    a failure), and an error for each call past them."""
+    results = [f"error: {e}" for e in errors]
+    episode.tool_errors += len(errors)
+    episode.malformed_calls += len(errors)
+    for k, call in enumerate(calls):
+        if k >= max_per_turn:
+            results.append(f"error: at most {max_per_turn} tool calls per turn")
+            episode.tool_errors += 1
+        else:
+            results.append(run(episode, call))
+    return results
 
 
 def _parse(text: str, pattern: re.Pattern, one, closing: str) -> tuple[list[ToolCall], list[str]]:

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from envs.protocol import Episode, Message
-from envs.tool_calls import ToolCall, parse_tool_calls
+from envs.tool_calls import ToolCall, answer_calls, parse_tool_calls
 from envs.tools import Tool, get_tool
 
 TAG_PROMPT = (
@@ -82,15 +82,7 @@ class ToolEnv:
         calls, errors = parse_tool_calls(model_text, self.tool_format)
         if (not calls and not errors) or episode.turns >= self.max_turns:
             return None
-        results = [f"error: {e}" for e in errors]
-        episode.tool_errors += len(errors)
-        episode.malformed_calls += len(errors)
-        for k, call in enumerate(calls):
-            if k >= self.max_calls_per_turn:
-                results.append(f"error: at most {self.max_calls_per_turn} tool calls per turn")
-                episode.tool_errors += 1
-            else:
-                results.append(self._run(episode, call))
+        results = answer_calls(episode, calls, errors, self.max_calls_per_turn, self._run)
         if self.tool_format == "tag":
             return [{"role": "user", "content": "\n".join(f"<result>{r}</result>" for r in results)}]
         return [{"role": "tool", "content": r} for r in results]

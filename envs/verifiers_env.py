@@ -32,7 +32,7 @@ import threading
 from typing import Any
 
 from envs.protocol import Episode, Message
-from envs.tool_calls import parse_tool_calls
+from envs.tool_calls import ToolCall, answer_calls, parse_tool_calls
 from envs.tools import schema_of
 
 
@@ -240,21 +240,16 @@ class VerifiersEnv:
         calls, errors = parse_tool_calls(model_text, "hermes")
         if not calls and not errors:
             return None
-        results = [f"error: {e}" for e in errors]
-        episode.tool_errors += len(errors)
-        episode.malformed_calls += len(errors)
-        for k, call in enumerate(calls):
-            if k >= self.max_calls_per_turn:
-                results.append(f"error: at most {self.max_calls_per_turn} tool calls per turn")
-                episode.tool_errors += 1
-                continue
-            episode.tool_calls += 1
-            try:
-                results.append(self.tools.call(call.name, call.arguments))
-            except Exception as e:  # noqa: BLE001 - a failing tool is the model's to read, and is counted
-                episode.tool_errors += 1
-                results.append(f"error: {type(e).__name__}: {e}")
+        results = answer_calls(episode, calls, errors, self.max_calls_per_turn, self._run)
         return [{"role": "tool", "content": r} for r in results]
+
+    def _run(self, episode: Episode, call: ToolCall) -> str:
+        episode.tool_calls += 1
+        try:
+            return self.tools.call(call.name, call.arguments)
+        except Exception as e:  # noqa: BLE001 - a failing tool is the model's to read, and is counted
+            episode.tool_errors += 1
+            return f"error: {type(e).__name__}: {e}"
 
     def finish(self, episode: Episode, truncated: bool) -> None:
         """The task's rubric on the whole episode: its weighted rewards become the episode's terms."""
