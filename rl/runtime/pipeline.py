@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl.runtime.groups import Group, MemberDied, shard
+from rl.runtime.groups import Group, shard
 from rl.runtime.pool import ActorPool, Call
 from rl.runtime.roles import Learner, RolloutActor
 from rl.runtime.sync import VersionMismatch, Versions
@@ -101,13 +101,9 @@ class Pipeline:
         items: list[dict] | None = None,
         seeds: list[int] | None = None,
     ) -> list[PromptRollout]:
-        while True:
-            try:
-                rollouts = self.pool.result(call)
-                break
-            except MemberDied as e:
-                to = self.pool.died(call, "generate", e, len(part))
-                call = self.pool.submit(to, RolloutActor.generate, *_args(part, sampling, items, seeds))
+        call, rollouts = self.pool.result_or_resend(
+            call, RolloutActor.generate, _args(part, sampling, items, seeds), len(part)
+        )
         for r in rollouts:
             r.actor = call.actor
         stale = [k for k, r in enumerate(rollouts) if not self.versions.ok(call.actor, r.adapter_version)]

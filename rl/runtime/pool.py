@@ -52,6 +52,16 @@ class ActorPool:
     def result(self, call: Call) -> Any:
         return self.actors.result(call.handle)
 
+    def result_or_resend(self, call: Call, method: Method, args: tuple, n_prompts: int) -> tuple[Call, Any]:
+        """The call's result; when its actor dies, the same work goes to the actor `died` names (the death counted,
+        Ray restarting the dead one) and so on until one answers. Returns the call that answered and its result."""
+        while True:
+            try:
+                return call, self.result(call)
+            except MemberDied as e:
+                to = self.died(call, method.__name__, e, n_prompts)
+                call = self.submit(to, method, *args)
+
     def on_live(self, method: Method) -> float:
         """Call `method` on every live actor and wait (an actor that dies meanwhile is handed to Ray's restart, as
         anywhere else); the seconds it took."""

@@ -9,7 +9,7 @@ step (here: shard, step together, check that they agree). Each job's logic is wr
 from __future__ import annotations
 
 from rl.config.schema import TrainConfig
-from rl.runtime.groups import Group, MemberDied, merge_learner_metrics, shard, shard_groups
+from rl.runtime.groups import Group, merge_learner_metrics, shard, shard_groups
 from rl.runtime.pipeline import PendingGeneration, Pipeline
 from rl.runtime.pool import ActorPool, Call
 from rl.runtime.roles import Learner, Method, RolloutActor, Teacher
@@ -130,13 +130,7 @@ class Runtime:
         calls = [(idx, pool.submit(i, method, *args_of(idx))) for i, idx in zip(live, parts) if idx]
         out: list = []
         for idx, call in calls:
-            while True:
-                try:
-                    out.extend(pool.result(call))
-                    break
-                except MemberDied as e:
-                    to = pool.died(call, method.__name__, e, len(idx))
-                    call = pool.submit(to, method, *args_of(idx))
+            out.extend(pool.result_or_resend(call, method, args_of(idx), len(idx))[1])
         return out
 
     # ------------------------------------------------------------------------------------------------ sync
