@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,9 @@ import numpy as np
 import torch
 
 from rl import checkpoint, evaluation
-from rl.config.choices import ActorBase
+from rl.config.choices import ActorBase, RolloutMode
 from rl.config.schema import TrainConfig
+from rl.data.continuous import ContinuousSampler
 from rl.data.curriculum import build_curriculum
 from rl.data.demos import Demonstrations
 from rl.data.prepare import distill_advantages, kl_reward_penalty, prepare_samples, rollout_metrics
@@ -55,7 +57,10 @@ def train(
     demos = Demonstrations(a.demos, tokenizer, cfg) if a.demos else None
     if demos is None:
         curriculum = build_curriculum(cfg, env, lambda items: PromptData(items, tokenizer, cfg))
-        sampler = Sampler(runtime, train_data, reward_fn, cfg, steps, curriculum)
+        if cfg.cluster.rollout_mode == RolloutMode.continuous:
+            sampler = ContinuousSampler(runtime, train_data, reward_fn, cfg, steps, tokenizer, curriculum)
+        else:
+            sampler = Sampler(runtime, train_data, reward_fn, cfg, steps, curriculum)
     data = demos or sampler
     probe = SyncProbe(
         runtime,
@@ -104,11 +109,12 @@ def train(
                 m = probe.collect()  # the previous sync's probe, when it was read late (staleness > 0)
                 samples, sm = prepare(cfg, runtime, tokenizer, batch, step, logger)  # shaping -> advantages -> masks
                 m |= sm
-            m |= learn(runtime, samples, a.updates_per_step)
+            # a continuous rollout keeps its actors fed while the learners step
+            m |= learn(runtime, samples, a.updates_per_step, getattr(data, "pump", None))
             nonfinite = count_nonfinite(m, nonfinite, step, cfg)
             m |= runtime.sync()
             m |= probe.after_sync(step, last=step == steps)
-            m |= {"time/step_s": time.perf_counter() - t_step}
+            m |= throughput(m, samples, time.perf_counter() - t_step)
             m |= runtime.pop_idle(m["time/step_s"])
             if cfg.eval.size and cfg.eval.interval and step % cfg.eval.interval == 0 and step != steps:
                 m |= evaluation.evaluate(runtime, eval_data, reward_fn, cfg, step)
@@ -197,15 +203,33 @@ def prepare(
     }
 
 
-def learn(runtime: Runtime, samples: list[TrainSample], updates: int) -> dict[str, float]:
+def learn(
+    runtime: Runtime, samples: list[TrainSample], updates: int, while_waiting: Callable[[], None] | None = None
+) -> dict[str, float]:
     """`updates` optimizer steps over consecutive mini-batches of the step's samples (PPO-style; each mini-batch
-    is normalised on its own); metrics are averaged, times summed. The ratio stays against the behaviour policy."""
+    is normalised on its own); metrics are averaged, times summed. The ratio stays against the behaviour policy.
+    `while_waiting` is called in a loop until each step is done (a continuous rollout's pump)."""
     chunks = [c for c in shard(samples, updates) if c]
-    results = [runtime.train_step(c) for c in chunks]
+    results = []
+    for chunk in chunks:
+        pending = runtime.submit_train_step(chunk)
+        while while_waiting is not None and not runtime.train_step_done(pending):
+            while_waiting()
+        results.append(runtime.finish_train_step(pending))
     out = {k: float(np.mean([r[k] for r in results])) for k in results[0]}
     out["time/learn_s"] = float(sum(r["time/learn_s"] for r in results))
     out["train/optimizer_steps"] = float(len(chunks))
     return out
+
+
+def throughput(m: dict[str, float], samples: list[TrainSample], step_s: float) -> dict[str, float]:
+    """The step's time and rates per second of the step, whatever the rollout mode: samples trained, and tokens the
+    actors generated (the learners' own rate, over their busy time, is perf/learner_tokens_per_s)."""
+    return {
+        "time/step_s": step_s,
+        "perf/samples_per_s": len(samples) / max(step_s, 1e-9),
+        "perf/actor_tokens_per_s": m.get("data/generated_tokens", 0.0) / max(step_s, 1e-9),
+    }
 
 
 def log_eval(

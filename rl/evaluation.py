@@ -112,13 +112,16 @@ def save_rollouts(
                     }
                     for m, start, end in mask_spans(c.mask)
                 ]
+            if c.versions is not None:  # continuous rollouts: which adapter version sampled which tokens
+                row["versions"] = [{"version": v, "tokens": end - start} for v, start, end in mask_spans(c.versions)]
             write_row(f, row)
             written.append(row)
     return written
 
 
 def mask_spans(mask: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(mask value, start, end) of each run of equal values: an episode's model and environment spans."""
+    """(value, start, end) of each run of equal values: an episode's model and environment spans, a continuous
+    rollout's adapter versions."""
     out: list[tuple[int, int, int]] = []
     for i, m in enumerate(mask):
         if out and out[-1][0] == m:

@@ -31,3 +31,10 @@ def turn_seed(seed: int, sample: int, turn: int) -> int:
     """The sampling seed of a multi-turn episode's later turn (turn >= 1): from its prompt's seed, its sample index
     in the prompt's group and the turn, so each turn's tokens depend on the episode alone (rl/rollout/episodes.py)."""
     return prompt_seed(seed, sample, f"turn{turn}")
+
+
+def segment_seed(seed: int, sample: int, done_tokens: int) -> int:
+    """The sampling seed of one segment of a continuous rollout (rl/runtime/stream.py): each of a prompt's samples is
+    its own request there, continued from `done_tokens` tokens, so the seed depends on the sample and where the
+    segment starts, never on the actor or call it lands in."""
+    return prompt_seed(seed, sample, f"segment{done_tokens}")

@@ -40,6 +40,9 @@ class Completion:
     text: str  # what the reward scores: the completion; an episode's last model turn
     mask: list[int] | None = None  # per token: 1 model token, 0 environment token (None: all model tokens)
     episode: EpisodeInfo | None = None  # multi-turn episodes only
+    # per token: the adapter version that sampled it (cluster.rollout_mode=continuous, where a sample can span an
+    # update); None: every token is the rollout's adapter_version
+    versions: list[int] | None = None
 
     @property
     def model_tokens(self) -> int:
@@ -51,7 +54,7 @@ class Completion:
 class PromptRollout:
     prompt_ids: list[int]
     completions: list[Completion]
-    adapter_version: int  # the LoRA version the actor generated with (0 = base model)
+    adapter_version: int  # the LoRA version the actor generated with (0 = base model; continuous: the oldest token's)
     actor: int = 0  # index of the rollout actor that produced it (-1 - j: learner j, cluster.learner_chunk_size)
 
 

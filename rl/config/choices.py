@@ -29,6 +29,11 @@ class ClusterMode(str, Enum):
     local = "local"  # the same plain classes in this one process, without Ray (tests, debugging)
 
 
+class RolloutMode(str, Enum):
+    batch = "batch"  # a step's prompts are generated together (cluster.staleness k: sent k steps ahead)
+    continuous = "continuous"  # fully asynchronous: actors never stop, the learner takes finished groups (stream.py)
+
+
 class RolloutBackend(str, Enum):
     vllm = "vllm"  # vLLM engine (CPU build here, CUDA build on GPUs)
     hf = "hf"  # transformers `generate` (debugging; slow)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rl.config.choices import ClusterMode, LoraMode, PlacementStrategy, RolloutBackend, WeightSync
+from rl.config.choices import ClusterMode, LoraMode, PlacementStrategy, RolloutBackend, RolloutMode, WeightSync
 from rl.config.errors import check
 
 
@@ -35,6 +35,10 @@ class ClusterConfig:
     ray_num_cpus: int | None = None  # CPUs a local Ray advertises (null: what Ray detects)
     weight_sync: WeightSync = WeightSync.object_store  # object_store (bytes, any device) | ipc (CUDA, learner's GPU)
     staleness: int = 0  # steps actors may run ahead of learners (0: synchronous; k: generate step t+k while training t)
+    # with continuous, cluster.staleness is the most syncs a trained sample's oldest token may lag
+    rollout_mode: RolloutMode = RolloutMode.batch  # batch | continuous: actors never pause (rl/runtime/stream.py)
+    segment_tokens: int = 64  # continuous: new tokens per sample per actor call (adapter updates land in between)
+    groups_in_flight: int = 0  # continuous: prompt groups being generated at once (0: 2 x run.prompts_per_step)
     actor_max_restarts: int = 2  # times Ray restarts a dead rollout actor (its prompts go to a live one meanwhile)
     learner_chunk_size: int = 0  # prompts each learner generates per generate call, HF generate (0: actors only)
     colocate: bool = False  # actor i and learner i time-share one GPU: the engine sleeps while the learner trains
@@ -75,6 +79,8 @@ class ClusterConfig:
             self.num_teachers == 0 or self.mode == ClusterMode.ray or self.num_teachers == 1,
             "cluster.mode=local runs one judge/teacher engine in-process: set cluster.num_teachers=1 (or 0)",
         )
+        if self.rollout_mode == RolloutMode.continuous:
+            self._check_continuous()
         check(self.actor_max_restarts >= 0, f"cluster.actor_max_restarts must be >= 0 (got {self.actor_max_restarts})")
         if self.colocate:
             self._check_colocate()
@@ -89,6 +95,26 @@ class ClusterConfig:
                 f"cluster.mode=local runs the roles one after the other, so it cannot overlap them: set "
                 f"cluster.staleness=0 (got {self.staleness}) or use cluster.mode=ray",
             )
+
+    def _check_continuous(self) -> None:
+        why = "cluster.rollout_mode=continuous"
+        check(self.mode == ClusterMode.ray, f"{why} overlaps actors and learners: use cluster.mode=ray")
+        check(
+            self.staleness >= 1,
+            f"{why} trains tokens sampled by older adapters: set cluster.staleness >= 1 (the most syncs a sample's "
+            f"oldest token may lag; got {self.staleness})",
+        )
+        check(
+            self.learner_chunk_size == 0,
+            f"{why} keeps the learners training while the actors generate: set cluster.learner_chunk_size=0",
+        )
+        check(
+            not self.colocate,
+            f"{why} never pauses the actors, which cluster.colocate does while the learner trains: set "
+            "cluster.colocate=false (or cluster.rollout_mode=batch)",
+        )
+        check(self.segment_tokens >= 1, f"cluster.segment_tokens must be >= 1 (got {self.segment_tokens})")
+        check(self.groups_in_flight >= 0, f"cluster.groups_in_flight must be >= 0 (got {self.groups_in_flight})")
 
     @property
     def tensor_parallel_size(self) -> int:

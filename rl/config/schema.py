@@ -31,6 +31,7 @@ from rl.config.choices import (
     PackedAttention,
     PgBaseline,
     RolloutBackend,
+    RolloutMode,
     WandbMode,
     WeightSync,
 )
@@ -405,6 +406,8 @@ class TrainConfig:
             "algorithm.distill_coef > 0 scores the samples with a teacher: set cluster.num_teachers=1 (teacher.path: "
             "its model)",
         )
+        if c.rollout_mode == RolloutMode.continuous:
+            self._check_continuous()
         learners = c.num_learners
         if a.policy_loss == "sft":  # one demonstration per prompt: algorithm.group_size plays no part
             check(
@@ -423,7 +426,33 @@ class TrainConfig:
                 f"gets whole prompt groups when it is a multiple of {learners}) or change cluster.num_learners",
             )
 
+    def _check_continuous(self) -> None:
+        a, c, why = self.algorithm, self.cluster, "cluster.rollout_mode=continuous"
+        check(
+            not self.run.deterministic,
+            f"{why} interleaves adapter loads with generation as the machine's timing falls, which "
+            "run.deterministic=true cannot repeat: set one of them back (run.deterministic=false or "
+            "cluster.rollout_mode=batch)",
+        )
+        check(a.policy_loss != "sft", f"algorithm=sft trains on demonstrations: {why} has nothing to generate")
+        check(
+            a.tis_cap > 0 and a.updates_per_step == 1,
+            f"{why} trains on tokens of older adapters with the decoupled objective (the learner's current policy "
+            "as the proximal one, truncated importance weights to the behaviour logprobs): set algorithm.tis_cap "
+            "> 0 (e.g. 2.0) with algorithm.updates_per_step=1",
+        )
+        check(
+            c.groups_in_flight == 0 or c.groups_in_flight >= self.run.prompts_per_step,
+            f"cluster.groups_in_flight={c.groups_in_flight} is below run.prompts_per_step={self.run.prompts_per_step}:"
+            " a batch could never fill; raise it (0: twice run.prompts_per_step)",
+        )
+
     # Derived values: computed from the settings above (after the resolve step), never set.
+
+    @property
+    def groups_in_flight(self) -> int:
+        """Prompt groups a continuous rollout keeps in generation (cluster.groups_in_flight, 0: two batches)."""
+        return self.cluster.groups_in_flight or 2 * self.run.prompts_per_step
 
     @property
     def run_dir(self) -> Path:

@@ -208,3 +208,9 @@ class EpisodeEngine:
                 self._generate, self.tokenizer, self._env, prompts, items, sampling, self.episodes, self.version, seeds
             )
         return self._generate(prompts, sampling, seeds=seeds)
+
+    def continue_samples(
+        self, prompts: list[list[int]], sampling: Sampling, caps: list[int], seeds: list[int]
+    ) -> list[PromptRollout]:
+        """One segment per prompt (rl/runtime/stream.py): the engine's own call, one sample each."""
+        return self._generate(prompts, replace(sampling, n=1), max_tokens=caps, seeds=seeds)

@@ -70,6 +70,17 @@ class RayGroup:
         self._busy_s += seconds
         return out
 
+    def wait(self, handles: list[tuple[int, Any]], timeout_s: float) -> list[int]:
+        import ray
+
+        if not handles:
+            return []
+        refs = [ref for _, ref in handles]
+        ray.wait(refs, num_returns=1, timeout=timeout_s)
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        done_refs = set(done)  # ObjectRefs compare by their object id
+        return [k for k, r in enumerate(refs) if r in done_refs]
+
     def put(self, value: Any) -> Any:
         import ray
 

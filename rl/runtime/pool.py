@@ -52,6 +52,10 @@ class ActorPool:
     def result(self, call: Call) -> Any:
         return self.actors.result(call.handle)
 
+    def wait(self, calls: list[Call], timeout_s: float) -> list[int]:
+        """Positions of the calls that are done, waiting up to `timeout_s` for the first (Group.wait)."""
+        return self.actors.wait([c.handle for c in calls], timeout_s)
+
     def result_or_resend(self, call: Call, method: Method, args: tuple, n_prompts: int) -> tuple[Call, Any]:
         """The call's result; when its actor dies, the same work goes to the actor `died` names (the death counted,
         Ray restarting the dead one) and so on until one answers. Returns the call that answered and its result."""

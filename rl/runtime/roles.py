@@ -28,6 +28,13 @@ class RolloutActor(Protocol):
         prompt's samples drawn from its own seed; every rollout carries the adapter version it was made with."""
         ...
 
+    def continue_samples(
+        self, prompts: list[list[int]], sampling: Sampling, caps: list[int], seeds: list[int]
+    ) -> list[PromptRollout]:
+        """One segment of a continuous rollout: one completion per prompt (each a prompt with the tokens its sample
+        has so far) of at most caps[i] new tokens, from seeds[i]; `sampling.n` is ignored."""
+        ...
+
     def load_adapter(self, adapter: Adapter) -> dict:
         """Take a published adapter (or full weights) as the new version; returns {"seconds": ...}."""
         ...

@@ -8,13 +8,26 @@ step (here: shard, step together, check that they agree). Each job's logic is wr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 from rl.config.schema import TrainConfig
 from rl.runtime.groups import Group, merge_learner_metrics, shard, shard_groups
 from rl.runtime.pipeline import PendingGeneration, Pipeline
 from rl.runtime.pool import ActorPool, Call
 from rl.runtime.roles import Learner, Method, RolloutActor, Teacher
+from rl.runtime.stream import NewGroup, Stream
 from rl.runtime.sync import AdapterSync, Versions
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample, completions_of, prompts_of
+
+
+@dataclass
+class PendingStep:
+    """A learners' step sent and not yet collected (`Runtime.submit_train_step`)."""
+
+    handles: list[Any]
+    slept: dict[str, float]
 
 
 class Runtime:
@@ -78,6 +91,25 @@ class Runtime:
     def collect(self, pending: PendingGeneration) -> list[PromptRollout]:
         return self.pipeline.collect(pending)
 
+    def stream(
+        self,
+        cfg: TrainConfig,
+        draw: Callable[[], NewGroup | None],
+        decode: Callable[[list[list[int]]], list[str]],
+    ) -> Stream:
+        """Continuous generation on the live actors (cluster.rollout_mode=continuous, rl/runtime/stream.py)."""
+        return Stream(
+            self.pool,
+            self.versions,
+            cfg.sampling,
+            segment_tokens=cfg.cluster.segment_tokens,
+            groups_in_flight=cfg.groups_in_flight,
+            bound=cfg.cluster.staleness,
+            episodes=cfg.episodes is not None,
+            draw=draw,
+            decode=decode,
+        )
+
     # ------------------------------------------------------------------------------------------------ learning
 
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
@@ -85,12 +117,23 @@ class Runtime:
         learners sum their globally normalised gradients, and all step identically (`learner/checksum_spread`,
         the max - min of the learners' adapter checksums, is 0 when they agree). Colocated actors sleep first
         (they free their GPU memory for the learners; the next sync wakes them): nothing is in flight then."""
+        return self.finish_train_step(self.submit_train_step(samples))
+
+    def submit_train_step(self, samples: list[TrainSample]) -> PendingStep:
+        """Start `train_step` without waiting (a continuous rollout keeps the actors fed meanwhile)."""
         slept = {"time/actor_sleep_s": self.pool.on_live(RolloutActor.sleep)} if self.colocate else {}
         n = len(self.learners)
-        if n == 1:
-            return self.learners.call(Learner.train_step, [(samples,)])[0] | slept
-        results = self.learners.call(Learner.train_step, [(part,) for part in shard_groups(samples, n)])
-        out = merge_learner_metrics(results) | slept
+        parts = [samples] if n == 1 else shard_groups(samples, n)
+        return PendingStep([self.learners.submit(j, Learner.train_step, p) for j, p in enumerate(parts)], slept)
+
+    def train_step_done(self, pending: PendingStep, timeout_s: float = 0.0) -> bool:
+        return len(self.learners.wait(pending.handles, timeout_s)) == len(pending.handles)
+
+    def finish_train_step(self, pending: PendingStep) -> dict[str, float]:
+        results = [self.learners.result(h) for h in pending.handles]
+        if len(results) == 1:
+            return results[0] | pending.slept
+        out = merge_learner_metrics(results) | pending.slept
         checksums = self.learners.broadcast(Learner.adapter_checksum)
         out["learner/checksum_spread"] = max(checksums) - min(checksums)
         return out

@@ -174,3 +174,91 @@ def test_learner_generation_with_staleness_on_ray(tiny_model, tmp_path):
     assert [r["async/staleness_max"] for r in steps] == [0.0, 1.0, 1.0]
     assert all(r["data/kept_groups"] == 4 for r in steps)
     assert all(r["sync/logprob_abs_diff"] < 0.01 for r in steps[1:])
+
+
+class KilledInASegment(HFRollout):
+    """Kills its own process with SIGKILL when its third segment call of a continuous rollout starts (once per
+    test, as KilledOnce)."""
+
+    marker = ""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.calls = 0
+
+    def continue_samples(self, prompts, sampling, caps, seeds):
+        self.calls += 1
+        if self.calls == 3:
+            sigkill_self_once(self.marker)
+        return super().continue_samples(prompts, sampling, caps, seeds)
+
+
+class ManyPrompts(Env):
+    def train_items(self):  # one pass covers the run: a prompt trained twice would be a repeated draw
+        return [{"messages": [{"role": "user", "content": f"Say {i} things."}], "answer": ""} for i in range(24)]
+
+
+def test_continuous_rollouts_lose_no_sample_when_an_actor_dies_mid_segment(tiny_model, tmp_path, monkeypatch, capsys):
+    """cluster.rollout_mode=continuous with two actors, one killed in the middle of a segment: Ray restarts it, the
+    segment goes to the other actor, and every step still trains 4 distinct prompt groups of full samples."""
+    from transformers import AutoTokenizer
+
+    import rl.rollout
+    from rl import app, driver
+    from rl.config.choices import DType, RolloutBackend, RolloutMode
+    from rl.config.cluster import ClusterConfig
+    from rl.config.resolve import resolve
+    from rl.config.schema import AlgorithmConfig, CheckpointConfig, EvalConfig, ModelConfig, RunConfig, TrainConfig
+    from rl.metrics import MetricsLogger
+
+    marker = tmp_path / "killed.pid"
+    cfg = TrainConfig(
+        run=RunConfig(steps=4, prompts_per_step=4, sync_probe_threshold=0.01),
+        eval=EvalConfig(size=0),
+        checkpoint=CheckpointConfig(interval=0),
+        algorithm=AlgorithmConfig(group_size=2, tis_cap=2.0),
+        model=ModelConfig(
+            path=str(tiny_model), dtype=DType.float32, learner_dtype=DType.float32, max_new_tokens=8, lora_rank=4
+        ),
+        cluster=ClusterConfig(
+            num_actors=2,
+            rollout_backend=RolloutBackend.hf,
+            cpus_per_actor=0.5,
+            cpus_per_learner=1,
+            learner_threads=1,
+            rollout_mode=RolloutMode.continuous,
+            staleness=1,
+            segment_tokens=2,
+            actor_max_restarts=2,
+        ),
+    )
+    killer = type("KilledInASegmentHere", (KilledInASegment,), {"marker": str(marker)})
+    monkeypatch.setattr(rl.rollout, "rollout_class", lambda cfg: killer)
+    cfg = resolve(cfg, tmp_path / "run", model_path=str(tiny_model))
+    runtime, teardown = app.build_runtime(cfg)
+    trained: list[tuple[int, ...]] = []
+    lengths: list[int] = []
+    real_submit = runtime.submit_train_step
+
+    def record(samples):
+        trained.extend(dict.fromkeys(tuple(s.prompt_ids) for s in samples))
+        lengths.extend(len(s.completion_ids) for s in samples)
+        return real_submit(samples)
+
+    runtime.submit_train_step = record
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    logger = MetricsLogger(tmp_path / "run", kind="none", total_steps=cfg.run.steps)
+    try:
+        driver.train(cfg, runtime, tokenizer, ManyPrompts(), LengthReward(), logger, resolved={})
+    finally:
+        teardown()
+        logger.close()
+    assert marker.is_file()  # it really was killed
+    assert len(trained) == 16 and len(set(trained)) == 16  # 4 steps x 4 groups, no draw twice
+    rows = metric_rows(tmp_path / "run", timings=True)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(r["data/kept_groups"] == 4 for r in rows)
+    assert sum(r["fault/actor_restarts"] for r in rows) == 1.0
+    assert all(r["async/staleness_max"] <= 1 for r in rows)
+    assert sum(r["async/segments_continued"] for r in rows) > 0 and 1 <= min(lengths) and max(lengths) <= 8
+    out = capsys.readouterr().out
+    assert "died during continue_samples" in out and "Ray restarts it (restart 1 of 2)" in out
