@@ -42,11 +42,9 @@ def mode_args(mode: str, bound: int) -> list[str]:
     return MODES[mode] + ([f"cluster.staleness={bound}"] if mode == "continuous" else [])
 
 
-def run(mode: str, repeat: int, out: Path, args: argparse.Namespace) -> dict:
-    run_dir = out / f"{mode}-{repeat}"
-    cmd = [
-        sys.executable,
-        str(REPO / "train.py"),
+def train_args(mode: str, run_dir: Path, args: argparse.Namespace) -> list[str]:
+    """train.py's overrides for one run: the workload, the mode, and what every mode shares."""
+    return [
         *args.overrides,
         *mode_args(mode, args.bound),
         f"run.steps={args.steps}",
@@ -57,6 +55,11 @@ def run(mode: str, repeat: int, out: Path, args: argparse.Namespace) -> dict:
         "logger=jsonl",
         f"run.output_dir={run_dir}",
     ]
+
+
+def run(mode: str, repeat: int, out: Path, args: argparse.Namespace) -> dict:
+    run_dir = out / f"{mode}-{repeat}"
+    cmd = [sys.executable, str(REPO / "train.py"), *train_args(mode, run_dir, args)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=repo_env())
     if proc.returncode != 0:
         raise SystemExit(f"{mode} (repeat {repeat}) failed:\n{proc.stderr[-3000:]}")

@@ -39,6 +39,7 @@ def smollm2_shape(tmp_path_factory):
 
 def test_every_bench_script_is_covered():
     assert BENCHES == [
+        "async_modes",
         "batch_dependence",
         "colocate",
         "deterministic",
@@ -71,6 +72,37 @@ def plan_fits(args: list[str]) -> str:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "WARNING" not in proc.stdout and proc.stdout.rstrip().endswith("fits (by this estimate)"), proc.stdout
     return proc.stdout
+
+
+def test_async_modes_runs_each_mode_on_one_workload_which_fits(smollm2_shape, tmp_path):
+    from bench import async_modes
+
+    workload = [
+        "cluster.actor_threads=1",
+        "run.prompts_per_step=4",
+        "algorithm.group_size=4",
+        "model.max_new_tokens=256",
+    ]
+    args = async_modes.parser().parse_args(["--bound", "2", "--", *workload])
+    for mode in async_modes.MODES:
+        keys = async_modes.train_args(mode, tmp_path / mode, args)
+        assert keys[: len(workload)] == workload and "algorithm.tis_cap=2.0" in keys  # one objective for all
+        assert ("cluster.rollout_mode=continuous" in keys) == (mode == "continuous")
+        plan_fits([*keys, f"model.path={smollm2_shape}"])
+    assert "cluster.staleness=2" in async_modes.train_args("continuous", tmp_path, args)
+
+
+def test_async_modes_table_gives_ratios_to_both_baselines():
+    from bench import async_modes
+
+    def row(mode, rate, acc):
+        idle = {"actor_idle_frac": 0.5, "learner_idle_frac": 0.2, "dropped_stale_groups": 1, "partial_rollouts": 3}
+        return {"mode": mode, "samples_per_s": rate, "accuracy_after": acc, **idle}
+
+    rows = [row("sync", 1.0, 0.5), row("sync", 3.0, 0.7), row("staleness1", 2.5, 0.6), row("continuous", 5.0, 0.55)]
+    table = async_modes.table(rows, ["sync", "staleness1", "continuous"])
+    assert "| continuous | 5.00 (5.00-5.00, n=1) | 2.50x | 2.00x | 0.550 (0.550) | -0.050 |" in table
+    assert "| sync | 2.00 (1.00-3.00, n=2) | 1.00x | 0.80x | 0.600 (0.500, 0.700) | +0.000 |" in table
 
 
 def test_e2e_trl_runs_the_demo_settings_which_fit(smollm2_shape, tmp_path):
