@@ -213,7 +213,8 @@ def learn(
     results = []
     for chunk in chunks:
         pending = runtime.submit_train_step(chunk)
-        while while_waiting is not None and not runtime.train_step_done(pending):
+        # the learners' step is waited on in slices, the actors fed between them (a 2-core machine feels a busier poll)
+        while while_waiting is not None and not runtime.train_step_done(pending, timeout_s=0.05):
             while_waiting()
         results.append(runtime.finish_train_step(pending))
     out = {k: float(np.mean([r[k] for r in results])) for k in results[0]}

@@ -69,8 +69,9 @@ class ContinuousSampler:
         return self.data.cursor
 
     def pump(self) -> None:
-        """Keep the actors fed while the driver waits for something else (the learners' step)."""
-        self.stream.pump(0.02)
+        """Keep the actors fed while the driver waits for something else (the learners' step): fold in what has
+        finished and send what waits, without blocking (the caller's wait is the pause between calls)."""
+        self.stream.pump(0.0)
 
     def _draw(self) -> NewGroup | None:
         """The next prompt for the stream; None while a group started now could not be trained within the bound, or
