@@ -251,6 +251,28 @@ def test_the_teacher_engine_serves_the_teacher_model_with_room_for_prompt_and_co
     assert t.max_seq_length > cfg.max_seq_length and t.cluster.gpus_per_actor == 0.25 and t.episodes is None
 
 
+def test_a_teacher_on_the_students_model_serves_the_base_the_actors_serve(tmp_path):
+    """teacher.path null: the student's model as the actors serve it. Beside a 4-bit learner that is its NF4 base
+    dequantized, the base a teacher adapter from a run of the same config was trained on, not the bf16 weights."""
+    from rl.config.resolve import from_overrides
+    from rl.rollout.teacher import teacher_engine_config
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    four_bit = ("cluster.use_gpu=true", "model.load_in_4bit=true", "model.learner_backend=peft")
+    cfg = from_overrides(str(model), *four_bit, "cluster.num_teachers=1", "algorithm.distill_coef=1")
+    assert "nf4-dequantized" in cfg.model.actor_path and cfg.teacher.path == cfg.model.actor_path
+    assert teacher_engine_config(cfg).model.path == cfg.model.actor_path
+    plain = from_overrides(str(model), "cluster.num_teachers=1")
+    assert plain.teacher.path == plain.model.actor_path == str(model)
+    other = tmp_path / "judge"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    given = from_overrides(str(model), *four_bit, "cluster.num_teachers=1", f"teacher.path={other}")
+    assert given.teacher.path == str(other)
+
+
 def test_teachers_get_their_own_bundles_beside_colocated_pairs():
     from rl.runtime.placement import role_plans
 
