@@ -134,7 +134,7 @@ def bind_judge(cfg: TrainConfig, runtime: Runtime, teacher_tokenizer: Any, rewar
     t = cfg.teacher
     reward_fn.bind_judge(
         JudgeClient(
-            runtime,
+            runtime.teacher_generate,
             teacher_tokenizer,
             max_prompt_tokens=t.max_prompt_tokens,
             max_new_tokens=t.max_new_tokens,
