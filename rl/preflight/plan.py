@@ -2,6 +2,8 @@
 
 The estimate is written out term by term (each term below is one function, with its source), so that a wrong
 number can be traced to the term that made it; the model's shapes are shapes.py's, the machine's memory machine.py's.
+Past 400 lines because each role's terms (learner, rollout actor, judge/teacher engine) and the report that checks
+them against the GPUs or the NUMA node read as one estimate; the shapes and the machine are already apart.
 
 Nothing starts (no Ray, no vLLM, no torch): the model's shapes come from its config.json (a local folder, the
 converted embedded model, or the local Hugging Face cache for a hub id). `estimate_memory` is a pure function of

@@ -252,7 +252,7 @@ def test_the_distillation_loss_descends_the_exact_reverse_kl():
     (want,) = torch.autograd.grad(exact_kl(z), z)
     (got,) = torch.autograd.grad(sampled_loss(z), z)
     assert torch.allclose(got, want, atol=0.01), (got, want)
-    before = float(exact_kl(z))
+    before = float(exact_kl(z.detach()))
     with torch.no_grad():
         w = z.clone()
     for _ in range(20):
@@ -268,7 +268,7 @@ def test_per_token_advantages_reach_the_loss_token_by_token():
     per_token = torch.tensor([[1.0, -2.0], [0.5, 0.0]])
     agg = algorithms.get_loss_agg("token_mean")
     loss, _ = algorithms.get_policy_loss("pg")(logp, logp.detach(), per_token, mask, agg=agg)
-    assert float(loss) == pytest.approx(float((-per_token * logp.detach()).mean()))
+    assert float(loss.detach()) == pytest.approx(float((-per_token * logp.detach()).mean()))
     clipped, _ = algorithms.get_policy_loss("clipped")(logp, logp.detach(), per_token, mask, agg=agg)
     clipped.backward()
     assert torch.allclose(logp.grad, -per_token / 4)  # ratio 1: d/dlogp = -A_t / n_tokens
@@ -276,7 +276,7 @@ def test_per_token_advantages_reach_the_loss_token_by_token():
     same, _ = algorithms.get_policy_loss("clipped")(
         logp, logp.detach(), torch.tensor([[1.0], [0.5]]) * mask, mask, agg=agg
     )
-    assert float(scalar) == pytest.approx(float(same))
+    assert float(scalar.detach()) == pytest.approx(float(same.detach()))
 
 
 def test_distillation_without_a_teacher_engine_fails_at_load():
