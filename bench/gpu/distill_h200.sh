@@ -11,7 +11,8 @@
 #   DRY_CPU=1 bash bench/gpu/distill_h200.sh /tmp/distill_dry                 # the same commands, tiny, on a CPU
 #
 # TEACHER_STEPS (24), STEPS (16), LR (1e-3: the rate measured on CPU, docs/benchmarks.md) change the runs; a
-# plan=true of the distillation layout runs first and stops the script if it does not fit (seconds, no GPU work).
+# plan=true of the distillation layout runs first and stops the script if it does not fit (seconds, no GPU work);
+# PLAN_ONLY=1 stops after it, PLAN_GPU_GIB=139 plans for an H200 on a machine without one (tests/unit/test_bench_scripts.py).
 # The whole script must stay under 9 minutes (one 10-minute command on a lent machine): the distillation run gets
 # what is left of BUDGET_S (530) and is cut there; its mid-run evaluation (eval.interval) still gives a number.
 set -euo pipefail
@@ -43,8 +44,9 @@ start=$SECONDS
 
 echo "== plan of the distillation run (nothing starts)"
 $PY train.py plan=true "${common[@]}" "${distill[@]}" "${small[@]}" eval.size=$eval_size teacher.adapter="$out/teacher" \
-  | tee "$out/plan.txt"
+  ${PLAN_GPU_GIB:+plan_gpu_memory_gib=$PLAN_GPU_GIB} | tee "$out/plan.txt"
 if grep -q "will not start or not fit" "$out/plan.txt"; then echo "distill_h200: the plan does not fit; nothing run"; exit 1; fi
+if [[ ${PLAN_ONLY:-0} == 1 ]]; then exit 0; fi
 
 echo "== (i) the teacher: the GPU demo, $teacher_steps steps -> $out/teacher"
 t0=$SECONDS
