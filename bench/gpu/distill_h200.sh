@@ -54,6 +54,7 @@ $PY train.py "${common[@]}" "${small[@]}" eval.size=$eval_size run.steps="$teach
 teacher_s=$(( SECONDS - t0 ))
 
 left=$(( budget - (SECONDS - start) ))
+(( left >= 120 )) || left=120  # a slow teacher run still leaves the student its start-up and a few steps
 echo "== (ii) the student: algorithm=distill toward it, $steps steps (cut at ${left} s) -> $out/student"
 t0=$SECONDS
 set +e
