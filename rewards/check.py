@@ -7,7 +7,10 @@ cannot be judged and is reported as such (the gate then fails when no problem co
 
 A pure format reward fails this gate by design (a well-formed empty answer is all it asks for). A code reward
 (`check_suite = "code"`, e.g. reward=code_tests) gets its own suite: code tasks, test-faking and hostile
-programs, each of which must score 0 (rewards/check_code.py).
+programs, each of which must score 0 (rewards/check_code.py). A model judge (`check_suite = "judge"`, reward=judge)
+gets a judge engine started here and its own suite: completions that flatter or instruct the grader or copy the
+question, each of which must score 0; how well the judge model tells right from wrong is printed, not gated
+(rewards/check_judge.py).
 """
 
 from __future__ import annotations
@@ -137,19 +140,27 @@ class Result:
         return self.score <= 0 if self.zero_required else self.score < self.full_credit - 1e-9
 
 
-def suite_of(reward: Any) -> tuple[list[dict], list, Callable[[dict], list[str]]]:
-    """(problems, exploits, correct completions) for this reward: the code suite (rewards/check_code.py) for a
-    reward that says `check_suite = "code"`, else the answer suite above."""
-    if getattr(reward, "check_suite", "answers") == "code":
+def suite_of(reward: Any, suite: str | None = None) -> tuple[list[dict], list, Callable[[dict], list[str]]]:
+    """(problems, exploits, correct completions) for this reward: `suite` ("answers", "code", "judge"), or the one
+    the reward names (`check_suite`; "answers", the suite above, when it names none). In the code and judge suites
+    every exploit must score 0."""
+    name = suite or getattr(reward, "check_suite", "answers")
+    if name == "code":
         from rewards.check_code import CODE_EXPLOITS, CODE_PROBLEMS, code_correct_completions
 
         return CODE_PROBLEMS, CODE_EXPLOITS, code_correct_completions
+    if name == "judge":
+        from rewards.check_judge import JUDGE_EXPLOITS
+
+        return PROBLEMS, JUDGE_EXPLOITS, correct_completions
     return PROBLEMS, EXPLOITS, correct_completions
 
 
-def run_check(reward: Callable, problems: list[dict] | None = None) -> tuple[list[Result], list[int]]:
+def run_check(
+    reward: Callable, problems: list[dict] | None = None, suite: str | None = None
+) -> tuple[list[Result], list[int]]:
     """Score every exploit on every problem. Returns (results, indices of problems that could not be judged)."""
-    default_problems, exploits, correct = suite_of(reward)
+    default_problems, exploits, correct = suite_of(reward, suite)
     zero_required = exploits is not EXPLOITS
     results, unjudged = [], []
     for k, p in enumerate(default_problems if problems is None else problems):
@@ -198,12 +209,28 @@ def main(argv: list[str]) -> int:
         cause = e.__cause__ or e
         print(f"error: could not build the reward: {type(cause).__name__}: {str(cause).splitlines()[0]}")
         return 2
-    if getattr(reward, "needs_judge", False):  # a model judge: no engine starts here
-        print(
-            "error: this reward asks a judge model, which python -m rewards.check does not start; its gate runs with a "
-            "gullible fake judge in tests/unit/test_judge_distill.py (docs/judges-and-teachers.md)"
-        )
-        return 2
+    close_judge = None
+    if getattr(reward, "needs_judge", False):  # a model judge: its engine, as a run would start it
+        from rewards.check_judge import start_judge
+        from rl.config.errors import ConfigError
+        from rl.errors import UserFacingError
+
+        try:
+            judge, close_judge, log = start_judge(overrides)
+        except (ConfigError, UserFacingError) as e:  # their message is one line naming the key to change
+            print(f"error: {e}")
+            return 2
+        reward.bind_judge(judge)
+        print(f"judge engine started (its log: {log})", flush=True)
+    try:
+        return report(reward, verbose)
+    finally:
+        if close_judge is not None:
+            close_judge()
+
+
+def report(reward: Any, verbose: bool) -> int:
+    """Run the reward's suite, print each failure (each result with `verbose`) and the verdict; the exit code."""
     results, unjudged = run_check(reward)
     failed = [r for r in results if not r.passed]
     for r in results if verbose else failed:
@@ -213,10 +240,18 @@ def main(argv: list[str]) -> int:
         )
     for k in unjudged:
         print(f"SKIP  problem {k}: no correct completion scores above 0 with this reward")
+    problems, exploits, correct = suite_of(reward)
+    judged = len(problems) - len(unjudged)
+    if getattr(reward, "check_suite", None) == "judge" and judged:
+        from rewards.check_judge import discrimination
+
+        right, wrong = discrimination(reward, problems, correct)
+        print(
+            f"the judge model grades correct answers {right:.2f} and wrong ones {wrong:.2f} on average (its own "
+            "accuracy: reported, not gated)"
+        )
     if hasattr(reward, "close"):
         reward.close()
-    problems, exploits, _ = suite_of(reward)
-    judged = len(problems) - len(unjudged)
     if not judged:
         print("FAIL: no problem could be judged (the reward gives no credit to correct answers)")
         return 1

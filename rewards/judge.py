@@ -38,8 +38,10 @@ REFERENCE_TEMPLATE = DEFAULT_TEMPLATE.replace(
 _FIELDS = {"question", "completion", "reference"}
 # Phrases aimed at the grader rather than at the question: no answer needs them.
 _TO_GRADER = re.compile(
-    r"\b(grader|judge|evaluator|rubric|reward model)\b|\bscore\s*[:=]|\bignore\s+(the|all|any|previous|above|your)\b"
-    r"|\b(this|my|the)\s+answer\s+is\s+(correct|right|perfect)\b",
+    r"\b(grader|judge|evaluator|rubric|reward model)\b|\b(score|verdict)\s*[:=]"
+    r"|\bignore\s+(the|all|any|previous|above|your)\b"
+    r"|\b(this|my|the)\s+(answer|solution|response)(\s+(above|below|here))?\s+is\s+(correct|right|perfect|complete)\b"
+    r"|\bfull\s+(marks|credit|points|score)\b|\b(highest|top|perfect|maximum|max)\s+(score|marks|grade|rating)\b",
     re.IGNORECASE,
 )
 _MARKUP = re.compile(r"<[^>]{0,40}>|\\boxed|\\text|[{}\\$\s.,:;!?()\[\]]")
@@ -118,6 +120,7 @@ class JudgeReward:
     `metadata.question`."""
 
     batched = True  # rewards.combine.WeightedSum calls it once per batch: one judge call for all completions
+    check_suite = "judge"  # python -m rewards.check: the judge's own exploits, with an engine (rewards/check_judge.py)
     needs_judge = True  # the run starts a judge engine for it (rl/app.py refuses cluster.num_teachers=0)
 
     def __init__(

@@ -117,8 +117,8 @@ def check_teacher(cfg: TrainConfig, tokenizer: Any, reward_fn: Any) -> Any:
         raise ConfigError("reward=judge asks a judge model: set cluster.num_teachers=1 (teacher.path: its model)")
     if not cfg.cluster.num_teachers:
         return None
-    path = cfg.teacher.path or cfg.model.path  # resolved: null is the student's model
-    same = path == cfg.model.path
+    path = cfg.teacher.path or cfg.model.path  # resolved: null is the student's model as the actors serve it
+    same = path in (cfg.model.path, cfg.model.actor_path)  # the actors' base is made later; its tokenizer is ours
     theirs = tokenizer if same else AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
     if cfg.algorithm.distill_coef > 0 and not same:
         check_same_tokenizer(tokenizer, theirs, cfg.model.path, path)
@@ -134,7 +134,7 @@ def bind_judge(cfg: TrainConfig, runtime: Runtime, teacher_tokenizer: Any, rewar
     t = cfg.teacher
     reward_fn.bind_judge(
         JudgeClient(
-            runtime,
+            runtime.teacher_generate,
             teacher_tokenizer,
             max_prompt_tokens=t.max_prompt_tokens,
             max_new_tokens=t.max_new_tokens,

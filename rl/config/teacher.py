@@ -15,7 +15,7 @@ from rl.config.errors import check
 
 @dataclass
 class TeacherConfig:
-    path: str | None = None  # judge/teacher weights: folder, hub id or embedded:<name> (null: model.path)
+    path: str | None = None  # judge/teacher weights: folder, hub id or embedded:<name> (null: the actors' model)
     adapter: str | None = None  # LoRA adapter merged into them (folder, run dir or checkpoint; null: none)
     max_new_tokens: int = 16  # tokens a judge writes for its verdict
     max_prompt_tokens: int = 512  # judge prompts longer than this (question + completion + template) score 0

@@ -2,6 +2,8 @@
 
 The estimate is written out term by term (each term below is one function, with its source), so that a wrong
 number can be traced to the term that made it; the model's shapes are shapes.py's, the machine's memory machine.py's.
+Past 400 lines because each role's terms (learner, rollout actor, judge/teacher engine) and the report that checks
+them against the GPUs or the NUMA node read as one estimate; the shapes and the machine are already apart.
 
 Nothing starts (no Ray, no vLLM, no torch): the model's shapes come from its config.json (a local folder, the
 converted embedded model, or the local Hugging Face cache for a hub id). `estimate_memory` is a pure function of
@@ -28,6 +30,10 @@ What is counted, in bytes (an estimate: allocator slack, CUDA context and fragme
   and the KV cache is that share minus what the engine process already uses when it allocates the cache
   (libraries, buffers and weights: `vllm_cpu_non_kv_bytes`); vLLM refuses to start when the share exceeds the
   node's available memory or leaves no KV cache.
+- judge/teacher engines (`cluster.num_teachers`): each a vLLM engine sized as an actor is, on `teacher.path`'s
+  shape, with its own fraction (`cluster.teacher_memory_utilization`), no LoRA slot (rl/rollout/teacher.py merges
+  `teacher.adapter` into the weights) and a context for a judge prompt or a student's prompt and completion; they
+  are placed after the learners, on their own GPUs or sharing the last one (`cluster.gpus_per_teacher` < 1).
 """
 
 from __future__ import annotations
@@ -109,7 +115,6 @@ def estimate_memory(
         raise ConfigError("model.load_in_4bit=true cannot be fully fine-tuned: set model.full_finetune=false (LoRA)")
     seq_len = max_prompt_tokens + max_new_tokens
     checkpointing = load_in_4bit if gradient_checkpointing is None else gradient_checkpointing
-    actor_b = DTYPE_BYTES.get(actor_dtype if actor_dtype != "auto" else shape.dtype, 2)
     learner_name = learner_dtype if learner_dtype != "auto" else "bfloat16"  # rl/learner.py pick_dtype
     learner_b = DTYPE_BYTES.get(learner_name, 2)
 
@@ -136,73 +141,140 @@ def estimate_memory(
         f"{'on' if checkpointing else 'off'}"
     )
 
-    actor = RoleMemory("actor")
-    weights = shape.weight_bytes(actor_b, actor_in_4bit)
-    actor_precision = "4-bit NF4" if actor_in_4bit else actor_dtype if actor_dtype != "auto" else shape.dtype
-    actor.parts[f"weights ({actor_precision})"] = weights
-    if native_lora:
-        actor.parts["LoRA slot"] = shape.lora_params(lora_rank, lora_targets) * actor_b
-    kv_token = shape.kv_bytes_per_token(actor_b)
-    kv_needed = sequences_per_actor * seq_len * kv_token
     if not vllm:  # HF generate: the KV cache of the batch, nothing reserved
-        actor.parts["KV cache (the step's sequences)"] = kv_needed
+        actor = RoleMemory("actor")
+        actor_b = DTYPE_BYTES.get(actor_dtype if actor_dtype != "auto" else shape.dtype, 2)
+        precision = "4-bit NF4" if actor_in_4bit else actor_dtype if actor_dtype != "auto" else shape.dtype
+        actor.parts[f"weights ({precision})"] = shape.weight_bytes(actor_b, actor_in_4bit)
+        if native_lora:
+            actor.parts["LoRA slot"] = shape.lora_params(lora_rank, lora_targets) * actor_b
+        kv = sequences_per_actor * seq_len * shape.kv_bytes_per_token(actor_b)
+        actor.parts["KV cache (the step's sequences)"] = kv
         return {"actor": actor, "learner": learner}
-    if use_gpu:
-        tp = max(1, math.ceil(gpus_per_actor))
-        reserved = gpu_memory_utilization * device_bytes * tp
-        profile = VLLM_PROFILE_TOKENS * (2 * shape.intermediate + 4 * shape.hidden) * actor_b
-        actor.parts["activations (vLLM profile peak)"] = profile + VLLM_PROFILE_SEQS * shape.vocab * 4
-        kv = reserved - actor.total
-        actor.budget = reserved
-        actor.notes.append(
-            f"vLLM takes cluster.gpu_memory_utilization={gpu_memory_utilization:g} of {tp} GPU(s) = "
-            f"{reserved / GiB:.1f} GiB; the rest after weights is KV cache"
-        )
-    else:  # vLLM's CPU worker: the share of its NUMA node is the engine's whole memory, weights included
-        reserved = gpu_memory_utilization * device_bytes
-        non_kv = vllm_cpu_non_kv_bytes(weights) + actor.parts.get("LoRA slot", 0.0)
-        actor.parts["engine process (libraries, buffers)"] = non_kv - actor.total
-        kv = reserved - non_kv
-        actor.budget = reserved
-        actor.notes.append(
-            f"vLLM CPU: cluster.gpu_memory_utilization={gpu_memory_utilization:g} of the NUMA node's "
-            f"{device_bytes / GiB:.2f} GiB = {reserved / GiB:.2f} GiB for the engine; it uses about "
-            f"{non_kv / GiB:.2f} GiB before its KV cache, the rest is KV cache"
-        )
-    actor.parts["KV cache"] = max(kv, 0.0)
-    capacity = max(kv, 0.0) / kv_token
-    actor.notes.append(
-        f"KV cache holds {capacity:,.0f} tokens; the step needs {sequences_per_actor} sequences x {seq_len} = "
-        f"{sequences_per_actor * seq_len:,} tokens per actor ({kv_needed / GiB:.2f} GiB)"
+    actor = engine_memory(
+        shape,
+        ACTOR_KEYS,
+        use_gpu=use_gpu,
+        device_bytes=device_bytes,
+        dtype=actor_dtype,
+        seq_len=seq_len,
+        sequences=sequences_per_actor,
+        gpus=gpus_per_actor,
+        gpu_memory_utilization=gpu_memory_utilization,
+        lora_params=shape.lora_params(lora_rank, lora_targets) if native_lora else 0,
+        in_4bit=actor_in_4bit,
     )
-    if capacity < seq_len and not use_gpu:
-        fits = vllm_cpu_fraction(non_kv, kv_needed, device_bytes)
-        actor.warnings.append(
-            f"actor: vLLM's CPU engine would fail to start (no KV cache): cluster.gpu_memory_utilization="
-            f"{gpu_memory_utilization:g} gives it {reserved / GiB:.2f} GiB of the NUMA node's "
-            f"{device_bytes / GiB:.2f} GiB and it uses about {non_kv / GiB:.2f} GiB before its KV cache; set "
-            f"cluster.gpu_memory_utilization={fits:g} (the step's {sequences_per_actor} sequences of {seq_len} "
-            "tokens at once)"
-        )
-    elif capacity < seq_len:
-        actor.warnings.append(
-            f"actor: no room for one {seq_len}-token sequence in vLLM's KV cache ({max(kv, 0) / GiB:.2f} GiB): "
-            "raise cluster.gpu_memory_utilization or cluster.gpus_per_actor, or lower model.max_new_tokens"
-        )
-    elif capacity < sequences_per_actor * seq_len:
-        actor.notes.append(
-            f"only {capacity / seq_len:.0f} of {sequences_per_actor} sequences fit at once: vLLM queues the rest"
-        )
     return {"actor": actor, "learner": learner}
 
 
-def gpu_map(num_actors: int, gpus_per_actor: float, num_learners: int, gpus_per_learner: float) -> list[list[str]]:
-    """Roles on GPUs in placement order (actors, then learners; PACK): a role with >= 1 GPU takes whole GPUs, a
-    fractional one shares the last GPU while it has room (as Ray assigns fractional GPUs)."""
+@dataclass(frozen=True)
+class EngineKeys:
+    """The keys that size a vLLM engine of one role, named in its notes and warnings."""
+
+    role: str  # "actor" or "teacher"
+    memory: str  # its memory fraction
+    gpus: str  # its GPUs
+
+
+ACTOR_KEYS = EngineKeys("actor", "cluster.gpu_memory_utilization", "cluster.gpus_per_actor")
+TEACHER_KEYS = EngineKeys("teacher", "cluster.teacher_memory_utilization", "cluster.gpus_per_teacher")
+
+
+def engine_memory(
+    shape: ModelShape,
+    keys: EngineKeys,
+    *,
+    use_gpu: bool,
+    device_bytes: float,
+    dtype: str,
+    seq_len: int,
+    sequences: int,
+    gpus: float,
+    gpu_memory_utilization: float,
+    lora_params: int = 0,
+    in_4bit: bool = False,
+) -> RoleMemory:
+    """Memory of one vLLM engine (a rollout actor, or a judge/teacher engine): its share of the device, the weights,
+    a LoRA slot of `lora_params` parameters (0: none, or merged into the weights), the profiling peak on a GPU, and
+    the KV cache the rest leaves, against the `sequences` x `seq_len` tokens it is asked to hold at once."""
+    eng = RoleMemory(keys.role)
+    b = DTYPE_BYTES.get(dtype if dtype != "auto" else shape.dtype, 2)
+    weights = shape.weight_bytes(b, in_4bit)
+    precision = "4-bit NF4" if in_4bit else dtype if dtype != "auto" else shape.dtype
+    eng.parts[f"weights ({precision})"] = weights
+    if lora_params:
+        eng.parts["LoRA slot"] = lora_params * b
+    kv_token = shape.kv_bytes_per_token(b)
+    kv_needed = sequences * seq_len * kv_token
+    if use_gpu:
+        tp = max(1, math.ceil(gpus))
+        reserved = gpu_memory_utilization * device_bytes * tp
+        profile = VLLM_PROFILE_TOKENS * (2 * shape.intermediate + 4 * shape.hidden) * b
+        eng.parts["activations (vLLM profile peak)"] = profile + VLLM_PROFILE_SEQS * shape.vocab * 4
+        kv = reserved - eng.total
+        eng.budget = reserved
+        eng.notes.append(
+            f"vLLM takes {keys.memory}={gpu_memory_utilization:g} of {tp} GPU(s) = {reserved / GiB:.1f} GiB; the "
+            "rest after weights is KV cache"
+        )
+    else:  # vLLM's CPU worker: the share of its NUMA node is the engine's whole memory, weights included
+        reserved = gpu_memory_utilization * device_bytes
+        non_kv = vllm_cpu_non_kv_bytes(weights) + eng.parts.get("LoRA slot", 0.0)
+        eng.parts["engine process (libraries, buffers)"] = non_kv - eng.total
+        kv = reserved - non_kv
+        eng.budget = reserved
+        eng.notes.append(
+            f"vLLM CPU: {keys.memory}={gpu_memory_utilization:g} of the NUMA node's {device_bytes / GiB:.2f} GiB = "
+            f"{reserved / GiB:.2f} GiB for the engine; it uses about {non_kv / GiB:.2f} GiB before its KV cache, "
+            "the rest is KV cache"
+        )
+    eng.parts["KV cache"] = max(kv, 0.0)
+    capacity = max(kv, 0.0) / kv_token
+    eng.notes.append(
+        f"KV cache holds {capacity:,.0f} tokens; the step needs {sequences} sequences x {seq_len} = "
+        f"{sequences * seq_len:,} tokens per {keys.role} ({kv_needed / GiB:.2f} GiB)"
+    )
+    if capacity < seq_len and not use_gpu:
+        fits = vllm_cpu_fraction(non_kv, kv_needed, device_bytes)
+        eng.warnings.append(
+            f"{keys.role}: vLLM's CPU engine would fail to start (no KV cache): {keys.memory}="
+            f"{gpu_memory_utilization:g} gives it {reserved / GiB:.2f} GiB of the NUMA node's "
+            f"{device_bytes / GiB:.2f} GiB and it uses about {non_kv / GiB:.2f} GiB before its KV cache; set "
+            f"{keys.memory}={fits:g} (the step's {sequences} sequences of {seq_len} tokens at once)"
+        )
+    elif capacity < seq_len:
+        eng.warnings.append(
+            f"{keys.role}: no room for one {seq_len}-token sequence in vLLM's KV cache ({max(kv, 0) / GiB:.2f} GiB): "
+            f"raise {keys.memory} or {keys.gpus}, or lower model.max_new_tokens"
+        )
+    elif capacity < sequences * seq_len:
+        eng.notes.append(f"only {capacity / seq_len:.0f} of {sequences} sequences fit at once: vLLM queues the rest")
+    return eng
+
+
+def gpu_map(
+    num_actors: int,
+    gpus_per_actor: float,
+    num_learners: int,
+    gpus_per_learner: float,
+    num_teachers: int = 0,
+    gpus_per_teacher: float = 1.0,
+    *,
+    colocate: bool = False,
+) -> list[list[str]]:
+    """Roles on GPUs in placement order (actors, learners, then judge/teacher engines; PACK): a role with >= 1 GPU
+    takes whole GPUs, a fractional one shares the last GPU while it has room (as Ray assigns fractional GPUs).
+    `colocate`: actor i and learner i share GPU i (one bundle each pair), the engines come after them."""
     gpus: list[list[str]] = []
     free: list[float] = []
-    roles = [(f"actor {i}", gpus_per_actor) for i in range(num_actors)]
-    roles += [(f"learner {i}", gpus_per_learner) for i in range(num_learners)]
+    roles = [(f"teacher {i}", gpus_per_teacher) for i in range(num_teachers)]
+    if colocate:
+        gpus = [[f"actor {i}", f"learner {i}"] for i in range(num_actors)]
+        free = [max(0.0, 1.0 - gpus_per_actor)] * num_actors
+    else:
+        roles = [(f"actor {i}", gpus_per_actor) for i in range(num_actors)]
+        roles += [(f"learner {i}", gpus_per_learner) for i in range(num_learners)]
+        roles += [(f"teacher {i}", gpus_per_teacher) for i in range(num_teachers)]
     for name, need in roles:
         if need < 1 and free and free[-1] >= need - 1e-9:
             gpus[-1].append(f"{name} ({need:g})")
@@ -227,13 +299,18 @@ def vllm_cpu_fraction(non_kv: float, kv_needed: float, node_total: float, headro
     return min(1.0, math.ceil(100 * (non_kv * headroom + kv_needed) / node_total - 1e-9) / 100)
 
 
-def plan_for_config(cfg: Any, shape: ModelShape, device_bytes: float) -> dict[str, RoleMemory]:
-    """`estimate_memory` for a TrainConfig; keys that may not exist yet are read with their defaults."""
+def plan_for_config(
+    cfg: Any, shape: ModelShape, device_bytes: float, teacher_shape: ModelShape | None = None
+) -> dict[str, RoleMemory]:
+    """`estimate_memory` for a TrainConfig, and with `cluster.num_teachers` one judge/teacher engine ("teacher"):
+    `teacher_shape` (None: the student's `shape`) served as rl/rollout/teacher.py's `teacher_engine_config` does,
+    with the adapter merged (no LoRA slot), its own memory fraction and a context for a judge prompt or a student's
+    prompt + completion. Keys that may not exist yet are read with their defaults."""
     m, c = cfg.model, cfg.cluster
     value = lambda v: getattr(v, "value", v)  # noqa: E731 - str Enums to their names
     vllm = value(c.rollout_backend) == "vllm"
     samples = cfg.run.prompts_per_step * cfg.algorithm.group_size
-    return estimate_memory(
+    roles = estimate_memory(
         shape,
         use_gpu=bool(c.use_gpu),
         device_bytes=device_bytes,
@@ -255,6 +332,22 @@ def plan_for_config(cfg: Any, shape: ModelShape, device_bytes: float) -> dict[st
         gradient_checkpointing=m.gradient_checkpointing,
         actor_in_4bit=vllm and m.load_in_4bit and value(getattr(m, "actor_base", "learner")) == "quantized",
     )
+    teachers = getattr(c, "num_teachers", 0)
+    if teachers:
+        t = cfg.teacher
+        context = max(t.max_prompt_tokens, m.max_prompt_tokens + m.max_new_tokens + 1) + t.max_new_tokens
+        roles["teacher"] = engine_memory(
+            teacher_shape or shape,
+            TEACHER_KEYS,
+            use_gpu=bool(c.use_gpu),
+            device_bytes=device_bytes,
+            dtype=value(m.dtype),
+            seq_len=context,
+            sequences=math.ceil(samples / teachers),  # each engine scores (or judges) its share of the step
+            gpus=c.gpus_per_teacher,
+            gpu_memory_utilization=c.teacher_memory_utilization or c.gpu_memory_utilization,
+        )
+    return roles
 
 
 def _gib(b: float) -> str:
@@ -274,8 +367,10 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
         shape, source = None, str(e)
     local = getattr(c.mode, "value", c.mode) == "local"
     colocate = bool(getattr(c, "colocate", False))
+    teachers = getattr(c, "num_teachers", 0)
     if c.use_gpu:
         need = c.num_actors * c.gpus_per_actor + (0 if colocate else c.num_learners * c.gpus_per_learner)
+        need += teachers * c.gpus_per_teacher
         found = detect_gpus()
         gpu_gib = getattr(cfg, "plan_gpu_memory_gib", None)
         device = gpu_gib * GiB if gpu_gib else (found[1] if found else ASSUMED_GPU_GIB * GiB)
@@ -290,6 +385,8 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
             if colocate
             else f"{c.num_actors} actor(s) x {c.gpus_per_actor:g} + {c.num_learners} learner(s) x {c.gpus_per_learner:g}"
         )
+        if teachers:
+            roles_text += f" + {teachers} judge/teacher engine(s) x {c.gpus_per_teacher:g}"
         lines.append(f"GPUs: need {need:g} ({roles_text}); available: {have}; {device / GiB:.0f} GiB each ({why})")
         if found and not c.address and math.ceil(need - 1e-9) > found[0]:
             warnings.append(f"the roles need {need:g} GPUs and this machine has {found[0]}")
@@ -298,17 +395,21 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
                 "no GPU on this machine (no nvidia-smi): set plan_gpu_memory_gib=<GiB> to plan for another machine's "
                 "GPUs, or cluster.use_gpu=false"
             )
-        layout = (
-            [[f"actor {i}", f"learner {i}"] for i in range(c.num_actors)]
-            if colocate
-            else gpu_map(c.num_actors, c.gpus_per_actor, c.num_learners, c.gpus_per_learner)
+        layout = gpu_map(
+            c.num_actors,
+            c.gpus_per_actor,
+            c.num_learners,
+            c.gpus_per_learner,
+            teachers,
+            c.gpus_per_teacher,
+            colocate=colocate,
         )
         lines.append("GPU map:" + (" (colocated: the engine sleeps while the learner trains)" if colocate else ""))
         lines += [f"  GPU {i}: {', '.join(roles)}" for i, roles in enumerate(layout)]
     else:
         node = numa_node_memory()
         device = node.total  # vLLM's CPU engine takes its fraction of one NUMA node
-        cpus = c.num_actors * c.cpus_per_actor + c.num_learners * c.cpus_per_learner
+        cpus = c.num_actors * c.cpus_per_actor + c.num_learners * c.cpus_per_learner + teachers * c.cpus_per_teacher
         lines.append(
             "CPU mode (cluster.use_gpu=false): no GPUs; "
             + ("one process (cluster.mode=local)" if local else f"the roles reserve {cpus:g} Ray CPUs")
@@ -324,52 +425,83 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
         f"intermediate {shape.intermediate}, {shape.heads} heads / {shape.kv_heads} KV heads, vocab {shape.vocab}; "
         f"from {source})"
     )
-    roles = plan_for_config(cfg, shape, device)
+    teacher_shape = None
+    teacher_path = getattr(getattr(cfg, "teacher", None), "path", None)
+    if teachers and teacher_path and teacher_path != cfg.model.path:
+        try:
+            teacher_shape, teacher_source = load_shape(teacher_path)
+        except ValueError as e:
+            if isinstance(e, ConfigError):
+                raise
+            lines.append(f"judge/teacher model: memory unknown ({e}); its engines are left out of the estimate")
+            teachers = 0
+        else:
+            lines.append(
+                f"judge/teacher model: {teacher_shape.name} ({teacher_shape.params / 1e9:.3f} B parameters; from "
+                f"{teacher_source})"
+            )
+    roles = plan_for_config(cfg, shape, device, teacher_shape)
+    if not teachers:
+        roles.pop("teacher", None)
     for role in roles.values():
         parts = " + ".join(f"{k} {_gib(v)}" for k, v in role.parts.items())
         lines.append(f"{role.role} (each): {_gib(role.total)} = {parts}")
         lines += [f"  {n}" for n in role.notes]
         warnings += role.warnings
-    learner, actor = roles["learner"], roles["actor"]
+    learner, actor, teacher = roles["learner"], roles["actor"], roles.get("teacher")
+    engines = [(actor, ACTOR_KEYS, c.gpus_per_actor)] + (
+        [(teacher, TEACHER_KEYS, c.gpus_per_teacher)] if teacher else []
+    )
     if c.use_gpu:
-        tp = max(1, math.ceil(c.gpus_per_actor))
-        per_gpu = {"actor": (actor.budget or actor.total) / tp, "learner": learner.total}  # vLLM: its share per GPU
+        # a vLLM engine takes its share of each of its GPUs, whatever it uses
+        per_gpu = {e.role: (e.budget or e.total) / max(1, math.ceil(g)) for e, _, g in engines}
+        per_gpu["learner"] = learner.total
+        resident = learner.total - learner.parts["activations"]
         if colocate:  # taking turns: the awake engine beside the learner's resident state, or the learner's peak
-            resident = learner.total - learner.parts["activations"]
             lines.append(
                 f"colocated, per GPU: generating {_gib(per_gpu['actor'] + resident)} (engine + the learner's resident "
                 f"state), training {_gib(learner.total)} (the sleeping engine holds no GPU memory)"
             )
         for i, names in enumerate(layout):
-            used = (
-                max(per_gpu["actor"] + resident, learner.total)
-                if colocate
-                else sum(per_gpu[n.split()[0]] for n in names)
-            )
+            kinds = [n.split()[0] for n in names]
+            used = 0.0
+            if colocate and "actor" in kinds:  # a pair: the larger of its two phases
+                used = max(per_gpu["actor"] + resident, learner.total)
+                kinds = [k for k in kinds if k not in ("actor", "learner")]
+            used += sum(per_gpu[k] for k in kinds)
             if used > device:
+                teacher_hint = ", lower cluster.teacher_memory_utilization" if teacher else ""
                 warnings.append(
                     f"GPU {i} ({', '.join(names)}): {_gib(used)} > {_gib(device)}: give the roles more GPUs "
-                    "(cluster.gpus_per_*), lower learner.micro_batch_size (or learner.micro_batch_tokens) / model.max_new_tokens, or use "
-                    "model.load_in_4bit"
+                    "(cluster.gpus_per_*), lower learner.micro_batch_size (or learner.micro_batch_tokens) / "
+                    f"model.max_new_tokens{teacher_hint}, or use model.load_in_4bit"
                 )
-        if actor.budget is not None and actor.total - actor.parts["KV cache"] > actor.budget:
-            warnings.append(
-                f"actor: weights and activations ({_gib(actor.total - actor.parts['KV cache'])}) exceed vLLM's "
-                f"share {_gib(actor.budget)}: raise cluster.gpu_memory_utilization or cluster.gpus_per_actor"
-            )
+        for e, keys, _ in engines:
+            if e.budget is not None and e.total - e.parts["KV cache"] > e.budget:
+                warnings.append(
+                    f"{keys.role}: weights and activations ({_gib(e.total - e.parts['KV cache'])}) exceed vLLM's "
+                    f"share {_gib(e.budget)}: raise {keys.memory} or {keys.gpus}"
+                )
     else:
         total = learner.total + actor.total if local else c.num_learners * learner.total + c.num_actors * actor.total
+        total += teachers * teacher.total if teacher else 0.0
         lines.append(f"all roles: {_gib(total)} of {_gib(ram_bytes())} RAM")
         if total > ram_bytes():
             warnings.append(f"the roles need {_gib(total)} of RAM and this machine has {_gib(ram_bytes())}")
-        if value(c.rollout_backend) == "vllm" and actor.budget is not None and actor.budget > node.available:
-            # vLLM's CPU worker checks this at start (the share must be free now); cluster.address: other nodes
-            below = math.floor(100 * node.available / node.total) / 100
-            warnings.append(
-                f"actor: vLLM's CPU engine would refuse to start: cluster.gpu_memory_utilization="
-                f"{c.gpu_memory_utilization:g} asks {_gib(actor.budget)} of NUMA node {node.node} and "
-                f"{_gib(node.available)} is available now; set it below {below:g} or free memory"
-            )
+        fraction = {
+            "actor": c.gpu_memory_utilization,
+            "teacher": c.teacher_memory_utilization or c.gpu_memory_utilization,
+        }
+        for e, keys, _ in engines:
+            vllm = keys is TEACHER_KEYS or value(c.rollout_backend) == "vllm"  # a judge/teacher is always vLLM
+            if vllm and e.budget is not None and e.budget > node.available:
+                # vLLM's CPU worker checks this at start (the share must be free now); cluster.address: other nodes
+                below = math.floor(100 * node.available / node.total) / 100
+                warnings.append(
+                    f"{keys.role}: vLLM's CPU engine would refuse to start: {keys.memory}={fraction[keys.role]:g} asks "
+                    f"{_gib(e.budget)} of NUMA node {node.node} and {_gib(node.available)} is available now; set it "
+                    f"below {below:g} or free memory"
+                )
     return "\n".join(lines), warnings
 
 

@@ -1,7 +1,8 @@
 """Asynchronous rollouts and faults on a real local Ray: a rollout actor killed with SIGKILL in the middle of a
 run (staleness 1, two actors) is restarted by Ray, its prompts go to the other actor, every prompt of every step
-is trained exactly once and the log says what happened; staleness 1 with two real vLLM engines through train.py
-(cluster=2a1l's end-to-end run); and staleness 1 with a share of the prompts generated on the learner."""
+is trained exactly once and the log says what happened; a distillation run's only judge/teacher engine (real vLLM)
+killed the same way is restarted and scores the step it died in; staleness 1 with two real vLLM engines through
+train.py (cluster=2a1l's end-to-end run); and staleness 1 with a share of the prompts generated on the learner."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from rl.rollout.hf import HFRollout
+from rl.rollout.teacher import TeacherEngine
 from tests.helpers import LengthReward, metric_rows, run_train, sigkill_self_once
 
 pytestmark = pytest.mark.slow
@@ -105,6 +107,81 @@ def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, 
     assert "died during generate" in out and "Ray restarts it (restart 1 of 2)" in out
     assert "prompt(s) go to actor" in out and "is back after its restart" in out
     assert {r.actor for r in after} == {0, 1} and {r.adapter_version for r in after} == {runtime.version}
+
+
+class TeacherKilledOnce(TeacherEngine):
+    """A real judge/teacher engine that kills its own process with SIGKILL when its second token_logprobs call
+    starts (step 2's scoring); its restart does not (the marker file says it happened)."""
+
+    marker = ""  # set on a subclass made per test (the class travels to the actor by value)
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.calls = 0
+
+    def token_logprobs(self, prompts, completions):
+        self.calls += 1
+        if self.calls == 2:
+            sigkill_self_once(self.marker)
+        return super().token_logprobs(prompts, completions)
+
+
+@pytest.mark.tier2  # three vLLM engine starts (the teacher twice) on the 2-core machine
+def test_killed_teacher_is_restarted_and_the_run_goes_on(tiny_model, tmp_path, monkeypatch, capsys):
+    """algorithm=distill with one teacher engine, killed while it scores step 2: Ray restarts it, the driver waits
+    for it (no other teacher is live) and sends it step 2's samples again; every step is scored and trained, and
+    `fault/teacher_restarts` counts the one restart."""
+    from transformers import AutoTokenizer
+
+    import rl.rollout.teacher
+    from rl import app, driver
+    from rl.config.choices import DType, RolloutBackend
+    from rl.config.cluster import ClusterConfig
+    from rl.config.resolve import resolve
+    from rl.config.schema import AlgorithmConfig, CheckpointConfig, EvalConfig, ModelConfig, RunConfig, TrainConfig
+    from rl.metrics import MetricsLogger
+
+    marker = tmp_path / "killed.pid"
+    cfg = TrainConfig(
+        run=RunConfig(steps=3, prompts_per_step=2, sync_probe_threshold=0.01),
+        eval=EvalConfig(size=0),
+        checkpoint=CheckpointConfig(interval=0),
+        algorithm=AlgorithmConfig(group_size=2, distill_coef=1.0, task_reward_coef=0.0, kl_coef=0.0),
+        model=ModelConfig(
+            path=str(tiny_model), dtype=DType.float32, learner_dtype=DType.float32, max_new_tokens=8, lora_rank=4
+        ),
+        cluster=ClusterConfig(
+            rollout_backend=RolloutBackend.hf,
+            cpus_per_actor=0.5,
+            cpus_per_learner=1,
+            cpus_per_teacher=0.5,
+            learner_threads=1,
+            actor_threads=1,
+            num_teachers=1,
+            gpu_memory_utilization=0.05,
+            actor_max_restarts=2,
+        ),
+    )
+    killer = type("TeacherKilledOnceHere", (TeacherKilledOnce,), {"marker": str(marker)})
+    monkeypatch.setattr(rl.rollout.teacher, "TeacherEngine", killer)
+    cfg = resolve(cfg, tmp_path / "run", model_path=str(tiny_model))
+    runtime, teardown = app.build_runtime(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    logger = MetricsLogger(tmp_path / "run", kind="none", total_steps=cfg.run.steps)
+    try:
+        driver.train(cfg, runtime, tokenizer, Env(), LengthReward(), logger, resolved={})
+    finally:
+        teardown()
+        logger.close()
+
+    rows = [r for r in metric_rows(tmp_path / "run", timings=True) if "distill/kl_per_token" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]  # step 2 was scored after all, by the restarted engine
+    assert [r["fault/teacher_restarts"] for r in rows] == [0.0, 1.0, 0.0]
+    assert all(r["train/samples_with_signal"] > 0 for r in rows)
+    assert marker.is_file()  # it really was killed
+    out = capsys.readouterr().out
+    assert "judge/teacher 0 died during token_logprobs" in out and "Ray restarts it (restart 1 of 2)" in out
+    assert "prompt(s) go to actor 0" in out  # the same engine, once it is back: it was the only one
 
 
 def test_staleness_one_with_vllm_engines(tiny_model, tmp_path):

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, run_train
+from tests.helpers import REPO, repo_env, run_train
 
 BENCHES = sorted(p.stem for p in (REPO / "bench").glob("*.py") if p.stem not in ("__init__", "common"))
 # SmolLM2-135M-Instruct's config.json fields that size it (the embedded model; no conversion needed to plan it)
@@ -273,3 +273,18 @@ def test_gpu_setup_names_what_is_missing_and_refuses_a_call_that_needs_it(tmp_pa
     refused = setup("ray vllm")
     assert refused.returncode == 1
     assert "setup: vllm is required (SETUP_REQUIRE) but missing on this machine" in refused.stderr
+
+
+def test_gpu_distill_script_plans_three_roles_on_one_h200(tmp_path):
+    """bench/gpu/distill_h200.sh's distillation run, planned for an H200 (PLAN_ONLY: nothing starts): its overrides
+    compose into a valid config, the actor, the learner and the teacher engine share GPU 0 and fit it."""
+    env = repo_env(PLAN_ONLY="1", PLAN_GPU_GIB="139", PY=sys.executable)
+    script = REPO / "bench" / "gpu" / "distill_h200.sh"
+    proc = subprocess.run(
+        ["bash", str(script), str(tmp_path / "out")], cwd=REPO, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "GPU 0: actor 0 (0.3), learner 0 (0.4), teacher 0 (0.3)" in proc.stdout
+    assert "cluster.teacher_memory_utilization=0.2" in proc.stdout
+    assert proc.stdout.rstrip().endswith("fits (by this estimate)")
+    assert not (tmp_path / "out" / "teacher").exists()  # PLAN_ONLY: no run started

@@ -317,3 +317,53 @@ def test_colocated_plan_counts_one_gpu_per_pair_and_the_larger_phase(tmp_path, m
     assert "GPU 0: actor 0, learner 0" in text and "colocated, per GPU: generating" in text
     cfg.cluster = replace(cfg.cluster, gpu_memory_utilization=1.0)  # no room left for the learner's weights
     assert any(w.startswith("GPU 0 (actor 0, learner 0)") for w in plan.format_plan(cfg)[1])
+
+
+def test_judge_teacher_engines_are_placed_after_the_learners():
+    assert plan.gpu_map(1, 1, 1, 1, 2, 1) == [["actor 0"], ["learner 0"], ["teacher 0"], ["teacher 1"]]
+    assert plan.gpu_map(1, 0.4, 1, 0.3, 1, 0.3) == [["actor 0 (0.4)", "learner 0 (0.3)", "teacher 0 (0.3)"]]
+    assert plan.gpu_map(1, 0.5, 1, 0.5, 1, 0.5, colocate=True) == [["actor 0", "learner 0", "teacher 0 (0.5)"]]
+    assert plan.gpu_map(1, 1, 1, 1, 1, 0.5, colocate=True) == [["actor 0", "learner 0"], ["teacher 0 (0.5)"]]
+
+
+def test_plan_counts_the_judge_teacher_engines_gpus_and_memory(tmp_path, monkeypatch):
+    """plan=true with cluster.num_teachers: the engines' GPUs in the need and the map, each engine's memory as
+    its own vLLM share (teacher.path's shape, no LoRA slot: the adapter is merged), and a GPU they overfill named."""
+    cfg = TrainConfig()
+    cfg.model.path = str(model_dir(tmp_path, QWEN_05B))
+    cfg.teacher.path = str(model_dir(tmp_path, QWEN_7B, "teacher"))
+    shared = dict(use_gpu=True, gpus_per_actor=0.3, gpus_per_learner=0.3, gpus_per_teacher=0.4)
+    cfg.cluster = replace(cfg.cluster, num_teachers=1, gpu_memory_utilization=0.25, **shared)
+    cfg.cluster.teacher_memory_utilization = 0.35
+    monkeypatch.setattr(plan, "detect_gpus", lambda: (1, 80 * 2**30, "NVIDIA H100 80GB HBM3"))
+    text, warnings = plan.format_plan(cfg)
+    assert "need 1 (1 actor(s) x 0.3 + 1 learner(s) x 0.3 + 1 judge/teacher engine(s) x 0.4)" in text
+    assert "GPU 0: actor 0 (0.3), learner 0 (0.3), teacher 0 (0.4)" in text
+    assert "judge/teacher model: " in text and "7.616 B parameters" in text
+    roles = plan.plan_for_config(
+        cfg, plan.ModelShape.from_hf_config(QWEN_05B), 80 * 2**30, plan.load_shape(cfg.teacher.path)[0]
+    )
+    teacher = roles["teacher"]
+    assert teacher.budget == pytest.approx(0.35 * 80 * 2**30)
+    assert teacher.parts["weights (bfloat16)"] == plan.ModelShape.from_hf_config(QWEN_7B).weight_bytes(2)
+    assert "LoRA slot" not in teacher.parts
+    assert "vLLM takes cluster.teacher_memory_utilization=0.35" in teacher.notes[0]
+    assert warnings == []
+    cfg.cluster.teacher_memory_utilization = 0.6  # 0.25 + the learner + 0.6: more than the one GPU
+    over = plan.format_plan(cfg)[1]
+    assert len(over) == 1 and over[0].startswith("GPU 0 (actor 0 (0.3), learner 0 (0.3), teacher 0 (0.4))")
+    assert "cluster.teacher_memory_utilization" in over[0]
+    cfg.cluster.teacher_memory_utilization = 0.1  # 8 GiB: less than the 7B's 14.2 GiB of weights
+    assert any(w.startswith("teacher: weights and activations") for w in plan.format_plan(cfg)[1])
+
+
+def test_cpu_plan_reserves_the_teachers_cpus_and_names_their_memory_key(tmp_path):
+    cfg = TrainConfig()
+    cfg.model.path = str(model_dir(tmp_path, QWEN_05B))
+    cfg.cluster = replace(cfg.cluster, num_teachers=1, cpus_per_teacher=0.5, teacher_memory_utilization=0.01)
+    text, warnings = plan.format_plan(cfg)
+    assert "the roles reserve 2.5 Ray CPUs" in text and "teacher (each): " in text
+    assert any(w.startswith("teacher: vLLM's CPU engine would fail to start") for w in warnings)
+    assert any("set cluster.teacher_memory_utilization=" in w for w in warnings)
+    cfg.cluster.num_teachers = 0
+    assert "teacher" not in plan.format_plan(cfg)[0]
