@@ -80,8 +80,8 @@ def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, 
     cfg = resolve(cfg, tmp_path / "run", model_path=str(tiny_model))
     runtime, teardown = app.build_runtime(cfg)
     trained: list[list[tuple[int, ...]]] = []  # each optimizer step's prompt groups
-    real_step = runtime.train_step
-    runtime.train_step = lambda samples: (
+    real_step = runtime.submit_train_step  # the driver starts every learners' step through it
+    runtime.submit_train_step = lambda samples: (
         trained.append(list(dict.fromkeys(tuple(s.prompt_ids) for s in samples))),
         real_step(samples),
     )[1]

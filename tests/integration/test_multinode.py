@@ -316,8 +316,8 @@ def killed_actor_run(address: str, model: str, run_dir: str) -> None:
     trained: list[list[list[int]]] = []
     runtime, teardown = app.build_runtime(cfg)
     try:
-        real_step = runtime.train_step
-        runtime.train_step = lambda samples: (
+        real_step = runtime.submit_train_step  # the driver starts every learners' step through it
+        runtime.submit_train_step = lambda samples: (
             trained.append([list(p) for p in dict.fromkeys(tuple(s.prompt_ids) for s in samples)]),
             real_step(samples),
         )[1]
