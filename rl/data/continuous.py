@@ -20,13 +20,21 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
-
 from rl.config.schema import TrainConfig
 from rl.data import filters
 from rl.data.curriculum import Curriculum, Sequential, pass_rates
 from rl.data.prompts import PromptData
-from rl.data.sampler import Batch, RewardFn, score
+from rl.data.sampler import (
+    Batch,
+    RewardFn,
+    batch_stats,
+    choice_point,
+    kept_groups,
+    max_rounds,
+    restore_position,
+    saved_position,
+    score,
+)
 from rl.runtime.runtime import Runtime
 from rl.runtime.stream import NewGroup, StreamGroup
 from rl.seeds import prompt_seed
@@ -91,7 +99,7 @@ class ContinuousSampler:
             return None
         while True:
             self.data = self.curriculum.next_data(self.data)
-            before = {"data": self.data.state_dict(), "chooser": self.curriculum.chooser_state()}
+            before = choice_point(self.data, self.curriculum)
             key = self.data.cursor
             (i,) = self.curriculum.choose(self.data, 1)
             if key in self.skip:
@@ -112,7 +120,7 @@ class ContinuousSampler:
         """The first `run.prompts_per_step` groups to finish (and pass dynamic sampling's filter), scored."""
         a, n, threshold = self.cfg.algorithm, self.cfg.run.prompts_per_step, self.cfg.eval.correct_threshold
         G, self.step = a.group_size, step
-        limit = n * (a.dynamic_sampling_max_rounds if a.dynamic_sampling else 1)
+        limit = n * max_rounds(self.cfg)
         kept, kept_rewards, last = [], [], ([], [])
         generated = gen_tokens = 0
         t_rollout = t_reward = 0.0
@@ -130,11 +138,7 @@ class ContinuousSampler:
             t_reward += time.perf_counter() - t0
             generated += len(groups)
             gen_tokens += sum(c.model_tokens for c in completions_of(rollouts))
-            keep = (
-                filters.keep_groups_in_range(torch.tensor(rewards), G, *a.filter_range)
-                if a.dynamic_sampling
-                else torch.ones(len(rollouts), dtype=torch.bool)
-            )
+            keep = kept_groups(rewards, G, self.cfg)
             for j, (g, r) in enumerate(zip(groups, rollouts)):
                 group_rewards = rewards[j * G : (j + 1) * G]
                 _, data, i = g.new.tag
@@ -147,21 +151,19 @@ class ContinuousSampler:
         utilization = filters.sample_utilization(min(len(kept), n), generated)
         if not kept:
             kept, kept_rewards = last
+        stats = batch_stats(
+            utilization=utilization,
+            kept=min(len(kept), n),
+            generated=generated,
+            gen_tokens=gen_tokens,
+            t_rollout=t_rollout,
+            t_reward=t_reward,
+            data=self.data,
+            curriculum=self.curriculum,
+            reward_fn=self.reward_fn,
+        )
         self.step, self.kept = step + 1, self.kept + len(kept[:n])
-        stats = {
-            "data/sample_utilization": utilization,
-            "data/kept_groups": float(min(len(kept), n)),
-            "time/rollout_s": t_rollout,
-            "time/reward_s": t_reward,
-            "data/cursor": float(self.data.cursor),
-            "data/generated_tokens": float(gen_tokens),
-            "data/generated_groups": float(generated),
-            **self.version_metrics(kept[:n]),
-            **self.stream.pop_counts(),
-            **self.curriculum.pop_metrics(),
-        }
-        if hasattr(self.reward_fn, "pop_metrics"):
-            stats |= self.reward_fn.pop_metrics()
+        stats |= self.version_metrics(kept[:n]) | self.stream.pop_counts()
         return Batch(kept[:n], kept_rewards[: n * G], stats)
 
     def version_metrics(self, rollouts: list) -> dict[str, float]:
@@ -175,17 +177,10 @@ class ContinuousSampler:
 
     def state_dict(self) -> dict:
         """The data position before the oldest prompt not yet trained, and the draw numbers after it that were."""
-        if self.open:
-            oldest = min(self.open)
-            before = self.open[oldest]
-            skip = sorted(k for k in self.consumed if k > oldest)
-        else:
-            before = {"data": self.data.state_dict(), "chooser": self.curriculum.chooser_state()}
-            skip = []
-        curriculum = self.curriculum.state_dict(before["chooser"])
-        return before["data"] | {"skip": skip} | ({"curriculum": curriculum} if curriculum else {})
+        # `consumed` holds only draw numbers after the oldest open one (`_consume` prunes it)
+        before = self.open[min(self.open)] if self.open else choice_point(self.data, self.curriculum)
+        return saved_position(before, self.curriculum) | {"skip": sorted(self.consumed)}
 
     def load_state(self, state: dict) -> None:
-        self.data = self.curriculum.load_state(state.get("curriculum", {}), self.data)
-        self.data.load_state(state)
+        self.data = restore_position(state, self.data, self.curriculum)
         self.skip = set(state.get("skip", []))

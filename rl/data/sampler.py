@@ -76,6 +76,71 @@ class _Sent:
     generation: PendingGeneration
 
 
+def kept_groups(rewards: list[float], group_size: int, cfg: TrainConfig) -> torch.Tensor:
+    """Which groups dynamic sampling keeps (DAPO eq. 11: accuracy inside `algorithm.filter_range`); all when it
+    is off."""
+    a = cfg.algorithm
+    if not a.dynamic_sampling:
+        return torch.ones(len(rewards) // group_size, dtype=torch.bool)
+    return filters.keep_groups_in_range(torch.tensor(rewards), group_size, a.filter_range[0], a.filter_range[1])
+
+
+def max_rounds(cfg: TrainConfig) -> int:
+    """Batches' worth of groups generated per step at most: without dynamic sampling every group is kept, so one
+    fills the batch."""
+    a = cfg.algorithm
+    return a.dynamic_sampling_max_rounds if a.dynamic_sampling else 1
+
+
+def choice_point(data: PromptData, curriculum: Curriculum) -> dict:
+    """The data position and the curriculum's choice state before a draw: what a checkpoint saves to redraw it."""
+    return {"data": data.state_dict(), "chooser": curriculum.chooser_state()}
+
+
+def saved_position(before: dict, curriculum: Curriculum) -> dict:
+    """A checkpoint's data state from a choice point, with the curriculum's (its choice point then, its statistics
+    now: rl/data/curriculum.py)."""
+    state = curriculum.state_dict(before["chooser"])
+    return before["data"] | ({"curriculum": state} if state else {})
+
+
+def restore_position(state: dict, data: PromptData, curriculum: Curriculum) -> PromptData:
+    """The data (a curriculum may hand over another set) at a checkpoint's position."""
+    data = curriculum.load_state(state.get("curriculum", {}), data)
+    data.load_state(state)
+    return data
+
+
+def batch_stats(
+    *,
+    utilization: float,
+    kept: int,
+    generated: int,
+    gen_tokens: int,
+    t_rollout: float,
+    t_reward: float,
+    data: PromptData,
+    curriculum: Curriculum,
+    reward_fn: RewardFn,
+) -> dict[str, float]:
+    """A step's data metrics: the share of generated groups kept (`utilization`), the groups trained (`kept`) of
+    `generated`, their tokens, the waits, the data cursor, and the curriculum's and the reward's own counters
+    (reward/errors and reward/timeouts: rewards/runner.py)."""
+    stats = {
+        "data/sample_utilization": utilization,
+        "data/kept_groups": float(kept),
+        "time/rollout_s": t_rollout,
+        "time/reward_s": t_reward,
+        "data/cursor": float(data.cursor),
+        "data/generated_tokens": float(gen_tokens),
+        "data/generated_groups": float(generated),
+    }
+    stats |= curriculum.pop_metrics()
+    if hasattr(reward_fn, "pop_metrics"):
+        stats |= reward_fn.pop_metrics()
+    return stats
+
+
 class Sampler:
     """Reads run.prompts_per_step, run.seed, cluster.staleness, eval.correct_threshold (the curriculum's pass rate),
     the sampling settings (`cfg.sampling`) and the dynamic-sampling keys of `algorithm` from the resolved `cfg`;
@@ -96,25 +161,13 @@ class Sampler:
         self._pending: deque[_Sent] = deque()
 
     @property
-    def filter_range(self) -> tuple[float, float] | None:
-        """The [low, high] group accuracy kept by dynamic sampling; None keeps every group (dynamic sampling off)."""
-        a = self.cfg.algorithm
-        return (a.filter_range[0], a.filter_range[1]) if a.dynamic_sampling else None
-
-    @property
-    def max_rounds(self) -> int:
-        """Generate calls per step at most: without dynamic sampling every group is kept, so one fills the batch."""
-        a = self.cfg.algorithm
-        return a.dynamic_sampling_max_rounds if a.dynamic_sampling else 1
-
-    @property
     def overlapped(self) -> bool:
         """Whether generation runs ahead of learning (staleness > 0): the actors are busy between steps."""
         return self.cfg.cluster.staleness > 0
 
     def _send(self) -> None:
         self.data = self.curriculum.next_data(self.data)
-        before = {"data": self.data.state_dict(), "chooser": self.curriculum.chooser_state()}
+        before = choice_point(self.data, self.curriculum)
         first = self.data.cursor  # the draw number of the batch's first prompt (a curriculum may skip some after it)
         idx = self.curriculum.choose(self.data, self.cfg.run.prompts_per_step)
         seeds = [prompt_seed(self.cfg.run.seed, first + k) for k in range(len(idx))]
@@ -135,13 +188,12 @@ class Sampler:
         """Generate (or collect what was sent ahead), score and filter until `run.prompts_per_step` groups are kept
         or the rounds run out; then train on the groups there are (on the last round's if none was kept)."""
         n, G, threshold = self.cfg.run.prompts_per_step, self.cfg.algorithm.group_size, self.cfg.eval.correct_threshold
-        keep_range = self.filter_range
         kept: list[PromptRollout] = []
         kept_rewards: list[float] = []
         generated = gen_tokens = 0
         t_rollout = t_reward = 0.0
         self._fill(step)
-        for _ in range(self.max_rounds):
+        for _ in range(max_rounds(self.cfg)):
             t0 = time.perf_counter()
             if not self._pending:
                 self._send()
@@ -154,11 +206,7 @@ class Sampler:
             self.curriculum.observe(sent.data, sent.idx, pass_rates(rewards, G, threshold))
             generated += len(rollouts)
             gen_tokens += sum(c.model_tokens for c in completions_of(rollouts))
-            keep = (
-                filters.keep_groups_in_range(torch.tensor(rewards), G, *keep_range)
-                if keep_range
-                else torch.ones(len(rollouts), dtype=torch.bool)
-            )
+            keep = kept_groups(rewards, G, self.cfg)
             for g, r in enumerate(rollouts):
                 if keep[g]:
                     kept.append(r)
@@ -168,18 +216,17 @@ class Sampler:
         utilization = filters.sample_utilization(min(len(kept), n), generated)
         if not kept:
             kept, kept_rewards = rollouts, rewards
-        stats = {
-            "data/sample_utilization": utilization,
-            "data/kept_groups": float(min(len(kept), n)),
-            "time/rollout_s": t_rollout,
-            "time/reward_s": t_reward,
-            "data/cursor": float(self.data.cursor),
-            "data/generated_tokens": float(gen_tokens),
-            "data/generated_groups": float(generated),
-        }
-        stats |= self.curriculum.pop_metrics()
-        if hasattr(self.reward_fn, "pop_metrics"):  # reward/errors and reward/timeouts (rewards/runner.py)
-            stats |= self.reward_fn.pop_metrics()
+        stats = batch_stats(
+            utilization=utilization,
+            kept=min(len(kept), n),
+            generated=generated,
+            gen_tokens=gen_tokens,
+            t_rollout=t_rollout,
+            t_reward=t_reward,
+            data=self.data,
+            curriculum=self.curriculum,
+            reward_fn=self.reward_fn,
+        )
         if not self.overlapped:  # sent ahead, a batch was generated while the learners worked: its wait is no rate
             stats["perf/rollout_tokens_per_s"] = gen_tokens / max(t_rollout, 1e-9)
         return Batch(kept[:n], kept_rewards[: n * G], stats)
@@ -187,16 +234,11 @@ class Sampler:
     def state_dict(self) -> dict:
         """The data position a checkpoint saves: before the oldest batch still in flight (see the module doc), with
         the curriculum's state (its choice point then, its statistics now: rl/data/curriculum.py)."""
-        if self._pending:
-            before = self._pending[0].before
-        else:
-            before = {"data": self.data.state_dict(), "chooser": self.curriculum.chooser_state()}
-        curriculum = self.curriculum.state_dict(before["chooser"])
-        return before["data"] | ({"curriculum": curriculum} if curriculum else {})
+        before = self._pending[0].before if self._pending else choice_point(self.data, self.curriculum)
+        return saved_position(before, self.curriculum)
 
     def load_state(self, state: dict) -> None:
-        self.data = self.curriculum.load_state(state.get("curriculum", {}), self.data)
-        self.data.load_state(state)
+        self.data = restore_position(state, self.data, self.curriculum)
 
     @property
     def cursor(self) -> int:
