@@ -177,9 +177,10 @@ class ContinuousSampler:
 
     def state_dict(self) -> dict:
         """The data position before the oldest prompt not yet trained, and the draw numbers after it that were."""
-        # `consumed` holds only draw numbers after the oldest open one (`_consume` prunes it)
+        # `consumed` holds only draw numbers after the oldest open one (`_consume` prunes it); `skip`, those a resume
+        # still has to pass over, lie beyond every draw so far
         before = self.open[min(self.open)] if self.open else choice_point(self.data, self.curriculum)
-        return saved_position(before, self.curriculum) | {"skip": sorted(self.consumed)}
+        return saved_position(before, self.curriculum) | {"skip": sorted(self.consumed | self.skip)}
 
     def load_state(self, state: dict) -> None:
         self.data = restore_position(state, self.data, self.curriculum)

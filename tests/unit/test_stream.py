@@ -232,6 +232,18 @@ def test_prompts_trained_out_of_order_are_neither_repeated_nor_skipped_after_a_r
     assert len(untrained) <= 4  # none skipped: what is not trained was still in flight (cluster.groups_in_flight)
 
 
+def test_a_checkpoint_taken_before_a_resume_passed_its_skipped_draws_keeps_them():
+    """Resumed with draws 5 and 7 to skip and checkpointed again before drawing that far: the new checkpoint still
+    names them, so a second resume does not train them twice."""
+    cfg = continuous_config()
+    data = PromptData(Env(40).train_items(), NumberTokenizer(), cfg)
+    runtime = Runtime(LocalGroup([SegmentActor()]), LocalGroup([FakeLearner()]), cfg)
+    sampler = ContinuousSampler(runtime, data, length_reward, cfg, steps=6, tokenizer=DecodingTokenizer())
+    state = sampler.state_dict() | {"cursor": 4, "skip": [5, 7]}
+    sampler.load_state(state)
+    assert sampler.state_dict()["skip"] == [5, 7]
+
+
 def test_continuous_keys_are_checked():
     with pytest.raises(ConfigError, match="cluster.staleness >= 1"):
         continuous_config("cluster.staleness=0")
