@@ -7,6 +7,7 @@ train.py (cluster=2a1l's end-to-end run); and staleness 1 with a share of the pr
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from safetensors.torch import load_file
@@ -43,25 +44,18 @@ class Env:
         return []
 
 
-def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, tmp_path, monkeypatch, capsys):
-    from transformers import AutoTokenizer
-
-    import rl.rollout
-    from rl import app, driver
+def two_hf_actors(tiny_model: Path, tis_cap: float = 0.0, **cluster: Any):
+    """The actor-fault runs' config: 4 steps of 4 prompts x 2 samples of 8 tokens on two HF actors (staleness 1,
+    two restarts each) and one learner, the tiny model in float32; `cluster` adds to the cluster group."""
     from rl.config.choices import DType, RolloutBackend
     from rl.config.cluster import ClusterConfig
-    from rl.config.resolve import resolve
     from rl.config.schema import AlgorithmConfig, CheckpointConfig, EvalConfig, ModelConfig, RunConfig, TrainConfig
-    from rl.data.prompts import PromptData
-    from rl.metrics import MetricsLogger
-    from rl.types import Sampling
 
-    marker = tmp_path / "killed.pid"
-    cfg = TrainConfig(
+    return TrainConfig(
         run=RunConfig(steps=4, prompts_per_step=4, sync_probe_threshold=0.01),
         eval=EvalConfig(size=0),
         checkpoint=CheckpointConfig(interval=0),
-        algorithm=AlgorithmConfig(group_size=2),
+        algorithm=AlgorithmConfig(group_size=2, tis_cap=tis_cap),
         model=ModelConfig(
             path=str(tiny_model), dtype=DType.float32, learner_dtype=DType.float32, max_new_tokens=8, lora_rank=4
         ),
@@ -73,8 +67,23 @@ def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, 
             learner_threads=1,
             staleness=1,
             actor_max_restarts=2,
+            **cluster,
         ),
     )
+
+
+def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, tmp_path, monkeypatch, capsys):
+    from transformers import AutoTokenizer
+
+    import rl.rollout
+    from rl import app, driver
+    from rl.config.resolve import resolve
+    from rl.data.prompts import PromptData
+    from rl.metrics import MetricsLogger
+    from rl.types import Sampling
+
+    marker = tmp_path / "killed.pid"
+    cfg = two_hf_actors(tiny_model)
     killer = type("KilledOnceHere", (KilledOnce,), {"marker": str(marker)})
     monkeypatch.setattr(rl.rollout, "rollout_class", lambda cfg: killer)
     cfg = resolve(cfg, tmp_path / "run", model_path=str(tiny_model))
@@ -282,33 +291,12 @@ def test_continuous_rollouts_lose_no_sample_when_an_actor_dies_mid_segment(tiny_
 
     import rl.rollout
     from rl import app, driver
-    from rl.config.choices import DType, RolloutBackend, RolloutMode
-    from rl.config.cluster import ClusterConfig
+    from rl.config.choices import RolloutMode
     from rl.config.resolve import resolve
-    from rl.config.schema import AlgorithmConfig, CheckpointConfig, EvalConfig, ModelConfig, RunConfig, TrainConfig
     from rl.metrics import MetricsLogger
 
     marker = tmp_path / "killed.pid"
-    cfg = TrainConfig(
-        run=RunConfig(steps=4, prompts_per_step=4, sync_probe_threshold=0.01),
-        eval=EvalConfig(size=0),
-        checkpoint=CheckpointConfig(interval=0),
-        algorithm=AlgorithmConfig(group_size=2, tis_cap=2.0),
-        model=ModelConfig(
-            path=str(tiny_model), dtype=DType.float32, learner_dtype=DType.float32, max_new_tokens=8, lora_rank=4
-        ),
-        cluster=ClusterConfig(
-            num_actors=2,
-            rollout_backend=RolloutBackend.hf,
-            cpus_per_actor=0.5,
-            cpus_per_learner=1,
-            learner_threads=1,
-            rollout_mode=RolloutMode.continuous,
-            staleness=1,
-            segment_tokens=2,
-            actor_max_restarts=2,
-        ),
-    )
+    cfg = two_hf_actors(tiny_model, tis_cap=2.0, rollout_mode=RolloutMode.continuous, segment_tokens=2)
     killer = type("KilledInASegmentHere", (KilledInASegment,), {"marker": str(marker)})
     monkeypatch.setattr(rl.rollout, "rollout_class", lambda cfg: killer)
     cfg = resolve(cfg, tmp_path / "run", model_path=str(tiny_model))
