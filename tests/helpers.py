@@ -230,3 +230,26 @@ def assert_resume_matches(a: Path, b: Path, resumed_stdout: str, steps: int, pro
     last = f"step_{steps:04d}.jsonl"
     assert jsonl(a / "rollouts" / last) == jsonl(b / "rollouts" / last)
     assert jsonl(a / "eval" / last) == jsonl(b / "eval" / last)
+
+
+def assert_continuous_run(out: Path, steps: int, bound: int, samples_per_step: int) -> list[dict]:
+    """A `cluster.rollout_mode=continuous` run in `out` (`logger.rollouts_interval=1`) trained `steps` steps of
+    `samples_per_step` samples, none older than `bound` syncs (metrics and each dumped sample's per-token versions),
+    and some samples continued across an adapter update (two versions in one sample), as many as
+    async/partial_rollouts counted. The steps' rows."""
+    rows = [r for r in metric_rows(out, timings=True) if "reward/mean" in r]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    assert all(r["async/staleness_max"] <= bound for r in rows)
+    assert all(sum(r[f"async/lag_{k}"] for k in range(bound + 1)) == samples_per_step for r in rows)
+    assert sum(r["async/segments_continued"] for r in rows) > 0
+    assert all(r["perf/samples_per_s"] > 0 and 0 <= r["perf/actor_idle_frac"] <= 1 for r in rows)
+    spanning = 0
+    for r in rows:
+        current = r["sync/version"] - 1  # the version the learner trained this step from
+        for row in jsonl(out / "rollouts" / f"step_{r['step']:04d}.jsonl"):
+            versions = [span["version"] for span in row["versions"]]
+            assert current - min(versions) <= bound
+            spanning += len(set(versions)) > 1
+    partial = [r["async/partial_rollouts"] for r in rows]
+    assert spanning > 0 and spanning == sum(partial), f"{spanning} samples span two versions; metrics: {partial}"
+    return rows

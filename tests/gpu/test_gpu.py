@@ -15,7 +15,16 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, assert_same_first_steps, jsonl, metric_rows, repo_env, run_train, sha256
+from tests.helpers import (
+    REPO,
+    assert_continuous_run,
+    assert_same_first_steps,
+    jsonl,
+    metric_rows,
+    repo_env,
+    run_train,
+    sha256,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -271,6 +280,41 @@ def test_colocated_actor_sleeps_while_the_learner_trains(model, tmp_path):
         f"{[round(r['time/actor_wake_s'], 3) for r in train]} s, learner peak "
         f"{[round(r['memory/learner_peak_gb'], 2) for r in train]} GiB, probe {[r['sync/logprob_abs_diff'] for r in train]}"
     )
+
+
+def test_continuous_rollouts_with_unsloth_learner_and_vllm_actor_on_one_gpu(model, tmp_path):
+    """`cluster.rollout_mode=continuous` on the CUDA build: the Unsloth 4-bit learner steps while the vLLM actor
+    generates in 16-token segments (per-request seeds and token caps, adapter loads queued between segments), so
+    some samples continue across an update (two versions in one sample) and none is older than the bound."""
+    out = tmp_path / "run"
+    common = [a for a in GPU_RUN if not a.startswith(("run.steps=", "checkpoint.interval="))]
+    proc = run_train(
+        [
+            *common,
+            f"model.path={model}",
+            "model.learner_backend=unsloth",
+            "model.load_in_4bit=true",
+            "run.steps=6",
+            "checkpoint.interval=0",
+            "cluster.rollout_mode=continuous",
+            "cluster.staleness=2",
+            "cluster.segment_tokens=16",
+            "model.max_new_tokens=512",
+            "algorithm.tis_cap=2.0",
+            "logger.rollouts_interval=1",
+            f"run.output_dir={out}",
+        ],
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = assert_continuous_run(out, steps=6, bound=2, samples_per_step=8 * 8)
+    print(
+        f"continuous on one gpu: samples/s {[round(r['perf/samples_per_s'], 2) for r in rows]}, partial rollouts "
+        f"{[r['async/partial_rollouts'] for r in rows]}, dropped stale groups "
+        f"{[r['async/dropped_stale_groups'] for r in rows]}, train-inference logprob diff "
+        f"{[round(r['policy/train_infer_logp_diff'], 3) for r in rows]}"
+    )
+    assert all(r["policy/train_infer_logp_diff"] < 0.5 for r in rows)  # the actor served the learner's policy
 
 
 def test_the_gpu_demo_learns_with_real_weights(tmp_path):
