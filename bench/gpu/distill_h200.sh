@@ -7,7 +7,7 @@
 # the learner and the teacher engine sharing the one GPU. (iii) A table: teacher, student before, student after,
 # steps, seconds; and the student's per-token KL to the teacher by step.
 #
-#   source /tmp/rlft-env.sh && bash bench/gpu/distill_h200.sh [OUT_DIR]     # on the H200, about 7-8 minutes
+#   source /tmp/rlft-env.sh && bash bench/gpu/distill_h200.sh [OUT_DIR]     # on the H200, 8.5 minutes (507 s, warm machine)
 #   DRY_CPU=1 bash bench/gpu/distill_h200.sh /tmp/distill_dry                 # the same commands, tiny, on a CPU
 #
 # TEACHER_STEPS (24), STEPS (16), LR (1e-3: the rate measured on CPU, docs/benchmarks.md) change the runs; a
