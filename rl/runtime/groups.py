@@ -22,6 +22,11 @@ class MemberDied(RuntimeError):
         self.role, self.index, self.cause = role, index, cause
 
 
+class RestartFailed(MemberDied):
+    """A member Ray was restarting whose constructor raised (vLLM refusing to start for want of memory, say): it is
+    dead for good, whatever restarts it had left. `cause` is the constructor's error."""
+
+
 class Group(Protocol):
     """Members of one role. Calls on one member run one at a time, in submission order (as Ray actor methods do);
     calls on different members run concurrently where the group allows."""
@@ -48,7 +53,8 @@ class Group(Protocol):
         """Share a (large) argument once for several calls."""
 
     def ready(self, index: int) -> bool:
-        """Whether member `index` takes calls now (False while Ray restarts it)."""
+        """Whether member `index` takes calls now (False while Ray restarts it; RestartFailed when that restart's
+        constructor raised)."""
 
     def pop_busy_s(self) -> float:
         """Member-seconds spent inside calls whose results were collected since the last pop."""

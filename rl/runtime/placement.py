@@ -20,7 +20,7 @@ from rl.config.cluster import ClusterConfig
 from rl.config.schema import TrainConfig
 from rl.errors import RoleStartFailed, UserFacingError, cause_of
 from rl.logs import role_log_env
-from rl.runtime.groups import MemberDied, method_name
+from rl.runtime.groups import MemberDied, RestartFailed, method_name
 from rl.runtime.roles import Method
 from rl.runtime.runtime import Runtime
 
@@ -87,13 +87,18 @@ class RayGroup:
         return ray.put(value)
 
     def ready(self, index: int, timeout_s: float = 2.0) -> bool:
-        """True when the member answers (a restarting actor fails at once with ActorUnavailableError)."""
+        """True when the member answers (a restarting actor fails at once with ActorUnavailableError); RestartFailed
+        when Ray's restart ran __init__ and it raised: Ray gives that actor up, so waiting for it would be in vain."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
         try:
             return bool(ray.get(self.handles[index].__ray_ready__.remote(), timeout=timeout_s))
-        except (RayActorError, GetTimeoutError):
+        except RayActorError as e:
+            if e.actor_init_failed:
+                raise RestartFailed(self.role, index, cause_of(e)) from e
+            return False
+        except GetTimeoutError:
             return False
 
     def call(self, method: Method, args: list[tuple]) -> list[Any]:

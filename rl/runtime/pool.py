@@ -4,6 +4,8 @@ Fault tolerance: a rollout actor whose process dies during a call (MemberDied) i
 `cluster.actor_max_restarts` times); its prompts go to a live actor; the restarted one (a restart runs __init__
 again: base model, version 0) gets no work until it answers again, and then the current adapter before anything
 else (`welcome`, set by the runtime to rl/runtime/sync.py's); a console line and `fault/actor_restarts` say so.
+A restart whose __init__ raises (vLLM refusing to start for want of memory, say) is Ray's last: that actor is left
+out at once, its error on the console, and when no actor is left the run stops with that error.
 A learner's death is not handled here: it ends the run (rl/driver.py).
 """
 
@@ -14,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rl.runtime.groups import Group, MemberDied
+from rl.runtime.groups import Group, MemberDied, RestartFailed
 from rl.runtime.roles import Method
 
 REJOIN_TIMEOUT_S = 600.0  # how long to wait for a restarting actor when no other actor is live
@@ -35,6 +37,7 @@ class ActorPool:
         self.deaths = [0] * len(actors)
         self.gone: set[int] = set()  # actors that used up their restarts
         self.restarting: set[int] = set()  # actors Ray is restarting: no work until they are ready again
+        self.failed_restarts: dict[int, str] = {}  # actors whose restart raised in __init__: the error
         # what a restarted actor gets before any work; False: it cannot be taken back yet (see rl/runtime/sync.py)
         self.welcome: Callable[[int], bool] = lambda i: True
         self.restarts = 0  # fault/actor_restarts since the last pop
@@ -90,14 +93,23 @@ class ActorPool:
         deadline = time.monotonic() + REJOIN_TIMEOUT_S
         while True:
             for i in sorted(self.restarting):
-                if self.actors.ready(i) and self.welcome(i):
+                try:
+                    if self.actors.ready(i) and self.welcome(i):
+                        self.restarting.discard(i)
+                except RestartFailed as e:  # its constructor raised on the restart: Ray will not try again
                     self.restarting.discard(i)
+                    self.gone.add(i)
+                    self.failed_restarts[i] = e.cause
+                    print(f"{self.role} {i} could not be restarted ({e.cause}): left out", flush=True)
             if self.live() or not wait:
                 return
             if not self.restarting:
+                failed = "; ".join(f"{self.role} {i}: {c}" for i, c in sorted(self.failed_restarts.items()))
                 raise RuntimeError(
-                    f"every {self.role} is dead and none has restarts left (cluster.actor_max_restarts): find why "
-                    "they die (out of memory? the Ray logs say) or raise cluster.actor_max_restarts"
+                    f"every {self.role} is dead, its restart having failed ({failed})"
+                    if failed
+                    else f"every {self.role} is dead and none has restarts left (cluster.actor_max_restarts): find "
+                    "why they die (out of memory? the Ray logs say) or raise cluster.actor_max_restarts"
                 )
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no {self.role} came back from its restart within {REJOIN_TIMEOUT_S:.0f} s")

@@ -1,11 +1,13 @@
 """Asynchronous rollouts and faults on a real local Ray: a rollout actor killed with SIGKILL in the middle of a
 run (staleness 1, two actors) is restarted by Ray, its prompts go to the other actor, every prompt of every step
-is trained exactly once and the log says what happened; a distillation run's only judge/teacher engine (real vLLM)
+is trained exactly once and the log says what happened; one whose restart raises in __init__ is left out at once
+and the other actor finishes the run; a distillation run's only judge/teacher engine (real vLLM)
 killed the same way is restarted and scores the step it died in; staleness 1 with two real vLLM engines through
 train.py (cluster=2a1l's end-to-end run); and staleness 1 with a share of the prompts generated on the learner."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,41 +74,69 @@ def two_hf_actors(tiny_model: Path, tis_cap: float = 0.0, **cluster: Any):
     )
 
 
-def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, tmp_path, monkeypatch, capsys):
+@dataclass
+class FaultRun:
+    """What train_with gives back: the samples each optimizer step was given, the run's rows, the resolved config,
+    the tokenizer and what `after` returned."""
+
+    steps: list[list[Any]]
+    rows: list[dict]
+    cfg: Any
+    tokenizer: Any
+    after: Any = None
+
+    def groups(self) -> list[list[tuple[int, ...]]]:
+        """Each step's prompt groups, in the order the learners got them."""
+        return [list(dict.fromkeys(tuple(s.prompt_ids) for s in step)) for step in self.steps]
+
+    def expected_groups(self) -> list[list[tuple[int, ...]]]:
+        """Env's prompts in data order, a step's worth each: every prompt of every step trained once, in order."""
+        from rl.data.prompts import PromptData
+
+        data = PromptData(Env().train_items(), self.tokenizer, self.cfg)
+        n = self.cfg.run.prompts_per_step
+        return [[tuple(data.prompt_ids[i]) for i in data.next_batch(n)] for _ in range(self.cfg.run.steps)]
+
+
+def train_with(tiny_model, tmp_path, monkeypatch, actor_class: type, cfg, env, after=None) -> FaultRun:
+    """driver.train of `cfg` on a real local Ray with `actor_class` as the rollout actors, recording what each
+    learners' step was given; `after(runtime)` runs before the teardown."""
     from transformers import AutoTokenizer
 
     import rl.rollout
     from rl import app, driver
     from rl.config.resolve import resolve
-    from rl.data.prompts import PromptData
     from rl.metrics import MetricsLogger
-    from rl.types import Sampling
 
-    marker = tmp_path / "killed.pid"
-    cfg = two_hf_actors(tiny_model)
-    killer = type("KilledOnceHere", (KilledOnce,), {"marker": str(marker)})
-    monkeypatch.setattr(rl.rollout, "rollout_class", lambda cfg: killer)
+    monkeypatch.setattr(rl.rollout, "rollout_class", lambda cfg: actor_class)
     cfg = resolve(cfg, tmp_path / "run", model_path=str(tiny_model))
     runtime, teardown = app.build_runtime(cfg)
-    trained: list[list[tuple[int, ...]]] = []  # each optimizer step's prompt groups
-    real_step = runtime.submit_train_step  # the driver starts every learners' step through it
-    runtime.submit_train_step = lambda samples: (
-        trained.append(list(dict.fromkeys(tuple(s.prompt_ids) for s in samples))),
-        real_step(samples),
-    )[1]
+    steps: list[list[Any]] = []
+    real_submit = runtime.submit_train_step  # the driver starts every learners' step through it
+    runtime.submit_train_step = lambda samples: (steps.append(list(samples)), real_submit(samples))[1]
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
     logger = MetricsLogger(tmp_path / "run", kind="none", total_steps=cfg.run.steps)
     try:
-        driver.train(cfg, runtime, tokenizer, Env(), LengthReward(), logger, resolved={})
-        after = runtime.generate([[1, 2, 3]] * 4, Sampling(n=1, max_tokens=4))  # both actors serve again
+        driver.train(cfg, runtime, tokenizer, env, LengthReward(), logger, resolved={})
+        extra = after(runtime) if after else None
     finally:
         teardown()
         logger.close()
+    return FaultRun(steps, metric_rows(tmp_path / "run", timings=True), cfg, tokenizer, extra)
 
-    data = PromptData(Env().train_items(), tokenizer, cfg)
-    expected = [[tuple(data.prompt_ids[i]) for i in data.next_batch(4)] for _ in range(cfg.run.steps)]
-    assert trained == expected  # every prompt of every step, once, in order
-    rows = metric_rows(tmp_path / "run", timings=True)
+
+def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, tmp_path, monkeypatch, capsys):
+    from rl.types import Sampling
+
+    def serving(runtime) -> set[tuple[int, bool]]:  # which actors answer, and whether with the current adapter
+        after = runtime.generate([[1, 2, 3]] * 4, Sampling(n=1, max_tokens=4))
+        return {(r.actor, r.adapter_version == runtime.version) for r in after}
+
+    marker = tmp_path / "killed.pid"
+    killer = type("KilledOnceHere", (KilledOnce,), {"marker": str(marker)})
+    run = train_with(tiny_model, tmp_path, monkeypatch, killer, two_hf_actors(tiny_model), Env(), after=serving)
+    assert run.groups() == run.expected_groups()  # every prompt of every step, once, in order
+    rows = run.rows
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert sum(r["fault/actor_restarts"] for r in rows) == 1.0
     assert all(r["data/kept_groups"] == 4 for r in rows)
@@ -115,7 +145,39 @@ def test_killed_actor_is_restarted_and_every_prompt_is_trained_once(tiny_model, 
     out = capsys.readouterr().out
     assert "died during generate" in out and "Ray restarts it (restart 1 of 2)" in out
     assert "prompt(s) go to actor" in out and "is back after its restart" in out
-    assert {r.actor for r in after} == {0, 1} and {r.adapter_version for r in after} == {runtime.version}
+    assert run.after == {(0, True), (1, True)}  # both actors serve again, the current adapter
+
+
+class RefusesItsRestart(KilledOnce):
+    """KilledOnce whose restart raises in __init__, as a vLLM engine does when the memory it needs is gone: Ray
+    does not try that actor again."""
+
+    def __init__(self, cfg):
+        if Path(self.marker).is_file():
+            raise ValueError("no room for the KV cache on this restart")
+        super().__init__(cfg)
+
+
+def test_an_actor_whose_restart_fails_is_left_out_at_once(tiny_model, tmp_path, monkeypatch, capsys):
+    """The killed actor's restart raises: the pool leaves it out at once (no wait for a restart that will not come),
+    says why, and the other actor takes its prompts and the rest of the run."""
+    marker = tmp_path / "killed.pid"
+    refuser = type("RefusesItsRestartHere", (RefusesItsRestart,), {"marker": str(marker)})
+    run = train_with(
+        tiny_model,
+        tmp_path,
+        monkeypatch,
+        refuser,
+        two_hf_actors(tiny_model),
+        Env(),
+        after=lambda runtime: (runtime.pool.gone, runtime.pool.live()),
+    )
+    assert marker.is_file()
+    assert run.groups() == run.expected_groups() and [r["step"] for r in run.rows] == [1, 2, 3, 4]
+    out = capsys.readouterr().out
+    assert "could not be restarted (ValueError: no room for the KV cache on this restart): left out" in out
+    gone, live = run.after
+    assert len(gone) == 1 and live == [1 - min(gone)]
 
 
 class TeacherKilledOnce(TeacherEngine):
@@ -287,40 +349,17 @@ class ManyPrompts(Env):
 def test_continuous_rollouts_lose_no_sample_when_an_actor_dies_mid_segment(tiny_model, tmp_path, monkeypatch, capsys):
     """cluster.rollout_mode=continuous with two actors, one killed in the middle of a segment: Ray restarts it, the
     segment goes to the other actor, and every step still trains 4 distinct prompt groups of full samples."""
-    from transformers import AutoTokenizer
-
-    import rl.rollout
-    from rl import app, driver
     from rl.config.choices import RolloutMode
-    from rl.config.resolve import resolve
-    from rl.metrics import MetricsLogger
 
     marker = tmp_path / "killed.pid"
     cfg = two_hf_actors(tiny_model, tis_cap=2.0, rollout_mode=RolloutMode.continuous, segment_tokens=2)
     killer = type("KilledInASegmentHere", (KilledInASegment,), {"marker": str(marker)})
-    monkeypatch.setattr(rl.rollout, "rollout_class", lambda cfg: killer)
-    cfg = resolve(cfg, tmp_path / "run", model_path=str(tiny_model))
-    runtime, teardown = app.build_runtime(cfg)
-    trained: list[tuple[int, ...]] = []
-    lengths: list[int] = []
-    real_submit = runtime.submit_train_step
-
-    def record(samples):
-        trained.extend(dict.fromkeys(tuple(s.prompt_ids) for s in samples))
-        lengths.extend(len(s.completion_ids) for s in samples)
-        return real_submit(samples)
-
-    runtime.submit_train_step = record
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
-    logger = MetricsLogger(tmp_path / "run", kind="none", total_steps=cfg.run.steps)
-    try:
-        driver.train(cfg, runtime, tokenizer, ManyPrompts(), LengthReward(), logger, resolved={})
-    finally:
-        teardown()
-        logger.close()
+    run = train_with(tiny_model, tmp_path, monkeypatch, killer, cfg, ManyPrompts())
+    trained = [g for step in run.groups() for g in step]
+    lengths = [len(s.completion_ids) for step in run.steps for s in step]
+    rows = run.rows
     assert marker.is_file()  # it really was killed
     assert len(trained) == 16 and len(set(trained)) == 16  # 4 steps x 4 groups, no draw twice
-    rows = metric_rows(tmp_path / "run", timings=True)
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(r["data/kept_groups"] == 4 for r in rows)
     assert sum(r["fault/actor_restarts"] for r in rows) == 1.0
     assert all(r["async/staleness_max"] <= 1 for r in rows)
