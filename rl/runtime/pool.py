@@ -66,8 +66,11 @@ class ActorPool:
             try:
                 return call, self.result(call)
             except MemberDied as e:
-                to = self.died(call, method.__name__, e, n_prompts)
-                call = self.submit(to, method, *args)
+                call = self.resend(call, method, args, e, n_prompts)
+
+    def resend(self, call: Call, method: Method, args: tuple, e: MemberDied, n_prompts: int) -> Call:
+        """A call whose actor died (`e`), sent again as it was to the live actor `died` names."""
+        return self.submit(self.died(call, method.__name__, e, n_prompts), method, *args)
 
     def on_live(self, method: Method) -> float:
         """Call `method` on every live actor and wait (an actor that dies meanwhile is handed to Ray's restart, as

@@ -224,8 +224,7 @@ class Stream:
         try:
             rollouts = self.pool.result(f.call)
         except MemberDied as e:  # its units go to a live actor, as they were
-            to = self.pool.died(f.call, f.method.__name__, e, len(f.units))
-            self.calls.append(replace(f, call=self.pool.submit(to, f.method, *f.args)))
+            self.calls.append(replace(f, call=self.pool.resend(f.call, f.method, f.args, e, len(f.units))))
             return
         for (g, k), r in zip(f.units, rollouts):
             if r.adapter_version not in self.versions.published:
