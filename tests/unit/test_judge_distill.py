@@ -399,3 +399,27 @@ def test_a_judge_reward_without_a_judge_engine_fails_before_anything_starts():
     same = typed_config(**{"cluster.num_teachers": 1, "algorithm.distill_coef": 1.0})
     student = _Tok({"a": 0})
     assert check_teacher(same, student, JudgeReward()) is student  # teacher.path null: the student's own tokenizer
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["reward.with_reference=true"],
+        ["reward.template='Q: {question} A: {completion} Score:'"],
+        ["reward.labels={correct: 1, incorrect: 0}"],
+        ["reward.low=1", "reward.high=5"],
+    ],
+)
+def test_the_judges_documented_keys_compose_into_the_reward(overrides):
+    """docs/judges-and-teachers.md's `reward.*` overrides for reward=judge are keys of its config, not errors."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from tests.unit.test_config import CONF
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["reward=judge", *overrides])
+    reward = instantiate(cfg.reward, _convert_="all")
+    assert isinstance(reward, JudgeReward)
+    if overrides == ["reward.with_reference=true"]:
+        assert "{reference}" in reward.template
