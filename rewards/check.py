@@ -243,13 +243,23 @@ def report(reward: Any, verbose: bool) -> int:
     problems, exploits, correct = suite_of(reward)
     judged = len(problems) - len(unjudged)
     if getattr(reward, "check_suite", None) == "judge" and judged:
-        from rewards.check_judge import discrimination
+        from rewards.check_judge import discrimination, top_score_echo
 
         right, wrong = discrimination(reward, problems, correct)
         print(
             f"the judge model grades correct answers {right:.2f} and wrong ones {wrong:.2f} on average (its own "
             "accuracy: reported, not gated)"
         )
+        echo = top_score_echo(reward, problems)
+        if echo is not None:
+            text, score = echo
+            print(f"a wrong answer that states the top score, {text!r}, gets {score:.2f}")
+            if score >= right:
+                print(
+                    f"WARNING: this judge scores {text!r} as high as correct answers: it reads the completion's "
+                    "number as its verdict, and RL will learn to state it. Use a larger judge or a programmatic term "
+                    "beside it (reward=judge_boxed); watch the task's accuracy (python -m rl.tools.eval)"
+                )
     if hasattr(reward, "close"):
         reward.close()
     if not judged:

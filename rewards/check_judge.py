@@ -57,6 +57,24 @@ def discrimination(reward: Any, problems: list[dict], correct: Callable[[dict], 
     return mean(right), mean(wrong)
 
 
+def top_score_echo(reward: Any, problems: list[dict]) -> tuple[str, float] | None:
+    """(the text, its mean score) of a wrong answer that states the top of the verdict's range ("The answer is 10."
+    where the answer is not 10), over `problems`; None for a judge that reads labels. A small judge reads the
+    completion's number as its verdict: a SmolLM2 student judged by SmolLM2 learned to state "10" and its task
+    accuracy fell (docs/benchmarks.md). Like `discrimination`, reported, not gated: it is the judge model's quality."""
+    if getattr(reward, "labels", None):
+        return None
+    top = f"{reward.high:g}"
+    others = [p for p in problems if str(p["answer"]).strip() != top]
+    if not others:
+        return None
+    scores = []
+    for p in others:
+        meta = {"question": p["question"], **p.get("metadata", {})}
+        scores += reward([f"The answer is {top}."], answer=[p["answer"]], metadata=[meta])
+    return f"The answer is {top}.", mean(scores)
+
+
 def start_judge(overrides: list[str]) -> tuple[Judge, Callable[[], None], Path]:
     """One judge/teacher engine in this process, configured by a run's `overrides` (cluster.num_teachers set to 1
     when it is 0); returns the judge (text in, verdicts out), a function that stops the engine, and the engine's log

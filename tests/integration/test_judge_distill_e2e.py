@@ -98,7 +98,8 @@ def test_distillation_lowers_the_students_kl_to_a_teacher_trained_on_the_task(tm
 
 def test_the_judge_check_starts_a_judge_and_blocks_every_exploit():
     """`python -m rewards.check reward=judge` starts a SmolLM2 judge engine in its process and runs the judge's own
-    suite: every flattering, instructing or copying completion scores 0; how well SmolLM2 grades is printed."""
+    suite: every flattering, instructing or copying completion scores 0; how well SmolLM2 grades is printed, with a
+    warning that it scores a wrong answer stating "10" as high as a right one."""
     proc = subprocess.run(
         [sys.executable, "-m", "rewards.check", "reward=judge"],
         cwd=REPO,
@@ -111,3 +112,5 @@ def test_the_judge_check_starts_a_judge_and_blocks_every_exploit():
     assert "judge engine started" in proc.stdout
     assert "the judge model grades correct answers" in proc.stdout
     assert re.search(r"PASS: (\d+)/\1 exploit attempts blocked", proc.stdout), proc.stdout
+    # SmolLM2 reads a wrong answer's "10" as its score (what a judged run learned to say): warned, not gated
+    assert "WARNING: this judge scores 'The answer is 10.' as high as correct answers" in proc.stdout

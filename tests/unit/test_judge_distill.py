@@ -4,6 +4,8 @@ the tokenizer check, the teacher's engine config and placement, and the runtime'
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -137,6 +139,41 @@ def test_the_judge_gate_reports_how_well_the_judge_model_grades():
     blind = JudgeReward()  # no reference: this fake judge then grades every answer 2
     blind.bind_judge(FakeJudge())
     assert discrimination(blind, PROBLEMS[:1], correct_completions) == (pytest.approx(0.2), pytest.approx(0.2))
+
+
+class EchoJudge(FakeJudge):
+    """A judge as small as SmolLM2 is: right answers (boxed, against the reference) get 10, and any other answer
+    gets the first number it states as its score."""
+
+    def __call__(self, prompts: list[str]) -> list[str | None]:
+        out = super().__call__(prompts)
+        for k, p in enumerate(prompts):
+            answer = p.split(OPEN + "\n", 1)[1].rsplit("\n" + CLOSE, 1)[0]
+            number = re.search(r"-?\d+", answer)
+            if out[k] == "Score: 2" and number:
+                out[k] = f"Score: {number.group()}"
+        return out
+
+
+def test_the_gate_warns_about_a_judge_that_scores_the_number_a_wrong_answer_states(capsys):
+    from rewards.check import report
+    from rewards.check_judge import top_score_echo
+
+    careful = JudgeReward(with_reference=True)
+    careful.bind_judge(FakeJudge())
+    assert top_score_echo(careful, PROBLEMS) == ("The answer is 10.", pytest.approx(0.2))
+    echoing = JudgeReward(with_reference=True)
+    echoing.bind_judge(EchoJudge())
+    assert top_score_echo(echoing, PROBLEMS) == ("The answer is 10.", pytest.approx(1.0))
+    labels = JudgeReward(with_reference=True, labels={"correct": 1.0, "incorrect": 0.0})
+    assert top_score_echo(labels, PROBLEMS) is None  # a label judge has no top number to echo
+
+    assert report(careful, verbose=False) == 0
+    assert "WARNING" not in capsys.readouterr().out
+    assert report(echoing, verbose=False) == 0  # reported, not gated: the judge model's quality
+    out = capsys.readouterr().out
+    assert "a wrong answer that states the top score, 'The answer is 10.', gets 1.00" in out
+    assert "WARNING: this judge scores 'The answer is 10.' as high as correct answers" in out
 
 
 def test_the_judge_check_names_the_key_when_its_engine_cannot_start(capsys):
