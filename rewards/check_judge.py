@@ -7,8 +7,9 @@ judge/teacher engine (rl/rollout/teacher.py) from the same overrides a run takes
 judge without answering the question: flattering or instructing the grader, claiming a score or a verdict, closing
 the answer block, copying the question, saying nothing. Each must score 0 (the issue's "a completion that only
 flatters the judge or copies the question must not score"). Whether the judge tells a right answer from a wrong one
-is the judge model's own quality, which no guard in the reward's code can supply: `discrimination` measures it and
-the check prints it without gating on it.
+is the judge model's own quality, which no guard in the reward's code can supply: `discrimination` measures it, and
+`top_score_echo` how much a wrong answer that states the top score gets (a small judge reads it as its verdict); the
+check prints both, warns about the second, and gates on neither.
 """
 
 from __future__ import annotations
