@@ -35,7 +35,7 @@ class ActorPool:
     def __init__(self, actors: Group, max_restarts: int, role: str = "rollout actor"):
         self.actors, self.max_restarts, self.role = actors, max_restarts, role  # role: "judge/teacher" too
         self.deaths = [0] * len(actors)
-        self.gone: set[int] = set()  # actors that used up their restarts
+        self.gone: set[int] = set()  # actors that used up their restarts, or whose restart failed
         self.restarting: set[int] = set()  # actors Ray is restarting: no work until they are ready again
         self.failed_restarts: dict[int, str] = {}  # actors whose restart raised in __init__: the error
         # what a restarted actor gets before any work; False: it cannot be taken back yet (see rl/runtime/sync.py)
