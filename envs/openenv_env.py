@@ -29,20 +29,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from envs.optional import require
 from envs.protocol import Episode, Message
 
 
 def require_openenv() -> Any:
-    """`openenv.core`, or the one line that says how to install it. Imported when the env is built, not with this
-    module, so the resolve step and `--help` work without it."""
-    try:
-        import openenv.core
-    except ImportError:
-        raise ImportError(
-            "env=openenv needs the openenv-core package: make install-envs "
-            "(pip install --no-deps -r requirements-envs.txt)"
-        ) from None
-    return openenv.core
+    """`openenv.core` (imported when the env is built, not with this module)."""
+    return require("openenv.core", "openenv", "openenv-core")
 
 
 _OBSERVATION_BASE = {"done", "reward", "metadata"}

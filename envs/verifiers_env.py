@@ -31,22 +31,15 @@ import random
 import threading
 from typing import Any
 
+from envs.optional import require
 from envs.protocol import Episode, Message
 from envs.tool_calls import ToolCall, answer_calls, parse_tool_calls
 from envs.tools import schema_of
 
 
 def require_verifiers() -> Any:
-    """`verifiers.v1`, or the one line that says how to install it. Imported when the env is built, not with this
-    module, so the resolve step and `--help` work without it."""
-    try:
-        import verifiers.v1 as vf
-    except ImportError:
-        raise ImportError(
-            "env=verifiers needs the verifiers package: make install-envs "
-            "(pip install --no-deps -r requirements-envs.txt)"
-        ) from None
-    return vf
+    """`verifiers.v1` (imported when the env is built, not with this module)."""
+    return require("verifiers.v1", "verifiers", "verifiers")
 
 
 def run_async(coro: Any) -> Any:
