@@ -21,13 +21,12 @@ import time
 from typing import Any
 
 from rl.config.schema import TrainConfig
-from rl.data import filters
 from rl.data.curriculum import Curriculum, Sequential, pass_rates
 from rl.data.prompts import PromptData
 from rl.data.sampler import (
     Batch,
     RewardFn,
-    batch_stats,
+    assemble_batch,
     choice_point,
     kept_groups,
     max_rounds,
@@ -148,12 +147,11 @@ class ContinuousSampler:
                     kept.append(r)
                     kept_rewards.extend(group_rewards)
             last = (rollouts, rewards)
-        utilization = filters.sample_utilization(min(len(kept), n), generated)
-        if not kept:
-            kept, kept_rewards = last
-        stats = batch_stats(
-            utilization=utilization,
-            kept=min(len(kept), n),
+        batch = assemble_batch(
+            self.cfg,
+            kept,
+            kept_rewards,
+            last,
             generated=generated,
             gen_tokens=gen_tokens,
             t_rollout=t_rollout,
@@ -162,9 +160,9 @@ class ContinuousSampler:
             curriculum=self.curriculum,
             reward_fn=self.reward_fn,
         )
-        self.step, self.kept = step + 1, self.kept + len(kept[:n])
-        stats |= self.version_metrics(kept[:n]) | self.stream.pop_counts()
-        return Batch(kept[:n], kept_rewards[: n * G], stats)
+        self.step, self.kept = step + 1, self.kept + len(batch.rollouts)
+        batch.stats |= self.version_metrics(batch.rollouts) | self.stream.pop_counts()
+        return batch
 
     def version_metrics(self, rollouts: list) -> dict[str, float]:
         """The batch's samples by the lag of their oldest token (a histogram, async/lag_<syncs>) and how many span

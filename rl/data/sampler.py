@@ -111,10 +111,12 @@ def restore_position(state: dict, data: PromptData, curriculum: Curriculum) -> P
     return data
 
 
-def batch_stats(
+def assemble_batch(
+    cfg: TrainConfig,
+    kept: list[PromptRollout],
+    kept_rewards: list[float],
+    last: tuple[list[PromptRollout], list[float]],
     *,
-    utilization: float,
-    kept: int,
     generated: int,
     gen_tokens: int,
     t_rollout: float,
@@ -122,13 +124,18 @@ def batch_stats(
     data: PromptData,
     curriculum: Curriculum,
     reward_fn: RewardFn,
-) -> dict[str, float]:
-    """A step's data metrics: the share of generated groups kept (`utilization`), the groups trained (`kept`) of
-    `generated`, their tokens, the waits, the data cursor, and the curriculum's and the reward's own counters
-    (reward/errors and reward/timeouts: rewards/runner.py)."""
+) -> Batch:
+    """A step's batch: the first `run.prompts_per_step` groups dynamic sampling kept, or, when it kept none, the last
+    round's groups (`last`: rollouts and rewards) as they came; and its data metrics: the share of generated groups
+    kept, the groups trained of `generated`, their tokens, the waits, the data cursor, and the curriculum's and the
+    reward's own counters (reward/errors and reward/timeouts: rewards/runner.py)."""
+    n, G = cfg.run.prompts_per_step, cfg.algorithm.group_size
+    utilization = filters.sample_utilization(min(len(kept), n), generated)
+    if not kept:
+        kept, kept_rewards = last
     stats = {
         "data/sample_utilization": utilization,
-        "data/kept_groups": float(kept),
+        "data/kept_groups": float(min(len(kept), n)),
         "time/rollout_s": t_rollout,
         "time/reward_s": t_reward,
         "data/cursor": float(data.cursor),
@@ -138,7 +145,7 @@ def batch_stats(
     stats |= curriculum.pop_metrics()
     if hasattr(reward_fn, "pop_metrics"):
         stats |= reward_fn.pop_metrics()
-    return stats
+    return Batch(kept[:n], kept_rewards[: n * G], stats)
 
 
 class Sampler:
@@ -213,12 +220,11 @@ class Sampler:
                     kept_rewards.extend(rewards[g * G : (g + 1) * G])
             if len(kept) >= n:
                 break
-        utilization = filters.sample_utilization(min(len(kept), n), generated)
-        if not kept:
-            kept, kept_rewards = rollouts, rewards
-        stats = batch_stats(
-            utilization=utilization,
-            kept=min(len(kept), n),
+        batch = assemble_batch(
+            self.cfg,
+            kept,
+            kept_rewards,
+            (rollouts, rewards),
             generated=generated,
             gen_tokens=gen_tokens,
             t_rollout=t_rollout,
@@ -228,8 +234,8 @@ class Sampler:
             reward_fn=self.reward_fn,
         )
         if not self.overlapped:  # sent ahead, a batch was generated while the learners worked: its wait is no rate
-            stats["perf/rollout_tokens_per_s"] = gen_tokens / max(t_rollout, 1e-9)
-        return Batch(kept[:n], kept_rewards[: n * G], stats)
+            batch.stats["perf/rollout_tokens_per_s"] = gen_tokens / max(t_rollout, 1e-9)
+        return batch
 
     def state_dict(self) -> dict:
         """The data position a checkpoint saves: before the oldest batch still in flight (see the module doc), with
