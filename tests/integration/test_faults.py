@@ -98,9 +98,9 @@ class FaultRun:
         return [[tuple(data.prompt_ids[i]) for i in data.next_batch(n)] for _ in range(self.cfg.run.steps)]
 
 
-def train_with(tiny_model, tmp_path, monkeypatch, actor_class: type, cfg, env, after=None) -> FaultRun:
-    """driver.train of `cfg` on a real local Ray with `actor_class` as the rollout actors, recording what each
-    learners' step was given; `after(runtime)` runs before the teardown."""
+def train_with(tiny_model, tmp_path, monkeypatch, actor_class: type | None, cfg, env, after=None) -> FaultRun:
+    """driver.train of `cfg` on a real local Ray with `actor_class` as the rollout actors (None: the configured ones),
+    recording what each learners' step was given; `after(runtime)` runs before the teardown."""
     from transformers import AutoTokenizer
 
     import rl.rollout
@@ -108,7 +108,8 @@ def train_with(tiny_model, tmp_path, monkeypatch, actor_class: type, cfg, env, a
     from rl.config.resolve import resolve
     from rl.metrics import MetricsLogger
 
-    monkeypatch.setattr(rl.rollout, "rollout_class", lambda cfg: actor_class)
+    if actor_class is not None:
+        monkeypatch.setattr(rl.rollout, "rollout_class", lambda cfg: actor_class)
     cfg = resolve(cfg, tmp_path / "run", model_path=str(tiny_model))
     runtime, teardown = app.build_runtime(cfg)
     steps: list[list[Any]] = []
@@ -202,15 +203,10 @@ def test_killed_teacher_is_restarted_and_the_run_goes_on(tiny_model, tmp_path, m
     """algorithm=distill with one teacher engine, killed while it scores step 2: Ray restarts it, the driver waits
     for it (no other teacher is live) and sends it step 2's samples again; every step is scored and trained, and
     `fault/teacher_restarts` counts the one restart."""
-    from transformers import AutoTokenizer
-
     import rl.rollout.teacher
-    from rl import app, driver
     from rl.config.choices import DType, RolloutBackend
     from rl.config.cluster import ClusterConfig
-    from rl.config.resolve import resolve
     from rl.config.schema import AlgorithmConfig, CheckpointConfig, EvalConfig, ModelConfig, RunConfig, TrainConfig
-    from rl.metrics import MetricsLogger
 
     marker = tmp_path / "killed.pid"
     cfg = TrainConfig(
@@ -235,17 +231,8 @@ def test_killed_teacher_is_restarted_and_the_run_goes_on(tiny_model, tmp_path, m
     )
     killer = type("TeacherKilledOnceHere", (TeacherKilledOnce,), {"marker": str(marker)})
     monkeypatch.setattr(rl.rollout.teacher, "TeacherEngine", killer)
-    cfg = resolve(cfg, tmp_path / "run", model_path=str(tiny_model))
-    runtime, teardown = app.build_runtime(cfg)
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
-    logger = MetricsLogger(tmp_path / "run", kind="none", total_steps=cfg.run.steps)
-    try:
-        driver.train(cfg, runtime, tokenizer, Env(), LengthReward(), logger, resolved={})
-    finally:
-        teardown()
-        logger.close()
-
-    rows = [r for r in metric_rows(tmp_path / "run", timings=True) if "distill/kl_per_token" in r]
+    run = train_with(tiny_model, tmp_path, monkeypatch, None, cfg, Env())
+    rows = [r for r in run.rows if "distill/kl_per_token" in r]
     assert [r["step"] for r in rows] == [1, 2, 3]  # step 2 was scored after all, by the restarted engine
     assert [r["fault/teacher_restarts"] for r in rows] == [0.0, 1.0, 0.0]
     assert all(r["train/samples_with_signal"] > 0 for r in rows)
