@@ -141,15 +141,10 @@ def estimate_memory(
         f"{'on' if checkpointing else 'off'}"
     )
 
+    lora_slot = shape.lora_params(lora_rank, lora_targets) if native_lora else 0
     if not vllm:  # HF generate: the KV cache of the batch, nothing reserved
-        actor = RoleMemory("actor")
-        actor_b = DTYPE_BYTES.get(actor_dtype if actor_dtype != "auto" else shape.dtype, 2)
-        precision = "4-bit NF4" if actor_in_4bit else actor_dtype if actor_dtype != "auto" else shape.dtype
-        actor.parts[f"weights ({precision})"] = shape.weight_bytes(actor_b, actor_in_4bit)
-        if native_lora:
-            actor.parts["LoRA slot"] = shape.lora_params(lora_rank, lora_targets) * actor_b
-        kv = sequences_per_actor * seq_len * shape.kv_bytes_per_token(actor_b)
-        actor.parts["KV cache (the step's sequences)"] = kv
+        actor, b, _ = engine_weights("actor", shape, actor_dtype, actor_in_4bit, lora_slot)
+        actor.parts["KV cache (the step's sequences)"] = sequences_per_actor * seq_len * shape.kv_bytes_per_token(b)
         return {"actor": actor, "learner": learner}
     actor = engine_memory(
         shape,
@@ -161,7 +156,7 @@ def estimate_memory(
         sequences=sequences_per_actor,
         gpus=gpus_per_actor,
         gpu_memory_utilization=gpu_memory_utilization,
-        lora_params=shape.lora_params(lora_rank, lora_targets) if native_lora else 0,
+        lora_params=lora_slot,
         in_4bit=actor_in_4bit,
     )
     return {"actor": actor, "learner": learner}
@@ -178,6 +173,21 @@ class EngineKeys:
 
 ACTOR_KEYS = EngineKeys("actor", "cluster.gpu_memory_utilization", "cluster.gpus_per_actor")
 TEACHER_KEYS = EngineKeys("teacher", "cluster.teacher_memory_utilization", "cluster.gpus_per_teacher")
+
+
+def engine_weights(
+    role: str, shape: ModelShape, dtype: str, in_4bit: bool, lora_params: int
+) -> tuple[RoleMemory, int, float]:
+    """A rollout or judge/teacher engine's memory so far: its weights in `dtype` ("auto": the model's) or 4-bit, and
+    a LoRA slot of `lora_params` parameters (0: none). With the bytes per element and the weights' bytes."""
+    eng = RoleMemory(role)
+    b = DTYPE_BYTES.get(dtype if dtype != "auto" else shape.dtype, 2)
+    weights = shape.weight_bytes(b, in_4bit)
+    precision = "4-bit NF4" if in_4bit else dtype if dtype != "auto" else shape.dtype
+    eng.parts[f"weights ({precision})"] = weights
+    if lora_params:
+        eng.parts["LoRA slot"] = lora_params * b
+    return eng, b, weights
 
 
 def engine_memory(
@@ -197,13 +207,7 @@ def engine_memory(
     """Memory of one vLLM engine (a rollout actor, or a judge/teacher engine): its share of the device, the weights,
     a LoRA slot of `lora_params` parameters (0: none, or merged into the weights), the profiling peak on a GPU, and
     the KV cache the rest leaves, against the `sequences` x `seq_len` tokens it is asked to hold at once."""
-    eng = RoleMemory(keys.role)
-    b = DTYPE_BYTES.get(dtype if dtype != "auto" else shape.dtype, 2)
-    weights = shape.weight_bytes(b, in_4bit)
-    precision = "4-bit NF4" if in_4bit else dtype if dtype != "auto" else shape.dtype
-    eng.parts[f"weights ({precision})"] = weights
-    if lora_params:
-        eng.parts["LoRA slot"] = lora_params * b
+    eng, b, weights = engine_weights(keys.role, shape, dtype, in_4bit, lora_params)
     kv_token = shape.kv_bytes_per_token(b)
     kv_needed = sequences * seq_len * kv_token
     if use_gpu:
