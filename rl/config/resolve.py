@@ -141,8 +141,7 @@ def resolve_init_adapter(cfg: TrainConfig) -> str | None:
             f"model.init_adapter={m.init_adapter} holds a full model ({policy.model}), not a LoRA adapter: give it "
             "as model.path instead"
         )
-    saved = json.loads((Path(policy.adapter) / "adapter_config.json").read_text())
-    theirs = (saved.get("r"), saved.get("lora_alpha"), sorted(saved.get("target_modules") or []))
+    theirs = adapter_lora(policy.adapter)
     ours = (m.lora_rank, m.lora_alpha, sorted(m.lora_targets))
     if theirs != ours:
         raise ConfigError(
@@ -151,6 +150,12 @@ def resolve_init_adapter(cfg: TrainConfig) -> str | None:
             "adapter's"
         )
     return str(Path(policy.adapter).resolve())
+
+
+def adapter_lora(folder: str) -> tuple[int, int, list[str]]:
+    """(rank, alpha, sorted target modules) of the PEFT adapter in `folder` (it holds adapter_config.json)."""
+    saved = json.loads((Path(folder) / "adapter_config.json").read_text())
+    return saved.get("r"), saved.get("lora_alpha"), sorted(saved.get("target_modules") or [])
 
 
 def resolve_teacher(cfg: TrainConfig) -> TeacherConfig:
@@ -179,6 +184,15 @@ def resolve_teacher(cfg: TrainConfig) -> TeacherConfig:
             )
         adapter = str(Path(policy.adapter).resolve())
     return replace(t, path=path, adapter=adapter)
+
+
+def teacher_in_4bit(cfg: TrainConfig) -> bool:
+    """A judge/teacher engine on the actors' own model serves it as they do: in NF4 beside a 4-bit learner with
+    `model.actor_base=quantized` (vLLM quantizes it on load; its `teacher.adapter` then runs as native LoRA, since NF4
+    weights take no merge). A teacher on another model serves that model's weights as they are."""
+    m = cfg.model
+    quantized = m.load_in_4bit and m.actor_base == ActorBase.quantized
+    return bool(cfg.cluster.num_teachers) and quantized and cfg.teacher.path == (m.actor_path or m.path)
 
 
 def resolve_demos(cfg: TrainConfig) -> str | None:

@@ -43,7 +43,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl.config.resolve import resolve_lora_mode, resolve_micro_batch_tokens
+from rl.config.resolve import adapter_lora, resolve_lora_mode, resolve_micro_batch_tokens, teacher_in_4bit
 from rl.config.schema import ConfigError
 from rl.preflight.machine import detect_gpus, numa_node_memory, ram_bytes
 from rl.preflight.shapes import DTYPE_BYTES, ModelShape, load_shape
@@ -308,7 +308,7 @@ def plan_for_config(
 ) -> dict[str, RoleMemory]:
     """`estimate_memory` for a TrainConfig, and with `cluster.num_teachers` one judge/teacher engine ("teacher"):
     `teacher_shape` (None: the student's `shape`) served as rl/rollout/teacher.py's `teacher_engine_config` does,
-    with the adapter merged (no LoRA slot), its own memory fraction and a context for a judge prompt or a student's
+    with the adapter merged (no LoRA slot; on the actors' NF4 base in NF4 with a slot), its own memory fraction and a context for a judge prompt or a student's
     prompt + completion. Keys that may not exist yet are read with their defaults."""
     m, c = cfg.model, cfg.cluster
     value = lambda v: getattr(v, "value", v)  # noqa: E731 - str Enums to their names
@@ -340,6 +340,8 @@ def plan_for_config(
     if teachers:
         t = cfg.teacher
         context = max(t.max_prompt_tokens, m.max_prompt_tokens + m.max_new_tokens + 1) + t.max_new_tokens
+        nf4 = vllm and teacher_in_4bit(cfg)  # the actors' NF4 base, its adapter in a LoRA slot
+        rank, _, targets = adapter_lora(t.adapter) if nf4 and t.adapter else (0, 0, [])
         roles["teacher"] = engine_memory(
             teacher_shape or shape,
             TEACHER_KEYS,
@@ -350,6 +352,8 @@ def plan_for_config(
             sequences=math.ceil(samples / teachers),  # each engine scores (or judges) its share of the step
             gpus=c.gpus_per_teacher,
             gpu_memory_utilization=c.teacher_memory_utilization or c.gpu_memory_utilization,
+            lora_params=(teacher_shape or shape).lora_params(rank, targets) if rank else 0,
+            in_4bit=nf4,
         )
     return roles
 

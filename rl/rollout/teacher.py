@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from rl.config.choices import LoraMode, WeightSync
+from rl.config.choices import ActorBase, LoraMode, WeightSync
+from rl.config.resolve import adapter_lora, teacher_in_4bit
 from rl.config.schema import ConfigError, TrainConfig
 from rl.rollout.vllm import VLLMRollout
 from rl.types import Adapter
@@ -21,13 +22,17 @@ from rl.types import Adapter
 def teacher_engine_config(cfg: TrainConfig) -> TrainConfig:
     """The run config as a teacher engine reads it (resolved `cfg` in): `teacher.path` as the model, a context long
     enough for a judge prompt and for a student's prompt + completion (+1: the engine must generate a token), its
-    adapter merged into the weights, its own GPU share, no colocation, no episodes."""
+    adapter merged into the weights (on the actors' NF4 base, `teacher_in_4bit`: quantized as theirs and the adapter
+    as native LoRA), its own GPU share, no colocation, no episodes."""
     t, m, c = cfg.teacher, cfg.model, cfg.cluster
+    nf4 = teacher_in_4bit(cfg)
     model = replace(
         m,
         path=t.path or m.path,
         actor_path=None,
-        load_in_4bit=False,
+        load_in_4bit=nf4,
+        actor_base=m.actor_base if nf4 else ActorBase.original,
+        lora_rank=adapter_lora(t.adapter)[0] if nf4 and t.adapter else m.lora_rank,  # vLLM's LoRA slot: the adapter's
         full_finetune=False,
         init_adapter=None,
         max_prompt_tokens=max(t.max_prompt_tokens, cfg.max_seq_length + 1),
@@ -37,7 +42,7 @@ def teacher_engine_config(cfg: TrainConfig) -> TrainConfig:
         c,
         gpus_per_actor=c.gpus_per_teacher,
         gpu_memory_utilization=c.teacher_memory_utilization or c.gpu_memory_utilization,
-        lora_mode=LoraMode.merged,
+        lora_mode=LoraMode.native if nf4 else LoraMode.merged,
         weight_sync=WeightSync.object_store,
         colocate=False,
         staleness=0,
@@ -50,7 +55,7 @@ class TeacherEngine(VLLMRollout):
 
     def __init__(self, cfg: TrainConfig):
         super().__init__(teacher_engine_config(cfg))
-        if cfg.teacher.adapter:  # the same base plus an adapter: merged once, as an actor merges a version
+        if cfg.teacher.adapter:  # merged once, as an actor merges a version (on an NF4 base: its LoRA slot)
             self.load_adapter(Adapter.from_folder(cfg.teacher.adapter, version=0))
 
     def token_logprobs(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:

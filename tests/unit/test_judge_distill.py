@@ -4,6 +4,7 @@ the tokenizer check, the teacher's engine config and placement, and the runtime'
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -374,6 +375,45 @@ def test_a_teacher_on_the_students_model_serves_the_base_the_actors_serve(tmp_pa
     (other / "config.json").write_text("{}")
     given = from_overrides(str(model), *four_bit, "cluster.num_teachers=1", f"teacher.path={other}")
     assert given.teacher.path == str(other)
+
+
+def test_a_teacher_on_nf4_actors_serves_their_nf4_base_with_its_adapter_as_native_lora(tmp_path):
+    """model.actor_base=quantized: the actors serve model.path quantized to NF4 by vLLM. A teacher on the student's
+    model (teacher.path null) serves that same NF4 base, its adapter in a LoRA slot of the adapter's rank (NF4
+    weights take no merge), and the plan counts it so; a teacher on another model serves that model's weights."""
+    from rl.config.resolve import from_overrides
+    from rl.preflight.plan import plan_for_config
+    from rl.preflight.shapes import ModelShape
+    from rl.rollout.teacher import teacher_engine_config
+    from rl.rollout.vllm import engine_kwargs
+
+    model, other, adapter = tmp_path / "m", tmp_path / "judge", tmp_path / "adapter"
+    for folder in (model, other, adapter):
+        folder.mkdir()
+    for folder in (model, other):
+        (folder / "config.json").write_text("{}")
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}))
+    nf4 = (
+        "cluster.use_gpu=true",
+        "model.load_in_4bit=true",
+        "model.learner_backend=peft",
+        "model.actor_base=quantized",
+    )
+    distill = ("cluster.num_teachers=1", "algorithm.distill_coef=1", "model.lora_rank=16")
+    cfg = from_overrides(str(model), *nf4, *distill, f"teacher.adapter={adapter}")
+    t = teacher_engine_config(cfg)
+    kwargs = engine_kwargs(t)
+    assert kwargs["model"] == str(model) and kwargs["quantization"] == "bitsandbytes"
+    assert t.cluster.lora_mode == "native" and kwargs["enable_lora"] and kwargs["max_lora_rank"] == 4
+    shape = ModelShape(layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, head_dim=64, vocab=32000)
+    teacher = plan_for_config(cfg, shape, 80 * 2**30)["teacher"]
+    assert teacher.parts["weights (4-bit NF4)"] == shape.weight_bytes(2, True)
+    assert teacher.parts["LoRA slot"] == shape.lora_params(4, ["q_proj"]) * 2
+    elsewhere = teacher_engine_config(from_overrides(str(model), *nf4, *distill, f"teacher.path={other}"))
+    assert elsewhere.model.path == str(other) and elsewhere.cluster.lora_mode == "merged"
+    assert "quantization" not in engine_kwargs(elsewhere)
+    no_adapter = teacher_engine_config(from_overrides(str(model), *nf4, *distill))
+    assert engine_kwargs(no_adapter)["quantization"] == "bitsandbytes" and no_adapter.model.lora_rank == 16
 
 
 def test_teachers_get_their_own_bundles_beside_colocated_pairs():
