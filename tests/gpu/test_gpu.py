@@ -317,6 +317,36 @@ def test_continuous_rollouts_with_unsloth_learner_and_vllm_actor_on_one_gpu(mode
     assert all(r["policy/train_infer_logp_diff"] < 0.5 for r in rows)  # the actor served the learner's policy
 
 
+def test_a_teacher_beside_quantized_actors_serves_their_nf4_base(model, tmp_path):
+    """algorithm=distill with `model.actor_base=quantized` and `teacher.path` null: the teacher engine serves the
+    actors' NF4 base (vLLM quantizes it as theirs, rl/config/resolve.py teacher_in_4bit). Before the first update the
+    student is that base too, so step 1's teacher-student KL on the student's samples is about 0; the bf16 weights
+    are about 0.6 nats per token away from it."""
+    out = tmp_path / "run"
+    common = [a for a in GPU_RUN if not a.startswith(("cluster.gpus_per", "cluster.gpu_memory"))]
+    proc = run_train(
+        [
+            *common,
+            f"model.path={model}",
+            "model.learner_backend=unsloth",
+            "model.load_in_4bit=true",
+            "model.actor_base=quantized",
+            "algorithm=distill",
+            "cluster.num_teachers=1",
+            "cluster.gpus_per_actor=0.3",
+            "cluster.gpus_per_learner=0.4",
+            "cluster.gpus_per_teacher=0.3",
+            "cluster.gpu_memory_utilization=0.25",
+            f"run.output_dir={out}",
+        ],
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    train = [r for r in metric_rows(out) if "train/loss" in r]
+    print(f"teacher on NF4 actors: distill/kl_per_token {[round(r['distill/kl_per_token'], 4) for r in train]}")
+    assert [r["step"] for r in train] == [1, 2] and abs(train[0]["distill/kl_per_token"]) < 0.1
+
+
 def test_the_gpu_demo_learns_with_real_weights(tmp_path):
     """`python train.py +experiment=gpu_smollm2_chain_sum`: SmolLM2-135M-Instruct on chain_sum with the mission's
     pairing, an Unsloth 4-bit LoRA learner and a vLLM actor serving its base (model.actor_base=learner), 24 steps of
