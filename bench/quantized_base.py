@@ -97,48 +97,71 @@ def same_codes(engine: dict, learner: dict) -> dict:
     }
 
 
-def run_side(args) -> dict:
-    import torch
-    from transformers import AutoTokenizer
+def make_actor_base(cfg) -> float:
+    """Seconds to make the base the actors load: what rl/app.py does before the roles start (cached after the first
+    time; nothing to make when the actors load model.path)."""
+    from rl.learner.quantized_base import dequantized_base
 
-    from bench.common import demo_prompts, timed_generations
-    from rl.learner import Learner
-    from rl.learner.quantized_base import dequantized_base, dequantized_weights
-    from rl.rollout.vllm import VLLMRollout
-    from rl.types import Sampling
-
-    path = model_path(args)
-    cfg = config(path, args.kind, args.side, args.memory)
     t0 = time.perf_counter()
     if cfg.model.actor_path != cfg.model.path:
-        dequantized_base(cfg)  # what rl/app.py does before the roles start (cached after the first time)
-    made_s = time.perf_counter() - t0
-    actor = VLLMRollout(cfg)
-    actor_bytes = actor.llm.collective_rpc(actor_weight_bytes)[0]
-    before = torch.cuda.memory_allocated()
-    lrn = Learner(cfg)
-    learner_bytes = torch.cuda.memory_allocated() - before
-    tok = AutoTokenizer.from_pretrained(path)
-    prompts = demo_prompts(tok, 16)
+        dequantized_base(cfg)
+    return time.perf_counter() - t0
+
+
+def sampled_mismatch(actor, lrn, prompts: list[list[int]]) -> tuple[float, int]:
+    """(mean |logp difference| per token, tokens) between `actor` and `lrn` on the actor's own samples before any
+    training: 4 seeded samples of up to 64 tokens per prompt at temperature 1, which the learner scores (what the
+    sync probe's floor estimates from fewer tokens)."""
+    from rl.types import Sampling
+
     rollouts = actor.generate(prompts, Sampling(n=4, temperature=1.0, max_tokens=64), seeds=list(range(len(prompts))))
     completions = [c for r in rollouts for c in r.completions]
     scored = lrn.sequence_logprobs(
         [r.prompt_ids for r in rollouts for _ in r.completions], [c.token_ids for c in completions]
     )
     diffs = [abs(a - b) for c, lp in zip(completions, scored) for a, b in zip(c.logprobs, lp)]
+    return sum(diffs) / len(diffs), len(diffs)
+
+
+def nf4_codes(actor, lrn) -> dict:
+    """`same_codes` of a vLLM engine that quantized model.path itself and the 4-bit learner beside it."""
+    from rl.learner.quantized_base import dequantized_weights
+
+    return same_codes(actor.llm.collective_rpc(engine_dequantized)[0], dequantized_weights(lrn.model))
+
+
+def run_side(args) -> dict:
+    import torch
+    from transformers import AutoTokenizer
+
+    from bench.common import demo_prompts, timed_generations
+    from rl.learner import Learner
+    from rl.rollout.vllm import VLLMRollout
+    from rl.types import Sampling
+
+    path = model_path(args)
+    cfg = config(path, args.kind, args.side, args.memory)
+    made_s = make_actor_base(cfg)
+    actor = VLLMRollout(cfg)
+    actor_bytes = actor.llm.collective_rpc(actor_weight_bytes)[0]
+    before = torch.cuda.memory_allocated()
+    lrn = Learner(cfg)
+    learner_bytes = torch.cuda.memory_allocated() - before
+    tok = AutoTokenizer.from_pretrained(path)
+    mismatch, tokens = sampled_mismatch(actor, lrn, demo_prompts(tok, 16))
     out = {
         "side": args.side,
         "kind": args.kind,
         "model": args.shape or args.model,
-        "mismatch": sum(diffs) / len(diffs),
-        "mismatch_tokens": len(diffs),
+        "mismatch": mismatch,
+        "mismatch_tokens": tokens,
         "actor_weights_gib": actor_bytes / 2**30,
         "learner_gib": learner_bytes / 2**30,
         "base_made_s": made_s,
         "rollout_prompts": args.rollout_prompts,
     }
     if args.side == "quantized":
-        out["codes"] = same_codes(actor.llm.collective_rpc(engine_dequantized)[0], dequantized_weights(lrn.model))
+        out["codes"] = nf4_codes(actor, lrn)
     adapter = dataclasses.replace(lrn.get_adapter(for_sync=True), version=1)  # a run's first sync (LoRA ids are > 0)
     actor.load_adapter(adapter)  # as in training: merged (learner) or vLLM's LoRA (quantized)
     sampling = Sampling(n=8, temperature=1.0, max_tokens=128)

@@ -135,16 +135,13 @@ def actor_vs_learner(model: str, lora_mode: str) -> dict:
 
 def quantized_mismatch(model: str, kind: str, actor_base: str) -> dict:
     """A 4-bit learner of `kind` and a CUDA vLLM actor on the base `model.actor_base` names, before any training:
-    the actor samples 8 prompts x 4 at temperature 1, the learner scores the same tokens; the mean |logp difference|
-    per token (what the sync probe's floor estimates from far fewer tokens)."""
-    import time
-
+    the mean |logp difference| per token on the actor's samples of 8 prompts x 4 (bench/quantized_base.py
+    `sampled_mismatch`), and with `quantized` whether vLLM's NF4 codes are the learner's."""
     from transformers import AutoTokenizer
 
+    from bench.quantized_base import make_actor_base, nf4_codes, sampled_mismatch
     from rl.learner import Learner
-    from rl.learner.quantized_base import dequantized_base
     from rl.rollout.vllm import VLLMRollout
-    from rl.types import Sampling
 
     cfg = from_overrides(
         model,
@@ -154,30 +151,16 @@ def quantized_mismatch(model: str, kind: str, actor_base: str) -> dict:
         "cluster.gpu_memory_utilization=0.3",
         "model.max_new_tokens=64",
     )
-    t0 = time.perf_counter()
-    if cfg.model.actor_path != cfg.model.path:
-        dequantized_base(cfg)  # what rl/app.py does before the roles start (cached after the first time)
-    made_s = time.perf_counter() - t0
+    made_s = make_actor_base(cfg)
     actor = VLLMRollout(cfg)
     lrn = Learner(cfg)
     tok = AutoTokenizer.from_pretrained(model)
-    prompts = [chat_ids(tok, p) for p in PROMPTS * 2]
-    rollouts = actor.generate(prompts, Sampling(n=4, temperature=1.0, max_tokens=64), seeds=list(range(len(prompts))))
-    completions = [c for r in rollouts for c in r.completions]
-    scored = lrn.sequence_logprobs(
-        [r.prompt_ids for r in rollouts for _ in r.completions], [c.token_ids for c in completions]
-    )
-    diffs = [abs(a - b) for c, lp in zip(completions, scored) for a, b in zip(c.logprobs, lp)]
-    codes = None
-    if actor_base == "quantized":  # vLLM quantized model.path itself: are its NF4 codes the learner's?
-        from bench.quantized_base import engine_dequantized, same_codes
-        from rl.learner.quantized_base import dequantized_weights
-
-        codes = same_codes(actor.llm.collective_rpc(engine_dequantized)[0], dequantized_weights(lrn.model))
+    mismatch, tokens = sampled_mismatch(actor, lrn, [chat_ids(tok, p) for p in PROMPTS * 2])
+    codes = nf4_codes(actor, lrn) if actor_base == "quantized" else None
     actor.close()
     return {
-        "mismatch": sum(diffs) / len(diffs),
-        "tokens": len(diffs),
+        "mismatch": mismatch,
+        "tokens": tokens,
         "actor_path": cfg.model.actor_path,
         "made_s": made_s,
         "codes": codes,
