@@ -455,6 +455,14 @@ class TrainConfig:
         return self.cluster.groups_in_flight or 2 * self.run.prompts_per_step
 
     @property
+    def actor_sequences(self) -> int:
+        """Sequences one rollout actor's engine is asked to hold at once: its share of the step's samples, or with
+        cluster.rollout_mode=continuous of the groups in flight (what its KV cache is sized for)."""
+        continuous = self.cluster.rollout_mode == RolloutMode.continuous
+        groups = self.groups_in_flight if continuous else self.run.prompts_per_step
+        return math.ceil(groups * self.algorithm.group_size / self.cluster.num_actors)
+
+    @property
     def run_dir(self) -> Path:
         """The run's directory (the resolve step sets run.output_dir)."""
         return Path(self.run.output_dir or ".")

@@ -47,11 +47,11 @@ def explain(role: str, cause: str, cfg: TrainConfig, failed: str = "failed to st
 
 
 def _kv_need(cfg: TrainConfig) -> tuple[float, int, int]:
-    """(KV bytes, sequences, tokens each) one actor needs to hold the step's sequences at once (0 bytes when the
+    """(KV bytes, sequences, tokens each) one actor needs to hold its sequences at once (TrainConfig.actor_sequences) (0 bytes when the
     model's shape is unknown)."""
     from rl.preflight.shapes import DTYPE_BYTES, load_shape
 
-    seqs = math.ceil(cfg.run.prompts_per_step * cfg.algorithm.group_size / cfg.cluster.num_actors)
+    seqs = cfg.actor_sequences
     seq_len = cfg.max_seq_length
     try:
         shape, _ = load_shape(cfg.model.path)
@@ -87,12 +87,12 @@ def _cpu_kv_cache(cause: str, cfg: TrainConfig) -> str | None:
         return (
             f"not enough free memory for vLLM's KV cache ({kv:.2f} GiB wanted, {available:.2f} GiB available on "
             f"NUMA node {node}): {where}; free memory (other processes), or set cluster.gpu_memory_utilization="
-            f"{fits:g} (the step's {seqs} sequences of {seq_len} tokens at once)"
+            f"{fits:g} ({seqs} sequences of {seq_len} tokens at once)"
         )
     return (
         f"no memory left for vLLM's KV cache: {where} and the engine already uses {used:.2f} GiB without it "
-        f"(vLLM: {kv:.2f} GiB left for the KV cache); set cluster.gpu_memory_utilization={fits:g} (the step's "
-        f"{seqs} sequences of {seq_len} tokens at once)"
+        f"(vLLM: {kv:.2f} GiB left for the KV cache); set cluster.gpu_memory_utilization={fits:g} ({seqs} "
+        f"sequences of {seq_len} tokens at once)"
     )
 
 
@@ -262,7 +262,7 @@ def _plan_memory(cfg: TrainConfig) -> str:
             max_prompt_tokens=m.max_prompt_tokens,
             max_new_tokens=m.max_new_tokens,
             micro_batch_size=cfg.learner.micro_batch_size,
-            sequences_per_actor=math.ceil(cfg.run.prompts_per_step * cfg.algorithm.group_size / c.num_actors),
+            sequences_per_actor=cfg.actor_sequences,
             gpus_per_actor=c.gpus_per_actor,
             gpu_memory_utilization=c.gpu_memory_utilization,
             vllm=c.rollout_backend.value == "vllm",

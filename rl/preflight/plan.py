@@ -144,7 +144,7 @@ def estimate_memory(
     lora_slot = shape.lora_params(lora_rank, lora_targets) if native_lora else 0
     if not vllm:  # HF generate: the KV cache of the batch, nothing reserved
         actor, b, _ = engine_weights("actor", shape, actor_dtype, actor_in_4bit, lora_slot)
-        actor.parts["KV cache (the step's sequences)"] = sequences_per_actor * seq_len * shape.kv_bytes_per_token(b)
+        actor.parts["KV cache (its sequences at once)"] = sequences_per_actor * seq_len * shape.kv_bytes_per_token(b)
         return {"actor": actor, "learner": learner}
     actor = engine_memory(
         shape,
@@ -235,8 +235,8 @@ def engine_memory(
     eng.parts["KV cache"] = max(kv, 0.0)
     capacity = max(kv, 0.0) / kv_token
     eng.notes.append(
-        f"KV cache holds {capacity:,.0f} tokens; the step needs {sequences} sequences x {seq_len} = "
-        f"{sequences * seq_len:,} tokens per {keys.role} ({kv_needed / GiB:.2f} GiB)"
+        f"KV cache holds {capacity:,.0f} tokens; {sequences} sequences x {seq_len} = {sequences * seq_len:,} tokens "
+        f"at once per {keys.role} ({kv_needed / GiB:.2f} GiB)"
     )
     if capacity < seq_len and not use_gpu:
         fits = vllm_cpu_fraction(non_kv, kv_needed, device_bytes)
@@ -244,7 +244,7 @@ def engine_memory(
             f"{keys.role}: vLLM's CPU engine would fail to start (no KV cache): {keys.memory}="
             f"{gpu_memory_utilization:g} gives it {reserved / GiB:.2f} GiB of the NUMA node's "
             f"{device_bytes / GiB:.2f} GiB and it uses about {non_kv / GiB:.2f} GiB before its KV cache; set "
-            f"{keys.memory}={fits:g} (the step's {sequences} sequences of {seq_len} tokens at once)"
+            f"{keys.memory}={fits:g} ({sequences} sequences of {seq_len} tokens at once)"
         )
     elif capacity < seq_len:
         eng.warnings.append(
@@ -328,7 +328,7 @@ def plan_for_config(
         max_new_tokens=m.max_new_tokens,
         micro_batch_size=cfg.learner.micro_batch_size,
         micro_batch_tokens=resolve_micro_batch_tokens(cfg),
-        sequences_per_actor=math.ceil(samples / c.num_actors),
+        sequences_per_actor=cfg.actor_sequences,
         gpus_per_actor=c.gpus_per_actor,
         gpu_memory_utilization=c.gpu_memory_utilization,
         vllm=vllm,

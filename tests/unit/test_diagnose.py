@@ -136,8 +136,8 @@ def test_kv_cache_too_small_on_cpu_names_the_key_and_a_value_that_fits(spec):
     assert line == (
         "rollout actor 0 failed to start: no memory left for vLLM's KV cache: cluster.gpu_memory_utilization=0.01 "
         "gives the engine 0.16 GiB of NUMA node 0's 15.84 GiB and the engine already uses 0.68 GiB without it "
-        f"(vLLM: -0.52 GiB left for the KV cache); set cluster.gpu_memory_utilization={fits:g} (the step's 64 "
-        "sequences of 288 tokens at once)"
+        f"(vLLM: -0.52 GiB left for the KV cache); set cluster.gpu_memory_utilization={fits:g} (64 sequences "
+        "of 288 tokens at once)"
     )
 
 

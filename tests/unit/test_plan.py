@@ -158,9 +158,7 @@ def test_cpu_actor_kv_cache_is_the_node_share_minus_what_the_engine_uses():
     (warning,) = starved.warnings
     fits = plan.vllm_cpu_fraction(engine, 64 * 1024 * shape.kv_bytes_per_token(2), node)
     assert "would fail to start (no KV cache): cluster.gpu_memory_utilization=0.05 gives it 0.80 GiB" in warning
-    assert warning.endswith(
-        f"set cluster.gpu_memory_utilization={fits:g} (the step's 64 sequences of 1024 tokens at once)"
-    )
+    assert warning.endswith(f"set cluster.gpu_memory_utilization={fits:g} (64 sequences of 1024 tokens at once)")
     at_fit = estimate(shape, use_gpu=False, device_bytes=node, gpu_memory_utilization=fits, native_lora=False)["actor"]
     assert at_fit.parts["KV cache"] >= 64 * 1024 * shape.kv_bytes_per_token(2) and not at_fit.warnings
 
@@ -355,6 +353,25 @@ def test_plan_counts_the_judge_teacher_engines_gpus_and_memory(tmp_path, monkeyp
     assert "cluster.teacher_memory_utilization" in over[0]
     cfg.cluster.teacher_memory_utilization = 0.1  # 8 GiB: less than the 7B's 14.2 GiB of weights
     assert any(w.startswith("teacher: weights and activations") for w in plan.format_plan(cfg)[1])
+
+
+def test_continuous_rollouts_size_the_actors_kv_cache_for_the_groups_in_flight(tmp_path):
+    """cluster.rollout_mode=continuous keeps cluster.groups_in_flight groups (0: two batches) in the engines at once,
+    not one step's: the plan's KV need and its fitting share count those."""
+    cfg = TrainConfig()
+    cfg.model.path = str(model_dir(tmp_path, QWEN_05B))
+    cfg.cluster = replace(cfg.cluster, num_actors=2)
+    shape = plan.ModelShape.from_hf_config(QWEN_05B)
+    per_step = cfg.run.prompts_per_step * cfg.algorithm.group_size // 2
+    assert cfg.actor_sequences == per_step
+    batch = plan.plan_for_config(cfg, shape, 16 * 2**30)["actor"]
+    cfg.cluster = replace(cfg.cluster, rollout_mode="continuous", staleness=1)
+    cfg.algorithm.tis_cap = 2.0
+    assert cfg.actor_sequences == 2 * per_step
+    continuous = plan.plan_for_config(cfg, shape, 16 * 2**30)["actor"]
+    assert f"{per_step} sequences x" in batch.notes[-1] and f"{2 * per_step} sequences x" in continuous.notes[-1]
+    cfg.cluster = replace(cfg.cluster, groups_in_flight=3 * cfg.run.prompts_per_step)
+    assert cfg.actor_sequences == 3 * per_step
 
 
 def test_cpu_plan_reserves_the_teachers_cpus_and_names_their_memory_key(tmp_path):
