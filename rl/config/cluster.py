@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from rl.config.choices import ClusterMode, LoraMode, PlacementStrategy, RolloutBackend, RolloutMode, WeightSync
 from rl.config.errors import check
 
+# continuous rollouts: calls queued on each actor (one running, one behind it, so that an actor does not wait for the
+# driver between calls); an engine runs one call at a time, so it holds 1/STREAM_DEPTH of its groups in flight at once
+STREAM_DEPTH = 2
+
 
 @dataclass
 class ClusterConfig:
@@ -38,7 +42,7 @@ class ClusterConfig:
     # with continuous, cluster.staleness is the most syncs a trained sample's oldest token may lag
     rollout_mode: RolloutMode = RolloutMode.batch  # batch | continuous: actors never pause (rl/runtime/stream.py)
     segment_tokens: int = 64  # continuous: new tokens per sample per actor call (adapter updates land in between)
-    groups_in_flight: int = 0  # continuous: prompt groups being generated at once (0: 2 x run.prompts_per_step)
+    groups_in_flight: int = 0  # continuous: prompt groups in generation or waiting (0: 2 x run.prompts_per_step)
     actor_max_restarts: int = 2  # times Ray restarts a dead rollout actor (its prompts go to a live one meanwhile)
     learner_chunk_size: int = 0  # prompts each learner generates per generate call, HF generate (0: actors only)
     colocate: bool = False  # actor i and learner i time-share one GPU: the engine sleeps while the learner trains

@@ -35,7 +35,7 @@ from rl.config.choices import (
     WandbMode,
     WeightSync,
 )
-from rl.config.cluster import ClusterConfig
+from rl.config.cluster import STREAM_DEPTH, ClusterConfig
 from rl.config.errors import ConfigError, check
 from rl.config.teacher import TeacherConfig
 from rl.types import EpisodeSpec, Sampling
@@ -456,10 +456,11 @@ class TrainConfig:
 
     @property
     def actor_sequences(self) -> int:
-        """Sequences one rollout actor's engine is asked to hold at once: its share of the step's samples, or with
-        cluster.rollout_mode=continuous of the groups in flight (what its KV cache is sized for)."""
+        """Sequences one rollout actor's engine is asked to hold at once (what its KV cache is sized for): its share
+        of the step's samples, or with cluster.rollout_mode=continuous of one call's, the groups in flight spread over
+        the actors and the STREAM_DEPTH calls queued on each (with the default groups in flight: one step's)."""
         continuous = self.cluster.rollout_mode == RolloutMode.continuous
-        groups = self.groups_in_flight if continuous else self.run.prompts_per_step
+        groups = self.groups_in_flight / STREAM_DEPTH if continuous else self.run.prompts_per_step
         return math.ceil(groups * self.algorithm.group_size / self.cluster.num_actors)
 
     @property

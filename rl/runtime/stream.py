@@ -5,8 +5,8 @@ AReaL's fully asynchronous mode (Fu et al. 2025) and PipelineRL's in-flight weig
 the shape of this runtime, where a rollout actor runs its calls one at a time, in the order they were sent:
 - Each sample is generated in segments of at most `cluster.segment_tokens` new tokens, each segment one request
   that carries the prompt and the sample's tokens so far (vLLM's prefix cache reads that prefix back instead of
-  computing it, unless an adapter load has just emptied the cache). At most `DEPTH` calls are queued on an actor, so
-  an adapter load sent by a sync runs right after them: the samples in progress pause at a segment's end, continue
+  computing it, unless an adapter load has just emptied the cache). At most `STREAM_DEPTH` calls are queued on an
+  actor (rl/config/cluster.py), so an adapter load sent by a sync runs right after them: the samples in progress pause at a segment's end, continue
   under the new adapter (a partial rollout), and each token records the version that sampled it
   (`Completion.versions`).
 - Up to `groups_in_flight` prompt groups are generated or waiting for the learner at once (finished groups count,
@@ -28,14 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rl.config.cluster import STREAM_DEPTH
 from rl.runtime.groups import MemberDied
 from rl.runtime.pool import ActorPool, Call
 from rl.runtime.roles import Method, RolloutActor
 from rl.runtime.sync import Versions
 from rl.seeds import segment_seed
 from rl.types import Completion, PromptRollout, Sampling
-
-DEPTH = 2  # calls queued per actor: one running and one behind it, so an actor does not wait for this process
 
 
 @dataclass
@@ -178,10 +177,10 @@ class Stream:
         self.pool.rejoin(wait=not self.calls)  # nothing in flight: wait for an actor to come back
         live = self.pool.live()
         units_per_actor = self.capacity * (1 if self.episodes else self.sampling.n) / max(len(live), 1)
-        size = max(1, math.ceil(units_per_actor / DEPTH))
+        size = max(1, math.ceil(units_per_actor / STREAM_DEPTH))
         busy = {i: sum(f.call.actor == i for f in self.calls) for i in live}
         for i in sorted(live, key=lambda i: busy[i]):
-            while self.pending and busy[i] < DEPTH:
+            while self.pending and busy[i] < STREAM_DEPTH:
                 self._skip_dropped()
                 if not self.pending or (busy[i] and len(self.pending) < max(1, size // 2)):
                     break

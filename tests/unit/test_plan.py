@@ -355,9 +355,10 @@ def test_plan_counts_the_judge_teacher_engines_gpus_and_memory(tmp_path, monkeyp
     assert any(w.startswith("teacher: weights and activations") for w in plan.format_plan(cfg)[1])
 
 
-def test_continuous_rollouts_size_the_actors_kv_cache_for_the_groups_in_flight(tmp_path):
-    """cluster.rollout_mode=continuous keeps cluster.groups_in_flight groups (0: two batches) in the engines at once,
-    not one step's: the plan's KV need and its fitting share count those."""
+def test_continuous_rollouts_size_the_actors_kv_cache_for_one_call_of_the_groups_in_flight(tmp_path):
+    """cluster.rollout_mode=continuous keeps cluster.groups_in_flight groups (0: two batches) in flight, in
+    STREAM_DEPTH calls queued per actor that its engine runs one at a time: with the default that is one step's
+    sequences at once, with more groups in flight more, and the plan's KV need counts them."""
     cfg = TrainConfig()
     cfg.model.path = str(model_dir(tmp_path, QWEN_05B))
     cfg.cluster = replace(cfg.cluster, num_actors=2)
@@ -367,11 +368,11 @@ def test_continuous_rollouts_size_the_actors_kv_cache_for_the_groups_in_flight(t
     batch = plan.plan_for_config(cfg, shape, 16 * 2**30)["actor"]
     cfg.cluster = replace(cfg.cluster, rollout_mode="continuous", staleness=1)
     cfg.algorithm.tis_cap = 2.0
+    assert cfg.actor_sequences == per_step
+    cfg.cluster = replace(cfg.cluster, groups_in_flight=4 * cfg.run.prompts_per_step)
     assert cfg.actor_sequences == 2 * per_step
     continuous = plan.plan_for_config(cfg, shape, 16 * 2**30)["actor"]
     assert f"{per_step} sequences x" in batch.notes[-1] and f"{2 * per_step} sequences x" in continuous.notes[-1]
-    cfg.cluster = replace(cfg.cluster, groups_in_flight=3 * cfg.run.prompts_per_step)
-    assert cfg.actor_sequences == 3 * per_step
 
 
 def test_cpu_plan_reserves_the_teachers_cpus_and_names_their_memory_key(tmp_path):
