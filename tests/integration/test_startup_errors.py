@@ -54,7 +54,7 @@ def test_kv_cache_share_too_small_on_cpu(tiny_model, tmp_path):
         r"error: rollout actor 0 failed to start: no memory left for vLLM's KV cache: "
         r"cluster\.gpu_memory_utilization=0\.01 gives the engine ([\d.]+) GiB of NUMA node (\d+)'s ([\d.]+) GiB and "
         r"the engine already uses ([\d.]+) GiB without it \(vLLM: (-?[\d.]+) GiB left for the KV cache\); set "
-        r"cluster\.gpu_memory_utilization=([\d.]+) \(the step's 8 sequences of 272 tokens at once\)",
+        r"cluster\.gpu_memory_utilization=([\d.]+) \(8 sequences of 272 tokens at once\)",
         last_line(proc),
     )
     assert m, last_line(proc)
