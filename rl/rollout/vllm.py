@@ -38,7 +38,7 @@ def engine_kwargs(cfg: TrainConfig) -> dict:
         worker_extension_cls="rl.rollout.vllm_ext.LoraMergeExtension",
     )
     if c.lora_mode == LoraMode.native:
-        kwargs.update(enable_lora=True, max_lora_rank=m.lora_rank, max_loras=1)
+        kwargs.update(enable_lora=True, max_lora_rank=lora_slot_rank(m.lora_rank), max_loras=1)
     if m.load_in_4bit and m.actor_base == ActorBase.quantized:
         # vLLM quantizes each weight on load with bitsandbytes' quantize_4bit, NF4 and nested absmax: the settings
         # of the learner's BitsAndBytesConfig (rl/learner/models.py), so the same input gives the same codes
@@ -57,6 +57,19 @@ def engine_kwargs(cfg: TrainConfig) -> dict:
         # offset"): the engine dies. Without chunking a prompt is prefilled whole, in one step.
         kwargs.update(enable_chunked_prefill=False)
     return kwargs
+
+
+def lora_slot_rank(rank: int) -> int:
+    """vLLM's `max_lora_rank`, the rank its LoRA slot is sized for, is one of a fixed set (`MaxLoRARanks` in
+    vllm/config/lora.py; 1, 8, 16, 32, ...): the smallest of them that holds an adapter of `rank` (a lower-rank
+    adapter fits a larger slot). A vLLM without that set gets `rank` itself."""
+    import typing
+
+    try:
+        from vllm.config.lora import MaxLoRARanks
+    except ImportError:
+        return rank
+    return next((r for r in sorted(typing.get_args(MaxLoRARanks)) if r >= rank), rank)
 
 
 class VLLMRollout(EpisodeEngine):

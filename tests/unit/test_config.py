@@ -192,6 +192,19 @@ def test_a_4bit_learners_actors_load_its_dequantized_base(tmp_path):
         specs.from_overrides(str(model), *gpu4, "model.actor_path=/nonexistent/folder")
 
 
+def test_native_lora_slots_take_a_rank_vllm_allows(tmp_path):
+    """vLLM refuses a max_lora_rank outside its fixed set (1, 8, 16, 32, ...): model.lora_rank=4 with native LoRA
+    failed the actor's start. The slot is the smallest allowed rank that holds the adapter."""
+    from rl.rollout.vllm import engine_kwargs, lora_slot_rank
+
+    assert [lora_slot_rank(r) for r in (1, 2, 4, 8, 12, 16, 24, 64, 300)] == [1, 8, 8, 8, 16, 16, 32, 64, 320]
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    cfg = specs.from_overrides(str(model), "model.lora_rank=4", "cluster.lora_mode=native")
+    assert engine_kwargs(cfg)["max_lora_rank"] == 8
+
+
 def test_quantized_actors_load_the_model_in_nf4_with_native_lora(tmp_path):
     """model.actor_base=quantized: the actors load model.path and vLLM quantizes it to NF4 (engine argument
     quantization=bitsandbytes), with vLLM's LoRA (auto -> native: nothing can be merged into NF4 weights); the plan

@@ -379,8 +379,8 @@ def test_a_teacher_on_the_students_model_serves_the_base_the_actors_serve(tmp_pa
 
 def test_a_teacher_on_nf4_actors_serves_their_nf4_base_with_its_adapter_as_native_lora(tmp_path):
     """model.actor_base=quantized: the actors serve model.path quantized to NF4 by vLLM. A teacher on the student's
-    model (teacher.path null) serves that same NF4 base, its adapter in a LoRA slot of the adapter's rank (NF4
-    weights take no merge), and the plan counts it so; a teacher on another model serves that model's weights."""
+    model (teacher.path null) serves that same NF4 base, its adapter in a LoRA slot sized for the adapter's rank 4
+    (vLLM's smallest allowed slot above it: 8; NF4 weights take no merge), and the plan counts it so; a teacher on another model serves that model's weights."""
     from rl.config.resolve import from_overrides
     from rl.preflight.plan import plan_for_config
     from rl.preflight.shapes import ModelShape
@@ -404,7 +404,7 @@ def test_a_teacher_on_nf4_actors_serves_their_nf4_base_with_its_adapter_as_nativ
     t = teacher_engine_config(cfg)
     kwargs = engine_kwargs(t)
     assert kwargs["model"] == str(model) and kwargs["quantization"] == "bitsandbytes"
-    assert t.cluster.lora_mode == "native" and kwargs["enable_lora"] and kwargs["max_lora_rank"] == 4
+    assert t.cluster.lora_mode == "native" and kwargs["enable_lora"] and kwargs["max_lora_rank"] == 8
     shape = ModelShape(layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, head_dim=64, vocab=32000)
     teacher = plan_for_config(cfg, shape, 80 * 2**30)["teacher"]
     assert teacher.parts["weights (4-bit NF4)"] == shape.weight_bytes(2, True)
