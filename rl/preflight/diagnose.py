@@ -33,7 +33,7 @@ def explain(role: str, cause: str, cfg: TrainConfig, failed: str = "failed to st
         key = "cluster.gpu_memory_utilization"
         return role + text.removeprefix("engine").replace(key, "cluster.teacher_memory_utilization")
     for rule in (_cpu_kv_cache, _cpu_share_not_free, _gpu_share_not_free, _kv_too_small, _cuda_oom, _host_oom,
-                 _model_files):  # fmt: skip
+                 _context_too_long, _model_files):  # fmt: skip
         text = rule(cause, cfg)
         if text:
             return f"{role} {failed}: {text}"
@@ -187,6 +187,26 @@ def _host_oom(cause: str, cfg: TrainConfig) -> str | None:
         f"the machine ran out of memory ({shorten(cause, 160)}): `python train.py <your overrides> plan=true` shows "
         "each role's memory; lower cluster.gpu_memory_utilization, learner.micro_batch_size or the number of roles "
         "(cluster.num_actors, cluster.num_learners)"
+    )
+
+
+_MAX_LEN = re.compile(
+    r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len \((\w+)=([\d.]+)"
+)
+
+
+def _context_too_long(cause: str, cfg: TrainConfig) -> str | None:
+    """vLLM: the longest sequence the run asks for is longer than the model's context (as vLLM reads it from the
+    model's config.json, rope scaling and tokenizer limit included)."""
+    m = _MAX_LEN.search(cause)
+    if not m:
+        return None
+    want, key, have = int(m.group(1)), m.group(2), int(float(m.group(3)))
+    completion = "env.max_episode_tokens" if cfg.episodes else "model.max_new_tokens"
+    return (
+        f"a sequence of model.max_prompt_tokens + {completion} = {cfg.model.max_prompt_tokens} + "
+        f"{cfg.completion_tokens} = {want} tokens is longer than the model at {cfg.model.path} takes ({key}={have} "
+        f"in its config.json): lower {completion} or model.max_prompt_tokens so that they add up to {have} at most"
     )
 
 

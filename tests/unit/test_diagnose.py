@@ -193,6 +193,22 @@ def test_model_files_point_at_model_path(spec, cause):
     assert line.endswith(diagnose.MODEL_HINT)
 
 
+def test_a_sequence_longer_than_the_models_context_names_the_length_keys(spec):
+    """vLLM refuses a max_model_len above what it reads as the model's context (max_position_embeddings, rope
+    scaling, the tokenizer's limit): the line names the run's length keys and the most they may add up to."""
+    cause = (
+        "ValidationError: 1 validation error for ModelConfig Value error, User-specified max_model_len (288) is "
+        "greater than the derived max_model_len (max_position_embeddings=256.0 or model_max_length=None in model's "
+        "config.json). To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."
+    )
+    line = diagnose.explain("rollout actor 0", cause, spec)
+    assert line == (
+        "rollout actor 0 failed to start: a sequence of model.max_prompt_tokens + model.max_new_tokens = 256 + 32 = "
+        f"288 tokens is longer than the model at {spec.model.path} takes (max_position_embeddings=256 in its "
+        "config.json): lower model.max_new_tokens or model.max_prompt_tokens so that they add up to 256 at most"
+    )
+
+
 def test_engine_failure_without_its_output_still_says_what_plan_predicts(spec):
     line = diagnose.explain("rollout actor 0", ENGINE_FAILED, spec)
     assert "the vLLM engine did not start" in line and "its own error is in the engine's output above" in line
