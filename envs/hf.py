@@ -89,7 +89,15 @@ def load_rows(src: Source, strict: bool = True) -> tuple[list[tuple[str, dict[st
             f"env source {src.path!r} is a Hugging Face Hub id and needs the `datasets` package "
             "(pip install datasets), or give a local .jsonl/.json/.parquet path"
         ) from None
-    ds = datasets.load_dataset(src.path, src.name, split=src.split)
+    try:
+        ds = datasets.load_dataset(src.path, src.name, split=src.split)
+    except Exception as e:  # noqa: BLE001 - the Hub's errors share no base class; the line keeps their text
+        first = (str(e).splitlines() or [""])[0]
+        raise ValueError(
+            f"{src.path!r} (a Hugging Face Hub dataset) did not load ({type(e).__name__}: {first}); without network "
+            "it must be in the local datasets cache, or set env.train (and env.eval_sets) to local .jsonl / .json / "
+            ".parquet files"
+        ) from e
     if src.limit is not None:
         ds = ds.select(range(min(src.limit, len(ds))))
     return [(f"{src.path}[{src.split}] row {i}", dict(r)) for i, r in enumerate(ds)], 0

@@ -71,6 +71,22 @@ def test_hub_id_without_datasets_package_is_a_clear_error(monkeypatch):
         DataEnv({"path": "openai/gsm8k", "name": "main", "split": "test"})
 
 
+def test_a_hub_dataset_that_does_not_load_names_the_keys_for_local_files(monkeypatch):
+    """Offline (no network, not in the datasets cache) `datasets` raises its own errors; the line keeps their text
+    and names env.train / env.eval_sets, which take local files."""
+    datasets = pytest.importorskip("datasets")
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    with pytest.raises(ValueError) as e:
+        DataEnv({"path": "openai/gsm8k", "name": "main", "split": "train"})
+    line = str(e.value)
+    assert line.startswith("'openai/gsm8k' (a Hugging Face Hub dataset) did not load (ConnectionError: Couldn't")
+    assert "env.train" in line and "env.eval_sets" in line and "\n" not in line
+
+
 @needs_data
 def test_dataset_folder_loads_through_hf_datasets(tmp_path):
     """A Hub-style dataset folder (what `huggingface-cli download --repo-type dataset` leaves) goes through
