@@ -33,7 +33,7 @@ def explain(role: str, cause: str, cfg: TrainConfig, failed: str = "failed to st
         key = "cluster.gpu_memory_utilization"
         return role + text.removeprefix("engine").replace(key, "cluster.teacher_memory_utilization")
     for rule in (_cpu_kv_cache, _cpu_share_not_free, _gpu_share_not_free, _kv_too_small, _cuda_oom, _host_oom,
-                 _context_too_long, _model_files):  # fmt: skip
+                 _context_too_long, _lora_targets, _model_files):  # fmt: skip
         text = rule(cause, cfg)
         if text:
             return f"{role} {failed}: {text}"
@@ -207,6 +207,17 @@ def _context_too_long(cause: str, cfg: TrainConfig) -> str | None:
         f"a sequence of model.max_prompt_tokens + {completion} = {cfg.model.max_prompt_tokens} + "
         f"{cfg.completion_tokens} = {want} tokens is longer than the model at {cfg.model.path} takes ({key}={have} "
         f"in its config.json): lower {completion} or model.max_prompt_tokens so that they add up to {have} at most"
+    )
+
+
+def _lora_targets(cause: str, cfg: TrainConfig) -> str | None:
+    """PEFT: no module of the model matches model.lora_targets (names from another architecture, a typo)."""
+    if "NoMatchingPeftModuleError" not in cause and not re.search(r"Target modules .* not found in the base", cause):
+        return None
+    return (
+        f"model.lora_targets={list(cfg.model.lora_targets)} names no module of the model at {cfg.model.path} "
+        f"({shorten(cause, 160)}): set it to the model's projection names (Llama, Qwen, Mistral, SmolLM: q_proj, "
+        "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"
     )
 
 

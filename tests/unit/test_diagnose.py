@@ -209,6 +209,16 @@ def test_a_sequence_longer_than_the_models_context_names_the_length_keys(spec):
     )
 
 
+def test_lora_targets_the_model_lacks_name_the_key(spec):
+    cause = (
+        "NoMatchingPeftModuleError: Target modules {'foo_proj'} not found in the base model. Please check the target "
+        "modules and try again."
+    )
+    line = diagnose.explain("learner 0", cause, spec)
+    assert line.startswith(f"learner 0 failed to start: model.lora_targets={list(spec.model.lora_targets)} names no")
+    assert line.endswith("q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)")
+
+
 def test_engine_failure_without_its_output_still_says_what_plan_predicts(spec):
     line = diagnose.explain("rollout actor 0", ENGINE_FAILED, spec)
     assert "the vLLM engine did not start" in line and "its own error is in the engine's output above" in line
