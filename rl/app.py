@@ -26,7 +26,7 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict) -> dict[s
     import transformers
     from transformers import AutoTokenizer
 
-    from rl.driver import train
+    from rl.driver import load_data, train
     from rl.metrics import MetricsLogger
     from rl.runtime.placement import RayStartError
 
@@ -38,6 +38,7 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict) -> dict[s
     except Exception as e:
         raise StartupError(explain("the tokenizer", cause_of(e), cfg, "did not load")) from e
     teacher_tokenizer = check_teacher(cfg, tokenizer, reward_fn)  # before anything starts
+    run_data = load_data(cfg, tokenizer, env)
     lg = cfg.logger
     logger = MetricsLogger(
         cfg.run_dir,
@@ -88,7 +89,7 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict) -> dict[s
     if not verbose:
         follower.start()  # from here on: what the roles print while they run, their start-up chatter left out
     try:
-        summary = train(cfg, runtime, tokenizer, env, reward_fn, logger, resolved)
+        summary = train(cfg, runtime, tokenizer, env, reward_fn, logger, resolved, run_data)
     finally:
         follower.stop()  # before the teardown: the roles' shutdown chatter stays in their files
         teardown()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,9 @@ import torch
 
 from rl import checkpoint, evaluation
 from rl.config.choices import ActorBase, RolloutMode
-from rl.config.schema import TrainConfig
+from rl.config.schema import ConfigError, TrainConfig
 from rl.data.continuous import ContinuousSampler
-from rl.data.curriculum import build_curriculum
+from rl.data.curriculum import Curriculum, build_curriculum
 from rl.data.demos import Demonstrations
 from rl.data.prepare import distill_advantages, kl_reward_penalty, prepare_samples, rollout_metrics
 from rl.data.prompts import PromptData
@@ -47,21 +48,22 @@ def train(
     reward_fn: RewardFn,
     logger: MetricsLogger,
     resolved: dict,
+    run_data: RunData | None = None,
 ) -> dict[str, float]:
     """Run cfg.run.steps RL steps on `runtime` (from the checkpoint `run.resume` names, if any); return a summary
-    (eval accuracy before/after, timings). `resolved` is the config saved with each checkpoint."""
-    steps, a = cfg.run.steps, cfg.algorithm
+    (eval accuracy before/after, timings). `resolved` is the config saved with each checkpoint; `run_data` is
+    `load_data`'s (made here when not given)."""
+    steps = cfg.run.steps
     seed_everything(cfg.run.seed)
-    train_data, eval_data = load_data(cfg, tokenizer, env)
-    # algorithm=sft trains on demonstrations (a warm start): no rollouts, the actors evaluate and are probed
-    demos = Demonstrations(a.demos, tokenizer, cfg) if a.demos else None
+    d = run_data or load_data(cfg, tokenizer, env)
+    train_data, eval_data, demos, curriculum = d.train, d.eval, d.demos, d.curriculum
     if demos is None:
-        curriculum = build_curriculum(cfg, env, lambda items: PromptData(items, tokenizer, cfg))
         if cfg.cluster.rollout_mode == RolloutMode.continuous:
             sampler = ContinuousSampler(runtime, train_data, reward_fn, cfg, steps, tokenizer, curriculum)
         else:
             sampler = Sampler(runtime, train_data, reward_fn, cfg, steps, curriculum)
     data = demos or sampler
+    a = cfg.algorithm
     probe = SyncProbe(
         runtime,
         train_data.prompt_ids[:2],
@@ -145,15 +147,34 @@ def full_precision_sampler(cfg: TrainConfig) -> bool:
     return cfg.model.load_in_4bit and cfg.model.actor_base == ActorBase.original
 
 
-def load_data(cfg: TrainConfig, tokenizer: Any, env: Any) -> tuple[PromptData, PromptData]:
+@dataclass(frozen=True)
+class RunData:
+    """What a run trains and evaluates on: the tokenized prompts, the demonstrations of algorithm=sft, the
+    curriculum (None with demonstrations)."""
+
+    train: PromptData
+    eval: PromptData
+    demos: Demonstrations | None
+    curriculum: Curriculum | None
+
+
+def load_data(cfg: TrainConfig, tokenizer: Any, env: Any) -> RunData:
+    """The run's data, made before any role starts (rl/app.py), so that data the settings leave empty or a
+    curriculum the env cannot run fails in one line at once, not after Ray and the engines have started."""
     train_data = PromptData(env.train_items(), tokenizer, cfg)
     eval_data = PromptData(env.eval_items()[: cfg.eval.size], tokenizer, cfg)
     if len(train_data) == 0:
-        raise ValueError(
-            f"no training prompts left: {train_data.dropped} were longer than model.max_prompt_tokens="
-            f"{cfg.model.max_prompt_tokens}"
+        raise ConfigError(
+            f"no training prompts left: all {train_data.dropped} are longer than model.max_prompt_tokens="
+            f"{cfg.model.max_prompt_tokens} tokens (after the chat template): raise model.max_prompt_tokens"
         )
-    return train_data, eval_data
+    # algorithm=sft trains on demonstrations (a warm start): no rollouts, the actors evaluate and are probed
+    a = cfg.algorithm
+    demos = Demonstrations(a.demos, tokenizer, cfg) if a.demos else None
+    curriculum = None
+    if demos is None:
+        curriculum = build_curriculum(cfg, env, lambda items: PromptData(items, tokenizer, cfg))
+    return RunData(train_data, eval_data, demos, curriculum)
 
 
 def resume(cfg: TrainConfig, runtime: Runtime, data: Sampler | Demonstrations, logger: MetricsLogger) -> int:

@@ -16,6 +16,7 @@ class PromptData:
     Reads model.use_chat_template, model.max_prompt_tokens and run.seed (the order) from the resolved `cfg`."""
 
     def __init__(self, items: list[dict], tokenizer: Any, cfg: TrainConfig):
+        check_chat_template(tokenizer, cfg)
         self.items, self.prompt_ids, self.dropped = [], [], 0
         for it in items:
             ids = encode_prompt(tokenizer, it["messages"], cfg.model.use_chat_template, it.get("tools"))
@@ -59,6 +60,17 @@ class PromptData:
             )
         self.cursor, self._order = state["cursor"], list(state["order"])
         self._rng.setstate(state["rng"])
+
+
+def check_chat_template(tokenizer: Any, cfg: TrainConfig) -> None:
+    """model.use_chat_template with a tokenizer that has none (a base model, or a folder without its
+    chat_template.jinja) fails in one line, not in transformers' apply_chat_template."""
+    if cfg.model.use_chat_template and getattr(tokenizer, "chat_template", "") is None:
+        raise ConfigError(
+            f"the tokenizer of model.path={cfg.model.path} has no chat template (none in its tokenizer_config.json "
+            "or chat_template.jinja): set model.use_chat_template=false (the prompt's text as it is), or give a "
+            "model whose tokenizer has one"
+        )
 
 
 def encode_prompt(

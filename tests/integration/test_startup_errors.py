@@ -99,7 +99,8 @@ def test_bad_model_folder(tiny_model, tmp_path, missing):
     """A folder with a config.json (so model.path passes the config check) but no weights, or no tokenizer."""
     folder = tmp_path / f"no-{missing}"
     folder.mkdir()
-    keep = {"weights": ("config.json", "tokenizer.json", "tokenizer_config.json"), "tokenizer": ("config.json",)}
+    tokenizer = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+    keep = {"weights": ("config.json", *tokenizer), "tokenizer": ("config.json",)}
     for name in keep[missing] + (("model.safetensors",) if missing == "tokenizer" else ()):
         shutil.copy(tiny_model / name, folder / name)
     proc = run_train(

@@ -378,3 +378,33 @@ def test_resume_auto_without_a_checkpoint_starts_over_without_the_old_rows(tmp_p
     rows = run_loop(tmp_path, fake_runtime([FakeActor()], FakeLearner()), steps=2, resume="auto")
     assert [r["step"] for r in rows] == [1, 2] and "reward/me" not in rows[0]  # this run's rows only
     assert "starting at step 1 (2 rows of metrics.jsonl from before dropped)" in capsys.readouterr().out
+
+
+def test_data_the_settings_leave_empty_or_a_curriculum_the_env_lacks_fails_before_any_role_starts():
+    """rl/app.py loads the run's data before it starts Ray and the engines: prompts all longer than
+    model.max_prompt_tokens, or curriculum=difficulty on an env without difficulty levels, is one line then."""
+    from rl.config.errors import ConfigError
+    from rl.driver import load_data
+
+    class LongPrompts:
+        def __call__(self, text):
+            return {"input_ids": [1] * 10}  # one more than fake_config's model.max_prompt_tokens
+
+    with pytest.raises(ConfigError, match=r"all 5 are longer than model.max_prompt_tokens=9 .*raise model.max_prompt"):
+        load_data(fake_config(), LongPrompts(), Env(5))
+    with pytest.raises(ConfigError, match="curriculum=difficulty needs a reasoning-gym env"):
+        load_data(fake_config("curriculum.kind=difficulty"), NumberTokenizer(), Env(5))
+    data = load_data(fake_config(), NumberTokenizer(), Env(5))
+    assert len(data.train) == 5 and data.demos is None and data.curriculum is not None
+
+
+def test_a_tokenizer_without_a_chat_template_fails_in_one_line_naming_the_key():
+    from rl.config.errors import ConfigError
+    from rl.data.prompts import PromptData
+
+    class NoTemplate(NumberTokenizer):
+        chat_template = None
+
+    with pytest.raises(ConfigError, match=r"has no chat template .*set model.use_chat_template=false"):
+        PromptData(Env(2).train_items(), NoTemplate(), fake_config("model.use_chat_template=true"))
+    assert len(PromptData(Env(2).train_items(), NoTemplate(), fake_config("model.use_chat_template=false"))) == 2
