@@ -125,7 +125,9 @@ def main(dcfg: DictConfig) -> float | None:
     except UserFacingError as e:
         log_to_file(e)
         fail(str(e), code=1)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    from rl.checkpoint import SUMMARY
+
+    (run_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
     return summary.get("eval/accuracy_after")
 
 

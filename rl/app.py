@@ -26,11 +26,20 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict) -> dict[s
     import transformers
     from transformers import AutoTokenizer
 
+    from rl.checkpoint import finished_summary
     from rl.driver import load_data, train
     from rl.metrics import MetricsLogger
     from rl.runtime.placement import RayStartError
 
     t0 = time.perf_counter()
+    done = finished_summary(cfg.run.resume, cfg.run_dir, cfg.run.steps)
+    if done is not None:  # starting the roles would only evaluate again and overwrite the run's summary
+        print(
+            f"run.resume={cfg.run.resume}: {cfg.run_dir} has trained its run.steps={cfg.run.steps} steps and finished; "
+            "nothing to do (raise run.steps to train it further)",
+            flush=True,
+        )
+        return done
     if not cfg.run.verbose:  # the driver's transformers only tokenises: its notices on tokenizer configs
         transformers.logging.set_verbosity_error()  # (e.g. "Ignoring clean_up_tokenization_spaces") stay out
     try:

@@ -50,6 +50,7 @@ from rl.runtime.runtime import Runtime
 from rl.types import Adapter, TrainedPolicy
 
 CHECKPOINTS = "checkpoints"
+SUMMARY = "summary.json"  # a run's summary, written by train.py when the run has finished
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -85,6 +86,18 @@ def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
             "or run.resume=auto"
         )
     return path
+
+
+def finished_summary(resume: str | None, run_dir: Path, steps: int) -> dict | None:
+    """The summary of the run in `run_dir` when `resume` would continue it but it has trained its `steps` already
+    and finished (its summary is written): nothing is left to do. None otherwise, also when the last checkpoint
+    holds the last step but the run stopped before its final evaluation and export, which a resume then does."""
+    ckpt = resolve_resume(resume, run_dir)
+    m = _STEP_DIR.match(ckpt.name) if ckpt is not None else None
+    summary = Path(run_dir) / SUMMARY
+    if m is None or int(m.group(1)) < steps or not summary.is_file():
+        return None
+    return json.loads(summary.read_text())
 
 
 def rng_state() -> dict[str, Any]:

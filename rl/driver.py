@@ -90,11 +90,11 @@ def train(
             flush=True,
         )
     start = resume(cfg, runtime, data, logger) + 1
-    if (
-        cfg.eval.size
-        and start == 1
-        and (acc := log_eval(runtime, eval_data, reward_fn, cfg, logger, step=0)) is not None
-    ):
+    if cfg.eval.size and start == 1:
+        acc = log_eval(runtime, eval_data, reward_fn, cfg, logger, step=0)
+    else:  # a resumed run: the evaluation before training is in its metrics
+        acc = logger.value_at(0, "eval/accuracy") if cfg.eval.size else None
+    if acc is not None:
         summary["eval/accuracy_before"] = acc
     nonfinite = 0  # steps in a row whose loss was NaN/inf (each optimizer step skipped)
     runtime.pop_idle(1.0)  # idle time is measured from here

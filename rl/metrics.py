@@ -78,6 +78,19 @@ class MetricsLogger:
         data = [[cell(row.get(c)) for c in columns] for row in rows]
         self._wandb.log({name: wandb.Table(columns=columns, data=data)}, step=step)
 
+    def value_at(self, step: int, key: str) -> float | None:
+        """`key` as a row of `step` already in the file logged it (a resumed run reads its evaluation before
+        training back), None when none did."""
+        self._file.flush()
+        for line in self.path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and row.get("step") == step and key in row:
+                return row[key]
+        return None
+
     def drop_after(self, step: int) -> int:
         """Remove the rows of steps after `step` (a resumed run redoes them), keeping the rest of the file;
         a line cut by a kill is dropped too. Returns how many rows were removed."""

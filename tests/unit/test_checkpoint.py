@@ -69,6 +69,17 @@ def test_resume_resolution(tmp_path):
     assert checkpoint.resolve_resume(str(path), tmp_path) == path
 
 
+def test_a_finished_run_is_not_started_again_by_a_resume(tmp_path):
+    """run.resume=auto on a run that trained its run.steps and wrote its summary: nothing left (its summary comes
+    back untouched); with more steps, or without the summary (stopped before the final evaluation), it resumes."""
+    save_fake(tmp_path, 4)
+    assert checkpoint.finished_summary("auto", tmp_path, 4) is None  # no summary: the final evaluation is missing
+    (tmp_path / checkpoint.SUMMARY).write_text(json.dumps({"eval/accuracy_after": 0.5}))
+    assert checkpoint.finished_summary("auto", tmp_path, 4) == {"eval/accuracy_after": 0.5}
+    assert checkpoint.finished_summary("auto", tmp_path, 6) is None
+    assert checkpoint.finished_summary(None, tmp_path, 4) is None
+
+
 def test_config_keys_are_validated():
     with pytest.raises(ConfigError, match="run.resume=auto .* set run.output_dir"):
         RunConfig(resume="auto")
@@ -161,6 +172,10 @@ def test_metrics_rows_after_the_checkpoint_are_dropped(tmp_path):
     logger.close()
     rows = metric_rows(tmp_path, timings=True)
     assert [(r["step"], r["reward/mean"]) for r in rows] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 30.0)]
+    logger = MetricsLogger(tmp_path)  # a resumed run reads its evaluation before training back
+    logger.log(0, {"eval/accuracy": 0.25})
+    assert logger.value_at(0, "eval/accuracy") == 0.25 and logger.value_at(1, "eval/accuracy") is None
+    logger.close()
 
 
 class FakeLearner:
