@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from envs.protocol import Environment
 from rl.config.schema import ConfigError, TrainConfig, register_configs
-from rl.entry import build_target, check_renamed, compose_checked, fail, one_line_config_error
+from rl.entry import build_target, check_renamed, compose_checked, fail, one_line_config_error, sweep_jobs
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 log = logging.getLogger("train")
@@ -27,7 +27,8 @@ register_configs()
 
 def precheck_overrides(argv: list[str]) -> TrainConfig | None:
     """Compose once before Hydra's own run, so a typo'd key or bad value fails with one line naming it; returns
-    the validated config (None when Hydra flags such as -m or --help are given: Hydra handles those)."""
+    the validated config (None when Hydra flags such as -m or --help are given: Hydra handles those). A `-m` sweep
+    has every job composed and checked first, so that a bad value in its last job fails before the first runs."""
     flags = {
         "-m",
         "--multirun",
@@ -53,9 +54,16 @@ def precheck_overrides(argv: list[str]) -> TrainConfig | None:
         "--package",
     }
     check_renamed([a for a in argv if "=" in a and not a.startswith("-")])  # sweeps (-m) too
+    overrides = [a for a in argv if "=" in a and not a.startswith(("-", "hydra.", "+hydra.", "hydra/"))]
+    sweep = {"-m", "--multirun"}
+    others = flags - sweep
+    if any(a in sweep for a in argv) and not any(a.split("=")[0] in others for a in argv):
+        jobs = sweep_jobs(overrides) or []
+        for i, job in enumerate(jobs):
+            compose_checked(CONF_DIR, "train", job, TrainConfig, where=f"sweep job #{i} ({' '.join(job)}): ")
+        return None
     if any(a in flags or a.split("=")[0] in flags for a in argv):
         return None
-    overrides = [a for a in argv if not a.startswith("hydra.") and not a.startswith("+hydra.")]
     return compose_checked(CONF_DIR, "train", overrides, TrainConfig)[1]
 
 

@@ -82,9 +82,12 @@ def valid_keys(full_key: str, schema: type) -> list[str]:
     return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
 
 
-def compose_checked(conf_dir: str, name: str, overrides: list[str], schema: type) -> tuple[DictConfig, Any]:
+def compose_checked(
+    conf_dir: str, name: str, overrides: list[str], schema: type, where: str = ""
+) -> tuple[DictConfig, Any]:
     """conf_dir/name.yaml with `overrides`: (the composed DictConfig, its typed and checked `schema` object); a bad key
-    or value exits with one line naming it. `schema` must be registered with Hydra's ConfigStore already."""
+    or value exits with one line naming it (after `where`, e.g. which sweep job). `schema` must be registered with
+    Hydra's ConfigStore already."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -95,9 +98,32 @@ def compose_checked(conf_dir: str, name: str, overrides: list[str], schema: type
             dcfg = compose(config_name=name, overrides=overrides)
         return dcfg, OmegaConf.to_object(dcfg.copy())  # typed validation (__post_init__ checks)
     except ConfigError as e:
-        fail(str(e))
+        fail(f"{where}{e}")
     except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf errors become one line
-        fail(one_line_config_error(e, schema))
+        fail(f"{where}{one_line_config_error(e, schema)}")
+
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]] | None:
+    """The overrides of each job a `-m` sweep of `overrides` launches with Hydra's basic sweeper (the product of
+    its comma lists and range()s, in its order), or None where the jobs cannot be listed here (a glob over a config
+    group, an interval for a sweeper plugin): Hydra then checks each job as it starts it."""
+    import itertools
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        lists = []
+        for o in parsed:
+            if not o.is_sweep_override():
+                lists.append([o.input_line])
+            elif o.is_discrete_sweep():
+                lists.append([f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()])
+            else:
+                return None
+        return [list(job) for job in itertools.product(*lists)]
+    except Exception:  # noqa: BLE001 - what only Hydra's sweeper can expand (a glob needs its config loader)
+        return None
 
 
 def build_target(node: DictConfig, key: str) -> Any:

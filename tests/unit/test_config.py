@@ -153,6 +153,23 @@ def test_bad_input_fails_with_one_line_naming_the_key(override, expected):
     assert err[0].startswith("error: ") and expected in err[0]
 
 
+def test_every_job_of_a_sweep_is_checked_before_the_first_runs(tmp_path):
+    """`-m` with a bad value in its last job fails at once, naming the job, before any job runs (Hydra alone runs
+    the jobs before it first: hours of a real sweep). The jobs are Hydra's basic sweeper's product, in its order."""
+    from rl.entry import sweep_jobs
+
+    assert sweep_jobs(["algorithm=grpo,dapo", "run.seed=range(0,2)", "run.steps=3"]) == [
+        ["algorithm=grpo", "run.seed=0", "run.steps=3"],
+        ["algorithm=grpo", "run.seed=1", "run.steps=3"],
+        ["algorithm=dapo", "run.seed=0", "run.steps=3"],
+        ["algorithm=dapo", "run.seed=1", "run.steps=3"],
+    ]
+    assert sweep_jobs(["algorithm=glob(gr*)"]) is None  # Hydra's sweeper expands a glob itself
+    proc = run_train(["-m", "algorithm.lr=1e-3,-1", "plan=true", f"hydra.sweep.dir={tmp_path}"], timeout=120)
+    assert proc.returncode == 2 and "fits" not in proc.stdout  # no job ran, not even the good first one
+    assert proc.stderr.strip() == "error: sweep job #1 (algorithm.lr=-1 plan=true): algorithm.lr must be > 0 (got -1.0)"
+
+
 def test_an_old_key_in_a_yaml_file_names_its_new_spelling():
     """An experiment file written before the keys moved into groups fails with the same one line as the CLI."""
     from rl.entry import one_line_config_error
