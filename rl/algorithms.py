@@ -436,7 +436,10 @@ def clipped_surrogate_loss(
         metrics["policy/clip_frac_high"] = masked_mean(high, mask)
         if dual_clip > 0:
             metrics["policy/dual_clip_frac"] = masked_mean(((ratio > dual_clip) & (adv < 0)).float(), mask)
-        metrics.update(_ratio_metrics(ratio, log_ratio, mask))
+        # against the behaviour policy: under truncated IS the clipped ratio is 1 by construction, and what the
+        # weights correct (the learner's distance from the tokens' sampler) is the number to watch
+        behaviour = (logp - old_logp) * mask
+        metrics.update(_ratio_metrics(torch.exp(behaviour), behaviour, mask))
     return loss, metrics
 
 

@@ -281,6 +281,9 @@ def test_truncated_importance_sampling_weights_and_skip_threshold():
     # ratio vs the learner itself is 1 (never clipped); the weight min(2, 1.5) = 1.5 corrects the mismatch
     assert float(loss.detach()) == approx(-(1.5 + 1 + 1 + 1) / 4)
     assert m["policy/tis_clip_frac"] == approx(1 / 4)
+    # the ratio metrics describe the learner against the tokens' sampler (what the weights correct), not the 1
+    assert m["policy/ratio_mean"] == approx((2 + 1 + 1 + 1) / 4) and m["policy/ratio_max"] == approx(2.0)
+    assert m["policy/approx_kl"] == approx((2 - 1 - math.log(2)) / 4) and m["policy/clip_frac_high"] == 0
     loss.backward()
     assert logp.grad.flatten().tolist() == approx([-1.5 / 4, -1 / 4, -1 / 4, -1 / 4])
     # skip_threshold: sequence 0 has mean ratio 1.5 > 1.2, so its loss is zeroed (it stays in the normaliser)
