@@ -7,8 +7,10 @@ values (rl/config/resolve.py), builds the environment and reward, and hands them
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -114,6 +116,14 @@ def main(dcfg: DictConfig) -> float | None:
         cfg = resolve(cfg, run_dir)
     except ConfigError as e:
         fail(str(e))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(run_dir, os.W_OK):
+            raise PermissionError(errno.EACCES, "not writable")
+    except OSError as e:
+        fail(
+            f"run.output_dir={run_dir}: cannot write there ({e.strerror}): give a folder this user can create and write"
+        )
     from rl import logs
 
     logs.setup_driver(cfg.log_dir, cfg.run.verbose)  # <run dir>/logs/driver.log; a quiet console
