@@ -62,8 +62,9 @@ def resolve_model_path(path: str, key: str = "model.path") -> str:
     looks_local = path.startswith(("/", ".", "~")) or p.exists() or path.count("/") != 1
     if looks_local:
         if not p.is_dir():
+            what = "is a file, not a folder" if p.exists() else "does not exist"
             raise ConfigError(
-                f"{key}={path!r} does not exist: give a local HF model folder, a hub id (org/name) or embedded:smollm2-135m-instruct"
+                f"{key}={path!r} {what}: give a local HF model folder, a hub id (org/name) or embedded:smollm2-135m-instruct"
             )
         if not (p / "config.json").is_file():
             raise ConfigError(f"{key}={path!r} has no config.json: it must be a Hugging Face model folder")
