@@ -221,19 +221,19 @@ def two_synced_steps(args: list[str], out) -> list[dict]:
     return train
 
 
+def unsloth_run(model: str, out, *args: str) -> None:
+    """train.py on one GPU: GPU_RUN with the Unsloth 4-bit learner on `model`, and `args` (a key given there
+    replaces GPU_RUN's), into `out`; it must succeed."""
+    keys = {a.split("=", 1)[0] for a in args}
+    base = [a for a in GPU_RUN if a.split("=", 1)[0] not in keys]
+    unsloth = [f"model.path={model}", "model.learner_backend=unsloth", "model.load_in_4bit=true"]
+    proc = run_train([*base, *unsloth, *args, f"run.output_dir={out}"], timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 def test_two_step_ray_run_with_unsloth_learner_and_vllm_actor_on_one_gpu(model, tmp_path):
     out = tmp_path / "run"
-    proc = run_train(
-        [
-            *GPU_RUN,
-            f"model.path={model}",
-            "model.learner_backend=unsloth",
-            "model.load_in_4bit=true",
-            f"run.output_dir={out}",
-        ],
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    unsloth_run(model, out)
     train = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
     assert [r["step"] for r in train] == [1, 2] and [r["sync/version"] for r in train] == [1.0, 2.0]
     assert all("sync/logprob_abs_diff" in r for r in train)
@@ -287,26 +287,18 @@ def test_continuous_rollouts_with_unsloth_learner_and_vllm_actor_on_one_gpu(mode
     generates in 16-token segments (per-request seeds and token caps, adapter loads queued between segments), so
     some samples continue across an update (two versions in one sample) and none is older than the bound."""
     out = tmp_path / "run"
-    common = [a for a in GPU_RUN if not a.startswith(("run.steps=", "checkpoint.interval="))]
-    proc = run_train(
-        [
-            *common,
-            f"model.path={model}",
-            "model.learner_backend=unsloth",
-            "model.load_in_4bit=true",
-            "run.steps=6",
-            "checkpoint.interval=0",
-            "cluster.rollout_mode=continuous",
-            "cluster.staleness=2",
-            "cluster.segment_tokens=16",
-            "model.max_new_tokens=512",
-            "algorithm.tis_cap=2.0",
-            "logger.rollouts_interval=1",
-            f"run.output_dir={out}",
-        ],
-        timeout=900,
+    unsloth_run(
+        model,
+        out,
+        "run.steps=6",
+        "checkpoint.interval=0",
+        "cluster.rollout_mode=continuous",
+        "cluster.staleness=2",
+        "cluster.segment_tokens=16",
+        "model.max_new_tokens=512",
+        "algorithm.tis_cap=2.0",
+        "logger.rollouts_interval=1",
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
     rows = assert_continuous_run(out, steps=6, bound=2, samples_per_step=8 * 8)
     print(
         f"continuous on one gpu: samples/s {[round(r['perf/samples_per_s'], 2) for r in rows]}, partial rollouts "
@@ -323,25 +315,17 @@ def test_a_teacher_beside_quantized_actors_serves_their_nf4_base(model, tmp_path
     student is that base too, so step 1's teacher-student KL on the student's samples is about 0; the bf16 weights
     are about 0.6 nats per token away from it."""
     out = tmp_path / "run"
-    common = [a for a in GPU_RUN if not a.startswith(("cluster.gpus_per", "cluster.gpu_memory"))]
-    proc = run_train(
-        [
-            *common,
-            f"model.path={model}",
-            "model.learner_backend=unsloth",
-            "model.load_in_4bit=true",
-            "model.actor_base=quantized",
-            "algorithm=distill",
-            "cluster.num_teachers=1",
-            "cluster.gpus_per_actor=0.3",
-            "cluster.gpus_per_learner=0.4",
-            "cluster.gpus_per_teacher=0.3",
-            "cluster.gpu_memory_utilization=0.25",
-            f"run.output_dir={out}",
-        ],
-        timeout=900,
+    unsloth_run(
+        model,
+        out,
+        "model.actor_base=quantized",
+        "algorithm=distill",
+        "cluster.num_teachers=1",
+        "cluster.gpus_per_actor=0.3",
+        "cluster.gpus_per_learner=0.4",
+        "cluster.gpus_per_teacher=0.3",
+        "cluster.gpu_memory_utilization=0.25",
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
     train = [r for r in metric_rows(out) if "train/loss" in r]
     print(f"teacher on NF4 actors: distill/kl_per_token {[round(r['distill/kl_per_token'], 4) for r in train]}")
     assert [r["step"] for r in train] == [1, 2] and abs(train[0]["distill/kl_per_token"]) < 0.1
