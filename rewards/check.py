@@ -188,16 +188,22 @@ def build_reward(overrides: list[str]) -> Any:
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from rl.config.schema import register_configs
+    from rl.config.schema import ConfigError, TrainConfig, register_configs
+    from rl.entry import one_line_config_error
 
     register_configs()
     conf_dir = str(Path(__file__).resolve().parent.parent / "conf")
-    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides)
+    try:
+        with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+            cfg = compose(config_name="train", overrides=overrides)
+    except Exception as e:  # noqa: BLE001 - a group option or key that does not exist: train.py's one line
+        raise ConfigError(one_line_config_error(e, TrainConfig)) from None
     return instantiate(cfg.reward, _convert_="all")
 
 
 def main(argv: list[str]) -> int:
+    from rl.config.errors import ConfigError
+
     verbose = "-v" in argv
     overrides = [a for a in argv if a != "-v"]
     if not any(a.startswith("reward=") for a in overrides):
@@ -205,6 +211,9 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         reward = build_reward(overrides)
+    except ConfigError as e:
+        print(f"error: {e}")
+        return 2
     except Exception as e:  # noqa: BLE001 - one line for the user
         cause = e.__cause__ or e
         print(f"error: could not build the reward: {type(cause).__name__}: {str(cause).splitlines()[0]}")
@@ -212,7 +221,6 @@ def main(argv: list[str]) -> int:
     close_judge = None
     if getattr(reward, "needs_judge", False):  # a model judge: its engine, as a run would start it
         from rewards.check_judge import start_judge
-        from rl.config.errors import ConfigError
         from rl.errors import UserFacingError
 
         try:

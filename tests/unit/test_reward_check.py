@@ -47,3 +47,13 @@ def test_check_command_exit_codes():
         timeout=300,
     )
     assert bad.returncode == 1 and "FAIL" in bad.stdout
+    unknown = subprocess.run(
+        [sys.executable, "-m", "rewards.check", "reward=nope"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert unknown.returncode == 2 and unknown.stdout.startswith("error: Could not find 'reward/nope'; available: ")
+    assert "boxed" in unknown.stdout and len(unknown.stdout.strip().splitlines()) == 1
