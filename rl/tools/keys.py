@@ -68,7 +68,13 @@ def rows(schema: type = TrainConfig) -> list[tuple[str, str, str]]:
 def main(argv: list[str]) -> None:
     markdown = "--markdown" in argv
     wanted = [a for a in argv if not a.startswith("--")]
-    chosen = [r for r in rows() if not wanted or r[0].split(".")[0] in wanted]
+    every = rows()
+    known = {k.split(".")[0] for k, _, _ in every}
+    unknown = [w for w in wanted if w not in known]
+    if unknown:
+        print(f"error: no config group or key {', '.join(unknown)}; groups: {', '.join(groups())}", file=sys.stderr)
+        sys.exit(2)
+    chosen = [r for r in every if not wanted or r[0].split(".")[0] in wanted]
     if markdown:
         print("| key | default | what it does |\n|---|---|---|")
         print("\n".join(f"| `{k}` | `{d}` | {note} |" for k, d, note in chosen))

@@ -288,3 +288,7 @@ def test_the_key_reference_command_prints_one_group():
     lines = proc.stdout.splitlines()
     assert lines and all(line.startswith("eval.") for line in lines)
     assert any(line.split()[:2] == ["eval.size", "64"] and "held-out prompts" in line for line in lines)
+    typo = subprocess.run(
+        [sys.executable, "-m", "rl.tools.keys", "evl"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert typo.returncode == 2 and typo.stderr.startswith("error: no config group or key evl; groups: model, ")
