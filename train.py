@@ -56,7 +56,7 @@ def precheck_overrides(argv: list[str]) -> TrainConfig | None:
         "--package",
     }
     check_renamed([a for a in argv if "=" in a and not a.startswith("-")])  # sweeps (-m) too
-    overrides = [a for a in argv if "=" in a and not a.startswith(("-", "hydra.", "+hydra.", "hydra/"))]
+    overrides = [a for a in argv if not a.startswith(("-", "hydra.", "+hydra."))]  # -m / --multirun left out
     sweep = {"-m", "--multirun"}
     others = flags - sweep
     if any(a in sweep for a in argv) and not any(a.split("=")[0] in others for a in argv):

@@ -185,19 +185,14 @@ def build_reward(overrides: list[str]) -> Any:
     """The reward as train.py builds it (conf/train.yaml + overrides)."""
     from pathlib import Path
 
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from rl.config.schema import ConfigError, TrainConfig, register_configs
-    from rl.entry import one_line_config_error
+    from rl.config.schema import TrainConfig, register_configs
+    from rl.entry import compose_config
 
     register_configs()
     conf_dir = str(Path(__file__).resolve().parent.parent / "conf")
-    try:
-        with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
-            cfg = compose(config_name="train", overrides=overrides)
-    except Exception as e:  # noqa: BLE001 - a group option or key that does not exist: train.py's one line
-        raise ConfigError(one_line_config_error(e, TrainConfig)) from None
+    cfg = compose_config(conf_dir, "train", overrides, TrainConfig)  # a bad option: ConfigError, train.py's line
     return instantiate(cfg.reward, _convert_="all")
 
 

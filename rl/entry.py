@@ -82,20 +82,34 @@ def valid_keys(full_key: str, schema: type) -> list[str]:
     return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
 
 
-def compose_checked(
-    conf_dir: str, name: str, overrides: list[str], schema: type, where: str = ""
-) -> tuple[DictConfig, Any]:
-    """conf_dir/name.yaml with `overrides`: (the composed DictConfig, its typed and checked `schema` object); a bad key
-    or value exits with one line naming it (after `where`, e.g. which sweep job). `schema` must be registered with
-    Hydra's ConfigStore already."""
+def compose_config(conf_dir: str, name: str, overrides: list[str], schema: type) -> DictConfig:
+    """conf_dir/name.yaml with `overrides`, composed by Hydra; a group option or key that does not exist, or a value
+    of the wrong type, raises ConfigError with one line naming it. `schema` must be registered with Hydra's
+    ConfigStore already."""
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     from rl.config.errors import ConfigError
 
     try:
         with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
-            dcfg = compose(config_name=name, overrides=overrides)
+            return compose(config_name=name, overrides=overrides)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf errors become one line
+        raise ConfigError(one_line_config_error(e, schema)) from None
+
+
+def compose_checked(
+    conf_dir: str, name: str, overrides: list[str], schema: type, where: str = ""
+) -> tuple[DictConfig, Any]:
+    """`compose_config`, and the result's typed and checked `schema` object: (the DictConfig, the object); a bad key
+    or value exits with one line naming it (after `where`, e.g. which sweep job)."""
+    from omegaconf import OmegaConf
+
+    from rl.config.errors import ConfigError
+
+    try:
+        dcfg = compose_config(conf_dir, name, overrides, schema)
         return dcfg, OmegaConf.to_object(dcfg.copy())  # typed validation (__post_init__ checks)
     except ConfigError as e:
         fail(f"{where}{e}")

@@ -47,8 +47,8 @@ def explain(role: str, cause: str, cfg: TrainConfig, failed: str = "failed to st
 
 
 def _kv_need(cfg: TrainConfig) -> tuple[float, int, int]:
-    """(KV bytes, sequences, tokens each) one actor needs to hold its sequences at once (TrainConfig.actor_sequences) (0 bytes when the
-    model's shape is unknown)."""
+    """(KV bytes, sequences, tokens each) one actor needs to hold its sequences at once
+    (`TrainConfig.actor_sequences`; 0 bytes when the model's shape is unknown)."""
     from rl.preflight.shapes import DTYPE_BYTES, load_shape
 
     seqs = cfg.actor_sequences

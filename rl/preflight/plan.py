@@ -308,8 +308,9 @@ def plan_for_config(
 ) -> dict[str, RoleMemory]:
     """`estimate_memory` for a TrainConfig, and with `cluster.num_teachers` one judge/teacher engine ("teacher"):
     `teacher_shape` (None: the student's `shape`) served as rl/rollout/teacher.py's `teacher_engine_config` does,
-    with the adapter merged (no LoRA slot; on the actors' NF4 base in NF4 with a slot), its own memory fraction and a context for a judge prompt or a student's
-    prompt + completion. Keys that may not exist yet are read with their defaults."""
+    with the adapter merged (no LoRA slot; on the actors' NF4 base in NF4 with a slot), its own memory fraction and
+    a context for a judge prompt or a student's prompt + completion. Keys that may not exist yet are read with their
+    defaults."""
     m, c = cfg.model, cfg.cluster
     value = lambda v: getattr(v, "value", v)  # noqa: E731 - str Enums to their names
     vllm = value(c.rollout_backend) == "vllm"

@@ -6,9 +6,9 @@ the shape of this runtime, where a rollout actor runs its calls one at a time, i
 - Each sample is generated in segments of at most `cluster.segment_tokens` new tokens, each segment one request
   that carries the prompt and the sample's tokens so far (vLLM's prefix cache reads that prefix back instead of
   computing it, unless an adapter load has just emptied the cache). At most `STREAM_DEPTH` calls are queued on an
-  actor (rl/config/cluster.py), so an adapter load sent by a sync runs right after them: the samples in progress pause at a segment's end, continue
-  under the new adapter (a partial rollout), and each token records the version that sampled it
-  (`Completion.versions`).
+  actor (rl/config/cluster.py), so an adapter load sent by a sync runs right after them: the samples in progress
+  pause at a segment's end, continue under the new adapter (a partial rollout), and each token records the version
+  that sampled it (`Completion.versions`).
 - Up to `groups_in_flight` prompt groups are generated or waiting for the learner at once (finished groups count,
   so generation does not run ahead of a slow learner); a group is ready when all its samples have stopped, in
   whatever order they finish: one long completion holds up its own group, not a batch.

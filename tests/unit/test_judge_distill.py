@@ -380,7 +380,8 @@ def test_a_teacher_on_the_students_model_serves_the_base_the_actors_serve(tmp_pa
 def test_a_teacher_on_nf4_actors_serves_their_nf4_base_with_its_adapter_as_native_lora(tmp_path):
     """model.actor_base=quantized: the actors serve model.path quantized to NF4 by vLLM. A teacher on the student's
     model (teacher.path null) serves that same NF4 base, its adapter in a LoRA slot sized for the adapter's rank 4
-    (vLLM's smallest allowed slot above it: 8; NF4 weights take no merge), and the plan counts it so; a teacher on another model serves that model's weights."""
+    (vLLM's smallest allowed slot above it: 8; NF4 weights take no merge), and the plan counts it so; a teacher on
+    another model serves that model's weights."""
     from rl.config.resolve import from_overrides
     from rl.preflight.plan import plan_for_config
     from rl.preflight.shapes import ModelShape

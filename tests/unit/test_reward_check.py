@@ -26,34 +26,24 @@ def test_gate_catches_a_gameable_reward():
     assert {r.exploit for r in results if not r.passed} >= {"format_only_filled", "wrong_value"}
 
 
-def test_check_command_exit_codes():
-    env = repo_env()
-    ok = subprocess.run(
-        [sys.executable, "-m", "rewards.check", "reward=boxed"],
+def check_command(*args: str) -> subprocess.CompletedProcess:
+    """`python -m rewards.check ARGS` from the repository, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "rewards.check", *args],
         cwd=REPO,
-        env=env,
+        env=repo_env(),
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_check_command_exit_codes():
+    ok = check_command("reward=boxed")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "PASS" in ok.stdout
-    bad = subprocess.run(
-        [sys.executable, "-m", "rewards.check", "reward=format_strict"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    bad = check_command("reward=format_strict")
     assert bad.returncode == 1 and "FAIL" in bad.stdout
-    unknown = subprocess.run(
-        [sys.executable, "-m", "rewards.check", "reward=nope"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    unknown = check_command("reward=nope")
     assert unknown.returncode == 2 and unknown.stdout.startswith("error: Could not find 'reward/nope'; available: ")
     assert "boxed" in unknown.stdout and len(unknown.stdout.strip().splitlines()) == 1
