@@ -158,6 +158,18 @@ def adapter_lora(folder: str) -> tuple[int, int, list[str]]:
     return saved.get("r"), saved.get("lora_alpha"), sorted(saved.get("target_modules") or [])
 
 
+# vLLM's `max_lora_rank` is one of a fixed set (`MaxLoRARanks` in vllm/config/lora.py, the same in 0.26 and 0.32).
+# Held here so that plan=true sizes the slot without importing vLLM (seconds); tests/unit/test_config.py checks it
+# against the installed vLLM's.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_slot_rank(rank: int) -> int:
+    """The rank vLLM's LoRA slot is sized for when it serves an adapter of `rank`: the smallest rank vLLM allows that
+    holds it (a lower-rank adapter fits a larger slot; vLLM refuses a `max_lora_rank` outside its set)."""
+    return next((r for r in VLLM_LORA_RANKS if r >= rank), rank)
+
+
 def resolve_teacher(cfg: TrainConfig) -> TeacherConfig:
     """`teacher.path` as the folder its engines load and `teacher.adapter` as the adapter folder it names
     (rl/checkpoint.py find_policy). Untouched when no judge/teacher engine runs (`cluster.num_teachers=0`).

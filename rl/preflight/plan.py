@@ -43,7 +43,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl.config.resolve import adapter_lora, resolve_lora_mode, resolve_micro_batch_tokens, teacher_in_4bit
+from rl.config.resolve import (
+    adapter_lora,
+    lora_slot_rank,
+    resolve_lora_mode,
+    resolve_micro_batch_tokens,
+    teacher_in_4bit,
+)
 from rl.config.schema import ConfigError
 from rl.preflight.machine import detect_gpus, numa_node_memory, ram_bytes
 from rl.preflight.shapes import DTYPE_BYTES, ModelShape, load_shape
@@ -141,7 +147,8 @@ def estimate_memory(
         f"{'on' if checkpointing else 'off'}"
     )
 
-    lora_slot = shape.lora_params(lora_rank, lora_targets) if native_lora else 0
+    # vLLM sizes its slot at the smallest rank it allows that holds the adapter, not at the adapter's rank
+    lora_slot = shape.lora_params(lora_slot_rank(lora_rank), lora_targets) if native_lora else 0
     if not vllm:  # HF generate: the KV cache of the batch, nothing reserved
         actor, b, _ = engine_weights("actor", shape, actor_dtype, actor_in_4bit, lora_slot)
         actor.parts["KV cache (its sequences at once)"] = sequences_per_actor * seq_len * shape.kv_bytes_per_token(b)
@@ -353,7 +360,7 @@ def plan_for_config(
             sequences=math.ceil(samples / teachers),  # each engine scores (or judges) its share of the step
             gpus=c.gpus_per_teacher,
             gpu_memory_utilization=c.teacher_memory_utilization or c.gpu_memory_utilization,
-            lora_params=(teacher_shape or shape).lora_params(rank, targets) if rank else 0,
+            lora_params=(teacher_shape or shape).lora_params(lora_slot_rank(rank), targets) if rank else 0,
             in_4bit=nf4,
         )
     return roles

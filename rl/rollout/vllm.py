@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from rl.config.choices import ActorBase, LoraMode, WeightSync
+from rl.config.resolve import lora_slot_rank
 from rl.config.schema import TrainConfig
 from rl.errors import OutputMark, engine_start_error
 from rl.rollout.episodes import EpisodeEngine
@@ -57,19 +58,6 @@ def engine_kwargs(cfg: TrainConfig) -> dict:
         # offset"): the engine dies. Without chunking a prompt is prefilled whole, in one step.
         kwargs.update(enable_chunked_prefill=False)
     return kwargs
-
-
-def lora_slot_rank(rank: int) -> int:
-    """vLLM's `max_lora_rank`, the rank its LoRA slot is sized for, is one of a fixed set (`MaxLoRARanks` in
-    vllm/config/lora.py; 1, 8, 16, 32, ...): the smallest of them that holds an adapter of `rank` (a lower-rank
-    adapter fits a larger slot). A vLLM without that set gets `rank` itself."""
-    import typing
-
-    try:
-        from vllm.config.lora import MaxLoRARanks
-    except ImportError:
-        return rank
-    return next((r for r in sorted(typing.get_args(MaxLoRARanks)) if r >= rank), rank)
 
 
 class VLLMRollout(EpisodeEngine):

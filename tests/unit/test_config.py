@@ -212,15 +212,27 @@ def test_a_4bit_learners_actors_load_its_dequantized_base(tmp_path):
 
 def test_native_lora_slots_take_a_rank_vllm_allows(tmp_path):
     """vLLM refuses a max_lora_rank outside its fixed set (1, 8, 16, 32, ...): model.lora_rank=4 with native LoRA
-    failed the actor's start. The slot is the smallest allowed rank that holds the adapter."""
-    from rl.rollout.vllm import engine_kwargs, lora_slot_rank
+    failed the actor's start. The slot is the smallest allowed rank that holds the adapter, and plan=true sizes it so."""
+    import typing
 
+    from vllm.config.lora import MaxLoRARanks
+
+    from rl.config.resolve import VLLM_LORA_RANKS, lora_slot_rank
+    from rl.rollout.vllm import engine_kwargs
+
+    assert VLLM_LORA_RANKS == tuple(sorted(typing.get_args(MaxLoRARanks)))  # the set plan=true uses is vLLM's
     assert [lora_slot_rank(r) for r in (1, 2, 4, 8, 12, 16, 24, 64, 300)] == [1, 8, 8, 8, 16, 16, 32, 64, 320]
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text("{}")
     cfg = specs.from_overrides(str(model), "model.lora_rank=4", "cluster.lora_mode=native")
     assert engine_kwargs(cfg)["max_lora_rank"] == 8
+    from rl.preflight.plan import plan_for_config
+    from rl.preflight.shapes import ModelShape
+
+    shape = ModelShape(layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, head_dim=64, vocab=32000)
+    actor = plan_for_config(cfg, shape, 80 * 2**30)["actor"]
+    assert actor.parts["LoRA slot"] == shape.lora_params(8, list(cfg.model.lora_targets)) * 2  # the plan counts it too
 
 
 def test_quantized_actors_load_the_model_in_nf4_with_native_lora(tmp_path):

@@ -380,7 +380,7 @@ def test_a_teacher_on_the_students_model_serves_the_base_the_actors_serve(tmp_pa
 def test_a_teacher_on_nf4_actors_serves_their_nf4_base_with_its_adapter_as_native_lora(tmp_path):
     """model.actor_base=quantized: the actors serve model.path quantized to NF4 by vLLM. A teacher on the student's
     model (teacher.path null) serves that same NF4 base, its adapter in a LoRA slot sized for the adapter's rank 4
-    (vLLM's smallest allowed slot above it: 8; NF4 weights take no merge), and the plan counts it so; a teacher on
+    (vLLM's smallest allowed slot above it: 8; NF4 weights take no merge), and the plan counts that slot; a teacher on
     another model serves that model's weights."""
     from rl.config.resolve import from_overrides
     from rl.preflight.plan import plan_for_config
@@ -409,7 +409,7 @@ def test_a_teacher_on_nf4_actors_serves_their_nf4_base_with_its_adapter_as_nativ
     shape = ModelShape(layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, head_dim=64, vocab=32000)
     teacher = plan_for_config(cfg, shape, 80 * 2**30)["teacher"]
     assert teacher.parts["weights (4-bit NF4)"] == shape.weight_bytes(2, True)
-    assert teacher.parts["LoRA slot"] == shape.lora_params(4, ["q_proj"]) * 2
+    assert teacher.parts["LoRA slot"] == shape.lora_params(8, ["q_proj"]) * 2  # the slot vLLM allocates
     elsewhere = teacher_engine_config(from_overrides(str(model), *nf4, *distill, f"teacher.path={other}"))
     assert elsewhere.model.path == str(other) and elsewhere.cluster.lora_mode == "merged"
     assert "quantization" not in engine_kwargs(elsewhere)
