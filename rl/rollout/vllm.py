@@ -60,6 +60,22 @@ def engine_kwargs(cfg: TrainConfig) -> dict:
     return kwargs
 
 
+def _not_the_lora_tokenizer_notice(record) -> bool:
+    return "different tokenizers for different LoRAs" not in record.getMessage()
+
+
+def quiet_lora_tokenizer_notice() -> None:
+    """vLLM (0.32) warns at an engine's first LoRARequest that per-adapter tokenizers are deprecated, whether or not
+    the adapter has one; ours never do (the folder holds the factors and adapter_config.json) and the engine uses the
+    base model's tokenizer, so on the console the line only alarms. Dropped at the logger that emits it, once per
+    process."""
+    import logging
+
+    logger = logging.getLogger("vllm.v1.engine.input_processor")
+    if _not_the_lora_tokenizer_notice not in logger.filters:
+        logger.addFilter(_not_the_lora_tokenizer_notice)
+
+
 class VLLMRollout(EpisodeEngine):
     """A vLLM engine with a LoRA adapter slot.
 
@@ -94,6 +110,8 @@ class VLLMRollout(EpisodeEngine):
         self._cold_prefix_per_call = cfg.run.deterministic
         self.episodes, self._env = cfg.episodes, None  # a multi-turn env, built at its first episodes
         self._lora_request = None
+        if self.lora_mode == LoraMode.native:
+            quiet_lora_tokenizer_notice()
         self.tokenizer = self.llm.get_tokenizer()
         # FlatLogprobs (a few flat lists per sample instead of a dict and object per token), where this vLLM has it
         flat = "flat_logprobs" in getattr(SamplingParams, "__struct_fields__", ())

@@ -109,3 +109,29 @@ def test_deterministic_reaches_the_learner_and_gpu_engines(tiny_model, monkeypat
     assert actor_env(off)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in actor_env(gpu)
     assert on.log_dir.name == "logs" and not on.run.verbose
+
+
+def test_vllms_lora_tokenizer_notice_is_dropped_at_its_logger():
+    """vLLM warns at a native-LoRA engine's first LoRARequest that per-adapter tokenizers are deprecated, though ours
+    carry none: VLLMRollout drops that one line at the logger vLLM emits it from, and nothing else."""
+    import logging
+
+    from vllm.v1.engine import input_processor
+
+    from rl.rollout.vllm import quiet_lora_tokenizer_notice
+
+    logger = input_processor.logger
+    assert logger.name == "vllm.v1.engine.input_processor"  # the filter sits on the logger that emits the line
+    quiet_lora_tokenizer_notice()
+    quiet_lora_tokenizer_notice()  # a second engine in the process adds no second filter
+    assert len(logger.filters) == 1
+
+    def record(msg: str) -> logging.LogRecord:
+        return logger.makeRecord(logger.name, logging.WARNING, "input_processor.py", 289, msg, (), None)
+
+    notice = (
+        "vLLM has deprecated support for supporting different tokenizers for different LoRAs. By default, vLLM "
+        "uses base model's tokenizer."
+    )
+    assert not logger.filter(record(notice))
+    assert logger.filter(record("Got lora_request but LoRA is not enabled!"))
