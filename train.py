@@ -19,7 +19,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from envs.protocol import Environment
 from rl.config.schema import ConfigError, TrainConfig, register_configs
-from rl.entry import build_target, check_renamed, compose_checked, fail, one_line_config_error, sweep_jobs
+from rl.entry import (
+    added_key_error,
+    build_target,
+    check_renamed,
+    compose_checked,
+    fail,
+    one_line_config_error,
+    sweep_jobs,
+)
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 log = logging.getLogger("train")
@@ -70,6 +78,9 @@ def precheck_overrides(argv: list[str]) -> TrainConfig | None:
 
 
 def to_typed(cfg: DictConfig) -> TrainConfig:
+    added = added_key_error(cfg, TrainConfig)  # what Hydra composed for the job, not the precheck
+    if added:
+        fail(added)
     try:
         return OmegaConf.to_object(cfg)
     except ConfigError as e:

@@ -82,21 +82,48 @@ def valid_keys(full_key: str, schema: type) -> list[str]:
     return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
 
 
+def added_key_error(cfg: DictConfig, schema: type, prefix: str = "") -> str | None:
+    """The one line for a key that `+key=value` added to a typed group (`+algorithm.clip_hig=0.3`), or None. Hydra
+    lets `+` append to a structured config, and the typed object then drops the key: the value would be ignored."""
+    from omegaconf import OmegaConf
+
+    node_type = OmegaConf.get_type(cfg)
+    if not dataclasses.is_dataclass(node_type):  # reward/env: a `_target_`'s keyword arguments, any keys
+        return None
+    fields = {f.name for f in dataclasses.fields(node_type)}
+    for key in cfg.keys():
+        full_key = f"{prefix}{key}"
+        if key not in fields:
+            valid = valid_keys(full_key, schema)
+            hint = f"; valid keys there: {', '.join(valid)}" if valid else ""
+            return f"unknown config key '{full_key}' (added with +): check its spelling{hint}"
+        child = cfg._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none():
+            error = added_key_error(child, schema, f"{full_key}.")
+            if error:
+                return error
+    return None
+
+
 def compose_config(conf_dir: str, name: str, overrides: list[str], schema: type) -> DictConfig:
-    """conf_dir/name.yaml with `overrides`, composed by Hydra; a group option or key that does not exist, or a value
-    of the wrong type, raises ConfigError with one line naming it. `schema` must be registered with Hydra's
-    ConfigStore already."""
+    """conf_dir/name.yaml with `overrides`, composed by Hydra; a group option or key that does not exist (also one
+    added with `+` to a typed group), or a value of the wrong type, raises ConfigError with one line naming it.
+    `schema` must be registered with Hydra's ConfigStore already."""
     from hydra import compose, initialize_config_dir
 
     from rl.config.errors import ConfigError
 
     try:
         with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
-            return compose(config_name=name, overrides=overrides)
+            cfg = compose(config_name=name, overrides=overrides)
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf errors become one line
         raise ConfigError(one_line_config_error(e, schema)) from None
+    error = added_key_error(cfg, schema)
+    if error:
+        raise ConfigError(error)
+    return cfg
 
 
 def compose_checked(

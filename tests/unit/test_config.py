@@ -116,6 +116,7 @@ def test_a_batch_that_does_not_split_over_the_learners_names_the_keys_that_set_i
     [
         ("model.pathh=x", "unknown config key 'model.pathh'"),
         ("stepz=3", "unknown config key 'stepz'"),
+        ("+algorithm.clip_hig=0.3", "unknown config key 'algorithm.clip_hig' (added with +): check its spelling"),
         ("steps=3", "'steps' is now 'run.steps': write run.steps=..."),
         ("eval_size=0", "'eval_size' is now 'eval.size'"),
         ("+save_interval=2", "'save_interval' is now 'checkpoint.interval'"),
@@ -178,6 +179,18 @@ def test_an_old_key_in_a_yaml_file_names_its_new_spelling():
     with pytest.raises(Exception) as e:
         OmegaConf.merge(OmegaConf.structured(TrainConfig), {"eval_size": 3})
     assert one_line_config_error(e.value, TrainConfig).startswith("'eval_size' is now 'eval.size'")
+
+
+def test_a_key_added_with_plus_must_be_in_the_schema_of_its_group():
+    """Hydra lets `+key=value` append to a typed group and the typed object drops the key, so a typo'd key would be
+    ignored; only reward/env (a `_target_`'s keyword arguments) take keys the schema does not list."""
+    from rl.entry import compose_config
+
+    for override, key in (("+run.stepz=3", "run.stepz"), ("+cluster.x.y=1", "cluster.x"), ("+stepz=1", "stepz")):
+        with pytest.raises(ConfigError, match=rf"^unknown config key '{key}' \(added with \+\)"):
+            compose_config(str(CONF), "train", [override], TrainConfig)
+    cfg = compose_config(str(CONF), "train", ["+reward.scale=2", "+env.extra=1"], TrainConfig)
+    assert (cfg.reward.scale, cfg.env.extra) == (2, 1)
 
 
 def test_the_resolve_step_returns_the_schema_with_every_auto_filled(tmp_path):
