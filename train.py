@@ -68,7 +68,10 @@ def precheck_overrides(argv: list[str]) -> TrainConfig | None:
     sweep = {"-m", "--multirun"}
     others = flags - sweep
     if any(a in sweep for a in argv) and not any(a.split("=")[0] in others for a in argv):
-        jobs = sweep_jobs(overrides) or []
+        try:
+            jobs = sweep_jobs(CONF_DIR, overrides) or []
+        except ConfigError as e:
+            fail(str(e))
         for i, job in enumerate(jobs):
             compose_checked(CONF_DIR, "train", job, TrainConfig, where=f"sweep job #{i} ({' '.join(job)}): ")
         return None

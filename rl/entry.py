@@ -144,27 +144,36 @@ def compose_checked(
         fail(f"{where}{one_line_config_error(e, schema)}")
 
 
-def sweep_jobs(overrides: list[str]) -> list[list[str]] | None:
-    """The overrides of each job a `-m` sweep of `overrides` launches with Hydra's basic sweeper (the product of
-    its comma lists and range()s, in its order), or None where the jobs cannot be listed here (a glob over a config
-    group, an interval for a sweeper plugin): Hydra then checks each job as it starts it."""
-    import itertools
-
+def sweep_jobs(conf_dir: str, overrides: list[str]) -> list[list[str]] | None:
+    """The overrides of each job a `-m` sweep of `overrides` launches, in its order, as Hydra's basic sweeper lists
+    them (comma lists, range(), a glob over a group's options; a key given twice keeps its last value), or None
+    where only a sweeper plugin could (an interval): Hydra then checks each job as it starts it. An override Hydra
+    cannot parse raises ConfigError with its one line."""
+    from hydra import initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException, OverrideParseException
 
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-        lists = []
+    from rl.config.errors import ConfigError
+
+    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+        try:
+            parsed = parser.parse_overrides(overrides)
+        except OverrideParseException as e:
+            raise ConfigError(" ".join(str(e).split())) from None
+        try:
+            jobs = BasicSweeper.split_arguments(parsed, max_batch_size=None)[0]
+        except HydraException:  # a sweep type only a sweeper plugin expands
+            return None
         for o in parsed:
-            if not o.is_sweep_override():
-                lists.append([o.input_line])
-            elif o.is_discrete_sweep():
-                lists.append([f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()])
-            else:
-                return None
-        return [list(job) for job in itertools.product(*lists)]
-    except Exception:  # noqa: BLE001 - what only Hydra's sweeper can expand (a glob needs its config loader)
-        return None
+            if o.is_discrete_sweep() and not list(o.sweep_string_iterator()):
+                key = o.get_key_element().lstrip("+~")
+                options = GlobalHydra.instance().config_loader().get_group_options(key)
+                known = f"; available: {', '.join(options)}" if options else ""
+                raise ConfigError(f"{o.input_line} sweeps over nothing: no value matches{known}")
+    return jobs
 
 
 def build_target(node: DictConfig, key: str) -> Any:

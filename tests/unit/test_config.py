@@ -157,19 +157,35 @@ def test_bad_input_fails_with_one_line_naming_the_key(override, expected):
 
 def test_every_job_of_a_sweep_is_checked_before_the_first_runs(tmp_path):
     """`-m` with a bad value in its last job fails at once, naming the job, before any job runs (Hydra alone runs
-    the jobs before it first: hours of a real sweep). The jobs are Hydra's basic sweeper's product, in its order."""
+    the jobs before it first: hours of a real sweep). The jobs are Hydra's basic sweeper's, in its order."""
     from rl.entry import sweep_jobs
 
-    assert sweep_jobs(["algorithm=grpo,dapo", "run.seed=range(0,2)", "run.steps=3"]) == [
+    conf = str(CONF)
+    assert sweep_jobs(conf, ["algorithm=grpo,dapo", "run.seed=range(0,2)", "run.steps=3"]) == [
         ["algorithm=grpo", "run.seed=0", "run.steps=3"],
         ["algorithm=grpo", "run.seed=1", "run.steps=3"],
         ["algorithm=dapo", "run.seed=0", "run.steps=3"],
         ["algorithm=dapo", "run.seed=1", "run.steps=3"],
     ]
-    assert sweep_jobs(["algorithm=glob(gr*)"]) is None  # Hydra's sweeper expands a glob itself
+    assert sweep_jobs(conf, ["algorithm=glob(g*,exclude=grpo)", "run.seed=0,1"]) == [
+        ["algorithm=gspo", "run.seed=0"],
+        ["algorithm=gspo", "run.seed=1"],
+    ]
+    assert sweep_jobs(conf, ["run.seed=0,1", "run.seed=2"]) == [["run.seed=2"]]  # the last value of a key, as Hydra
+    assert sweep_jobs(conf, ["run.steps=interval(1,2)"]) is None  # only a sweeper plugin expands an interval
+    with pytest.raises(ConfigError, match=r"^no viable alternative at input '\[0,1'"):  # one line, not Hydra's three
+        sweep_jobs(conf, ["run.seed=[0,1"])
+    with pytest.raises(
+        ConfigError, match=r"^algorithm=glob\(zz\*\) sweeps over nothing: no value matches; available: cispo"
+    ):
+        sweep_jobs(conf, ["algorithm=glob(zz*)"])
     proc = run_train(["-m", "algorithm.lr=1e-3,-1", "plan=true", f"hydra.sweep.dir={tmp_path}"], timeout=120)
     assert proc.returncode == 2 and "fits" not in proc.stdout  # no job ran, not even the good first one
-    assert proc.stderr.strip() == "error: sweep job #1 (algorithm.lr=-1 plan=true): algorithm.lr must be > 0 (got -1.0)"
+    assert proc.stderr.strip() == "error: sweep job #1 (algorithm.lr=-1 plan=True): algorithm.lr must be > 0 (got -1.0)"
+    proc = run_train(["-m", "algorithm=glob(gr*)", "run.sed=1", f"hydra.sweep.dir={tmp_path}"], timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().startswith(
+        "error: sweep job #0 (algorithm=grpo run.sed=1): unknown config key 'run.sed'"
+    ), proc.stderr  # a glob is expanded and checked like a list, not left to Hydra's multi-line error
 
 
 def test_an_old_key_in_a_yaml_file_names_its_new_spelling():
