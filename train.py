@@ -30,6 +30,9 @@ from rl.entry import (
 )
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
+# A sweep job without run.output_dir writes into (and with run.resume=auto continues) its own Hydra job directory,
+# hydra.sweep.dir/hydra.sweep.subdir; the precheck composes before Hydra names it, so it stands in for it there.
+JOB_DIR = "<the sweep job's directory>"
 log = logging.getLogger("train")
 
 register_configs()
@@ -72,8 +75,18 @@ def precheck_overrides(argv: list[str]) -> TrainConfig | None:
             jobs = sweep_jobs(CONF_DIR, overrides) or []
         except ConfigError as e:
             fail(str(e))
+        writers: dict[str, int] = {}  # run.output_dir -> the first job writing there
         for i, job in enumerate(jobs):
-            compose_checked(CONF_DIR, "train", job, TrainConfig, where=f"sweep job #{i} ({' '.join(job)}): ")
+            where = f"sweep job #{i} ({' '.join(job)}): "
+            _, cfg = compose_checked(CONF_DIR, "train", job, TrainConfig, where=where, fill={"run.output_dir": JOB_DIR})
+            if cfg.run.output_dir == JOB_DIR:
+                continue
+            first = writers.setdefault(str(Path(cfg.run.output_dir).resolve()), i)
+            if first != i:
+                fail(
+                    f"{where}run.output_dir={cfg.run.output_dir} is sweep job #{first}'s run directory too: leave "
+                    "run.output_dir unset (each job writes into its own directory under hydra.sweep.dir) or sweep it"
+                )
         return None
     if any(a in flags or a.split("=")[0] in flags for a in argv):
         return None
@@ -116,11 +129,13 @@ def main(dcfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN and dcfg.run.output_dir is None:  # see JOB_DIR
+        dcfg.run.output_dir = hydra_cfg.runtime.output_dir
     cfg = to_typed(dcfg)
     if cfg.plan:  # in a multirun, each job's plan
         run_plan(cfg)
         return None
-    hydra_cfg = HydraConfig.get()
     if cfg.logger.group is None and hydra_cfg.mode == RunMode.MULTIRUN:
         cfg.logger.group = str(hydra_cfg.sweep.dir)  # a sweep's jobs are one wandb group
     run_dir = Path(cfg.run.output_dir or hydra_cfg.runtime.output_dir)

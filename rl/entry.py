@@ -127,17 +127,22 @@ def compose_config(conf_dir: str, name: str, overrides: list[str], schema: type)
 
 
 def compose_checked(
-    conf_dir: str, name: str, overrides: list[str], schema: type, where: str = ""
+    conf_dir: str, name: str, overrides: list[str], schema: type, where: str = "", fill: dict[str, Any] | None = None
 ) -> tuple[DictConfig, Any]:
     """`compose_config`, and the result's typed and checked `schema` object: (the DictConfig, the object); a bad key
-    or value exits with one line naming it (after `where`, e.g. which sweep job)."""
+    or value exits with one line naming it (after `where`, e.g. which sweep job). `fill`: values for keys the
+    composed config leaves null, as the run will set them (a sweep job's run.output_dir: its own directory)."""
     from omegaconf import OmegaConf
 
     from rl.config.errors import ConfigError
 
     try:
         dcfg = compose_config(conf_dir, name, overrides, schema)
-        return dcfg, OmegaConf.to_object(dcfg.copy())  # typed validation (__post_init__ checks)
+        checked = dcfg.copy()
+        for key, value in (fill or {}).items():
+            if OmegaConf.select(checked, key) is None:
+                OmegaConf.update(checked, key, value)
+        return dcfg, OmegaConf.to_object(checked)  # typed validation (__post_init__ checks)
     except ConfigError as e:
         fail(f"{where}{e}")
     except Exception as e:  # noqa: BLE001 - Hydra/OmegaConf errors become one line

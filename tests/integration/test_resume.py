@@ -6,6 +6,7 @@ With Ray + vLLM the same exactness is tested in tests/integration/test_reproduci
 from __future__ import annotations
 
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,3 +130,27 @@ def test_killed_run_resumes_from_last_checkpoint(tiny_model, tmp_path):
     kept = [s for s, _ in checkpoint.list_checkpoints(out)]
     assert kept == [last, last + 1]  # keep_last=2
     assert not list((out / "checkpoints").glob(".*.tmp"))
+
+
+def test_an_interrupted_sweep_continues_each_job_in_its_own_directory(tiny_model, tmp_path):
+    """`-m ... run.resume=auto` with the sweep's hydra.sweep.dir and no run.output_dir: a finished job starts nothing,
+    the job cut after its first step's checkpoint continues there in its own directory, and the summary has both;
+    one run.output_dir for every job would mix their checkpoints and is refused before the first job starts."""
+    sweep = tmp_path / "sweep"
+    sweep_args = ["-m", "run.seed=0,1", *args(tiny_model, "x", "run.steps=2", "checkpoint.interval=1", "eval.size=2")]
+    sweep_args = [a for a in sweep_args if not a.startswith("run.output_dir=")] + [f"hydra.sweep.dir={sweep}"]
+    first = run_train(sweep_args, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    job = sweep / "1"
+    straight = metric_rows(job)
+    (job / "summary.json").unlink()  # as if killed after step 1's checkpoint
+    shutil.rmtree(job / "checkpoints" / "step_0002")
+    again = run_train([*sweep_args, "run.resume=auto"], timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{sweep / '0'} has trained its run.steps=2 steps and finished; nothing to do" in again.stdout
+    assert f"resumed from {job / 'checkpoints' / 'step_0001'}: step 1" in again.stdout
+    assert metric_rows(job) == straight
+    assert [line.split(",")[2] for line in (sweep / "sweep_summary.csv").read_text().splitlines()[1:]] == ["done"] * 2
+    shared = run_train([*sweep_args, f"run.output_dir={tmp_path / 'one'}"], timeout=120)
+    assert shared.returncode == 2 and "is sweep job #0's run directory too" in shared.stderr
+    assert not (tmp_path / "one").exists()

@@ -188,6 +188,20 @@ def test_every_job_of_a_sweep_is_checked_before_the_first_runs(tmp_path):
     ), proc.stderr  # a glob is expanded and checked like a list, not left to Hydra's multi-line error
 
 
+def test_sweep_jobs_resume_in_their_own_directories_and_never_share_one(tmp_path):
+    """A sweep job without run.output_dir has its Hydra job directory, so run.resume=auto passes the check (an
+    interrupted sweep continues job by job); one run.output_dir for two jobs would mix their runs."""
+    sweep = f"hydra.sweep.dir={tmp_path / 'sweep'}"
+    proc = run_train(["-m", "run.seed=0,1", "run.resume=auto", "plan=true", sweep], timeout=120)
+    assert proc.returncode == 0 and proc.stdout.count("fits") == 2, proc.stderr
+    proc = run_train(["-m", "algorithm=grpo,dapo", f"run.output_dir={tmp_path / 'one'}", "plan=true", sweep])
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"error: sweep job #1 (algorithm=dapo run.output_dir={tmp_path / 'one'} plan=True): run.output_dir="
+        f"{tmp_path / 'one'} is sweep job #0's run directory too: leave run.output_dir unset (each job writes into "
+        "its own directory under hydra.sweep.dir) or sweep it"
+    )
+
+
 def test_an_old_key_in_a_yaml_file_names_its_new_spelling():
     """An experiment file written before the keys moved into groups fails with the same one line as the CLI."""
     from rl.entry import one_line_config_error
