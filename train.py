@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -124,12 +125,31 @@ def run_plan(cfg: TrainConfig) -> None:
         fail(str(e))
 
 
+# Jobs of a sweep run in this process (Hydra's basic launcher) that ended with their one-line error: the sweep goes
+# on to the jobs after them and to its summary, and train.py exits 1 at the end naming them.
+FAILED_JOBS: list[str] = []
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(dcfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     hydra_cfg = HydraConfig.get()
+    in_process_sweep = hydra_cfg.mode == RunMode.MULTIRUN and hydra_cfg.launcher._target_.endswith(".BasicLauncher")
+    try:
+        return run_job(dcfg, hydra_cfg)
+    except SystemExit as e:
+        if not in_process_sweep or not e.code:
+            raise
+        FAILED_JOBS.append(f"#{hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)})")
+        return None
+
+
+def run_job(dcfg: DictConfig, hydra_cfg: Any) -> float | None:
+    """One run (or sweep job) of the composed config; its errors exit with one line (`fail`)."""
+    from hydra.types import RunMode
+
     if hydra_cfg.mode == RunMode.MULTIRUN and dcfg.run.output_dir is None:  # see JOB_DIR
         dcfg.run.output_dir = hydra_cfg.runtime.output_dir
     cfg = to_typed(dcfg)
@@ -184,3 +204,5 @@ if __name__ == "__main__":  # vLLM spawns processes: keep this guard
         run_plan(checked)
         sys.exit(0)
     main()
+    if FAILED_JOBS:
+        fail(f"{len(FAILED_JOBS)} sweep job(s) failed (their errors are above): {', '.join(FAILED_JOBS)}", code=1)

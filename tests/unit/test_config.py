@@ -202,6 +202,22 @@ def test_sweep_jobs_resume_in_their_own_directories_and_never_share_one(tmp_path
     )
 
 
+def test_a_failed_sweep_job_leaves_the_jobs_after_it_and_the_summary(tmp_path):
+    """A job ending with its one-line error (here at its run directory) does not end the sweep: the next job runs,
+    the summary is written with a row per job, and the command exits 1 with a line naming the failed jobs."""
+    sweep = tmp_path / "sweep"
+    proc = run_train(["-m", "run.output_dir=/dev/null/a,/dev/null/b", f"hydra.sweep.dir={sweep}"], timeout=120)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1, proc.stderr
+    assert [line.split(":")[0] for line in err] == ["error"] * 3 and "/dev/null/b: cannot write there" in err[1]
+    assert err[2] == (
+        "error: 2 sweep job(s) failed (their errors are above): #0 (run.output_dir=/dev/null/a), "
+        "#1 (run.output_dir=/dev/null/b)"
+    )
+    rows = (sweep / "sweep_summary.csv").read_text().splitlines()[1:]
+    assert [r.split(",")[2] for r in rows] == ["no steps"] * 2
+
+
 def test_an_old_key_in_a_yaml_file_names_its_new_spelling():
     """An experiment file written before the keys moved into groups fails with the same one line as the CLI."""
     from rl.entry import one_line_config_error
