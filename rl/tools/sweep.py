@@ -1,9 +1,10 @@
 """Sweep summary: one row per job of a `python train.py -m ...` sweep, as CSV, Markdown and a PNG of bar charts.
 
 Written into the sweep directory by a Hydra callback when the multirun ends (`SweepSummary`, configured under
-`hydra.callbacks` in conf/train.yaml), and by `make plot RUN=<sweep dir>` for an existing sweep. Each job's run
-directory gives its row: `.hydra/overrides.yaml` (what the job changed), `metrics.jsonl` (per-step throughput and
-times) and `summary.json` (final eval accuracy; absent when the job did not finish).
+`hydra.callbacks` in conf/train.yaml), and by `make plot RUN=<sweep dir>` for an existing sweep. Each job gives
+its row: `.hydra/overrides.yaml` (what the job changed) and, from its run directory (the job
+directory, or the run.output_dir its config gave), `metrics.jsonl` (per-step throughput and times) and
+`summary.json` (final eval accuracy; absent when the job did not finish).
 
 Idle fraction per role: the share of step time a role waits. Runs log `perf/actor_idle_frac` and
 `perf/learner_idle_frac` when they measure it (asynchronous rollouts overlap the roles); otherwise it comes from
@@ -94,11 +95,27 @@ def read_overrides(job_dir: Path) -> list[str]:
     return [str(o) for o in OmegaConf.load(path)]
 
 
+def run_dir_of(job_dir: Path) -> Path:
+    """Where a job wrote its run: the run.output_dir its config gave (a sweep over run.output_dir; relative to the
+    directory the sweep was started from), else the job directory itself."""
+    from omegaconf import OmegaConf
+
+    config, hydra = job_dir / ".hydra" / "config.yaml", job_dir / ".hydra" / "hydra.yaml"
+    out = config.is_file() and OmegaConf.select(
+        OmegaConf.load(config), "run.output_dir", throw_on_resolution_failure=False
+    )
+    if not out:
+        return job_dir
+    cwd = hydra.is_file() and OmegaConf.select(OmegaConf.load(hydra), "hydra.runtime.cwd")
+    return Path(cwd or ".") / out  # an absolute run.output_dir stays as it is
+
+
 def job_row(job_dir: Path) -> dict[str, Any]:
     """One sweep-summary row from a job's run directory (missing values are None)."""
-    rows = read_metrics(job_dir / "metrics.jsonl")
+    run_dir = run_dir_of(job_dir)
+    rows = read_metrics(run_dir / "metrics.jsonl")
     steps = [r for r in rows if "train/loss" in r or "time/step_s" in r]
-    summary_path = job_dir / "summary.json"
+    summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     before = [r["eval/accuracy"] for r in rows if r.get("step") == 0 and "eval/accuracy" in r]
     actor_idle, learner_idle = idle_fractions(steps)

@@ -130,3 +130,18 @@ def test_hydra_config_wires_the_callback_and_the_ray_cluster_launcher():
     launcher = cfg.hydra.launcher
     assert launcher._target_ == "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"
     assert launcher.ray.init.address == "auto" and launcher.ray.remote.num_cpus == 0
+
+
+def test_a_job_whose_run_output_dir_was_swept_is_read_from_there(tmp_path):
+    """`-m run.output_dir=a,b`: the job directory holds only .hydra/, the run is where run.output_dir said (relative
+    to the directory the sweep started from): its row is that run's, not `no steps`."""
+    root, launched = tmp_path / "sweep", tmp_path / "cwd"
+    write_job(launched / "runs" / "a", ["run.output_dir=runs/a"])
+    (launched / "runs" / "a" / ".hydra" / "overrides.yaml").unlink()
+    job = root / "0" / ".hydra"
+    job.mkdir(parents=True)
+    (job / "overrides.yaml").write_text("- run.output_dir=runs/a\n")
+    (job / "config.yaml").write_text("run:\n  output_dir: runs/a\n")
+    (job / "hydra.yaml").write_text(f"hydra:\n  runtime:\n    cwd: {launched}\n")
+    (row,) = sweep.build_summary(root)
+    assert (row["status"], row["steps"], row["eval_accuracy"]) == ("done", 3, 0.5)
