@@ -1,4 +1,4 @@
-"""`python -m rl.tools.keys [group ...]`: every config key with its type, default and one-line description, read
+"""`python -m rl.tools.keys [group or key ...]`: every config key with its default and one-line description, read
 from the schema (rl/config/schema.py), so that the reference of the keys is written once, beside their checks.
 
 `--markdown` prints the same as tables (for a page of docs, generated, never edited by hand).
@@ -6,6 +6,7 @@ from the schema (rl/config/schema.py), so that the reference of the keys is writ
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
 import io
@@ -15,6 +16,7 @@ import typing
 from typing import Any
 
 from rl.config.schema import TrainConfig
+from rl.entry import fail
 
 
 def field_comments(cls: type) -> dict[str, str]:
@@ -66,16 +68,25 @@ def rows(schema: type = TrainConfig) -> list[tuple[str, str, str]]:
 
 
 def main(argv: list[str]) -> None:
-    markdown = "--markdown" in argv
-    wanted = [a for a in argv if not a.startswith("--")]
+    parser = argparse.ArgumentParser(
+        prog="python -m rl.tools.keys",
+        description="Every config key with its default and one-line description, from rl/config/schema.py.",
+    )
+    parser.add_argument("names", nargs="*", help="groups (run, algorithm, ...) or keys (run.steps); none: every key")
+    parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    ns = parser.parse_args(argv)
     every = rows()
-    known = {k.split(".")[0] for k, _, _ in every}
-    unknown = [w for w in wanted if w not in known]
+    unknown = [n for n in ns.names if not any(k == n or k.split(".")[0] == n for k, _, _ in every)]
+    targets = [n for n in unknown if n.split(".")[0] in ("reward", "env")]
+    if targets:
+        fail(
+            f"{', '.join(targets)}: reward and env have no fixed keys, their keys are their _target_'s arguments: "
+            "see conf/reward/*.yaml and conf/env/*.yaml, or python train.py --cfg job"
+        )
     if unknown:
-        print(f"error: no config group or key {', '.join(unknown)}; groups: {', '.join(groups())}", file=sys.stderr)
-        sys.exit(2)
-    chosen = [r for r in every if not wanted or r[0].split(".")[0] in wanted]
-    if markdown:
+        fail(f"no config group or key {', '.join(unknown)}; groups: {', '.join(groups())}")
+    chosen = [r for r in every if not ns.names or r[0] in ns.names or r[0].split(".")[0] in ns.names]
+    if ns.markdown:
         print("| key | default | what it does |\n|---|---|---|")
         print("\n".join(f"| `{k}` | `{d}` | {note} |" for k, d, note in chosen))
         return

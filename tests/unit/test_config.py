@@ -363,3 +363,9 @@ def test_the_key_reference_command_prints_one_group():
         [sys.executable, "-m", "rl.tools.keys", "evl"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert typo.returncode == 2 and typo.stderr.startswith("error: no config group or key evl; groups: model, ")
+    keys = subprocess.run(  # keys by their full name, as the error's "group or key" says
+        [sys.executable, "-m", "rl.tools.keys", "run.steps", "eval.size"], cwd=REPO, capture_output=True, text=True
+    )
+    assert keys.returncode == 0 and [line.split()[0] for line in keys.stdout.splitlines()] == ["run.steps", "eval.size"]
+    target = subprocess.run([sys.executable, "-m", "rl.tools.keys", "reward"], cwd=REPO, capture_output=True, text=True)
+    assert target.returncode == 2 and "reward and env have no fixed keys" in target.stderr
