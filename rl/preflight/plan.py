@@ -45,6 +45,7 @@ from typing import Any
 
 from rl.config.resolve import (
     adapter_lora,
+    check_registry_names,
     lora_slot_rank,
     resolve_lora_mode,
     resolve_micro_batch_tokens,
@@ -522,6 +523,9 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
 
 
 def print_plan(cfg: Any) -> None:
+    """The report for a TrainConfig, after the checks a run makes before it starts that the estimate does not need:
+    an algorithm name no registry has would fail the run where the plan said it fits."""
+    check_registry_names(cfg)
     text, warnings = format_plan(cfg)
     print(f"preflight plan (nothing started)\n{text}")
     for w in warnings:

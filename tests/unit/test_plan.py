@@ -257,13 +257,15 @@ def test_cli_plan_gpu_7b_prints_map_and_warns_when_it_does_not_fit(tmp_path):
     assert "WARNING: as configured it will not start or not fit" in small_gpu.stdout
 
 
-def test_cli_plan_cpu_mode_imports_no_torch_ray_or_vllm(tmp_path):
+def test_cli_plan_cpu_mode_imports_no_ray_vllm_or_transformers(tmp_path):
+    """The plan starts nothing; it imports torch only for the algorithm registries (rl/algorithms.py), whose names it
+    checks as a run would before it starts."""
     model = model_dir(tmp_path, QWEN_05B)
     code = (
         "import sys, train\n"
         f"cfg = train.precheck_overrides(['plan=true', 'model.path={model}'])\n"
         "train.run_plan(cfg)\n"
-        "print('heavy:', sorted(m for m in ('torch', 'ray', 'vllm', 'transformers') if m in sys.modules))\n"
+        "print('heavy:', sorted(m for m in ('ray', 'vllm', 'transformers') if m in sys.modules))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -275,6 +277,12 @@ def test_cli_plan_bad_config_exits_nonzero_with_one_line(tmp_path):
     proc = run_train(["plan=true", f"model.path={tmp_path / 'missing'}"], timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: model.path=") and len(proc.stderr.strip().splitlines()) == 1
+    unknown = run_train(["plan=true", "algorithm.advantage=ppo"], timeout=120)  # the run would fail: so does the plan
+    assert unknown.returncode == 2 and "fits" not in unknown.stdout
+    assert unknown.stderr.strip() == (
+        "error: algorithm.advantage='ppo' is not a known advantage estimator; valid names: dr_grpo, grpo, pg, "
+        "reinforce_pp, rloo"
+    )
     hub = run_train(["plan=true", "model.path=nobody/not-cached-model"], timeout=120)
     assert hub.returncode == 0, hub.stderr  # a hub id is valid config; the plan says what it could not size
     assert "memory: unknown (no config.json for nobody/not-cached-model in the local HF cache" in hub.stdout
