@@ -11,9 +11,10 @@ import errno
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -125,6 +126,28 @@ def run_plan(cfg: TrainConfig) -> None:
         fail(str(e))
 
 
+# SIGINT's exit status in a shell. An interrupted sweep job ends the sweep: unlike a failed job, the jobs after it
+# are not run.
+INTERRUPTED = 130
+
+
+def interrupted(run_dir: Path, sweep_dir: str | None) -> NoReturn:
+    """Ctrl-C (or SIGTERM) during a run: one line saying what the run directory keeps and the command that continues it (every
+    checkpoint in it is whole: one is written to a temp folder and renamed)."""
+    import shlex
+
+    from rl.checkpoint import latest
+
+    last = latest(run_dir)
+    kept = f"its last checkpoint is {last.name}" if last else "it has no checkpoint yet, so it starts again from step 0"
+    moved = ("run.output_dir=", "run.resume=", "hydra.sweep.dir=")
+    args = [a for a in sys.argv[1:] if not a.startswith(moved)]
+    place = f"hydra.sweep.dir={sweep_dir}" if sweep_dir else f"run.output_dir={run_dir}"
+    command = shlex.join(["python", "train.py", *args, place, "run.resume=auto"])
+    print(f"interrupted: {run_dir}: {kept}; continue it with: {command}", file=sys.stderr, flush=True)
+    sys.exit(INTERRUPTED)
+
+
 # Jobs of a sweep run in this process (Hydra's basic launcher) that ended with their one-line error: the sweep goes
 # on to the jobs after them and to its summary, and train.py exits 1 at the end naming them.
 FAILED_JOBS: list[str] = []
@@ -140,7 +163,7 @@ def main(dcfg: DictConfig) -> float | None:
     try:
         return run_job(dcfg, hydra_cfg)
     except SystemExit as e:
-        if not in_process_sweep or not e.code:
+        if not in_process_sweep or not e.code or e.code == INTERRUPTED:
             raise
         FAILED_JOBS.append(f"#{hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)})")
         return None
@@ -187,6 +210,8 @@ def run_job(dcfg: DictConfig, hydra_cfg: Any) -> float | None:
 
     try:
         summary = app.run(cfg, env=env, reward_fn=reward, resolved=OmegaConf.to_container(dcfg, resolve=True))
+    except KeyboardInterrupt:  # the roles are torn down by now (app.run's finally)
+        interrupted(run_dir, str(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None)
     except ConfigError as e:
         fail(str(e))
     except UserFacingError as e:
@@ -198,7 +223,12 @@ def run_job(dcfg: DictConfig, hydra_cfg: Any) -> float | None:
     return summary.get("eval/accuracy_after")
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM (a scheduler's stop, `kill`) ends the run as Ctrl-C does: torn down, one line
+
+
 if __name__ == "__main__":  # vLLM spawns processes: keep this guard
+    signal.signal(signal.SIGTERM, _terminated)
     checked = precheck_overrides(sys.argv[1:])
     if checked is not None and checked.plan:  # before Hydra makes a run directory: a plan writes nothing
         run_plan(checked)

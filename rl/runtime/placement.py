@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,6 +186,9 @@ def start_ray(address: str | None, num_cpus: int | None, verbose: bool = True) -
     runtime_env = {"env_vars": {"PYTHONPATH": pythonpath}}
     os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # what Ray streams (run.verbose=true) comes without colour codes
     ray_logger, level = logging.getLogger("ray"), logging.getLogger("ray").level
+    # Ray's core worker installs its own SIGTERM handler in the driver, which aborts it (exit 134 and a stack dump,
+    # no teardown): the process's own handler (train.py: end as Ctrl-C does) is put back once Ray is up
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     if not verbose:  # Ray's notices while it starts (token auth, ...) are left out; its errors still show
         ray_logger.setLevel(logging.ERROR)
     try:
@@ -209,6 +214,8 @@ def start_ray(address: str | None, num_cpus: int | None, verbose: bool = True) -
     finally:
         ray_logger.setLevel(level)  # from now on Ray's warnings show, and reach the driver's log file
         logs.quiet_console(ray_logger, verbose)
+        if on_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:

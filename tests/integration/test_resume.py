@@ -1,11 +1,13 @@
 """Exact resume (tiny model, in-process HF rollout: no Ray, no vLLM): 6 steps straight equal 3 steps + resume +
-3 steps bit for bit, with a curriculum whose state the checkpoint must hold too; and a run killed with SIGKILL
-continues from its last checkpoint with `resume=auto`.
+3 steps bit for bit, with a curriculum whose state the checkpoint must hold too; a run killed with SIGKILL
+continues from its last checkpoint with `resume=auto`; an interrupted run (Ctrl-C, SIGTERM) prints the command that
+continues it.
 With Ray + vLLM the same exactness is tested in tests/integration/test_reproducible.py."""
 
 from __future__ import annotations
 
 import pickle
+import shlex
 import shutil
 import signal
 import subprocess
@@ -16,7 +18,7 @@ import pytest
 from safetensors.torch import load_file
 
 from rl import checkpoint
-from tests.helpers import REPO, metric_rows, repo_env, run_train
+from tests.helpers import REPO, metric_rows, repo_env, run_train, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -154,3 +156,53 @@ def test_an_interrupted_sweep_continues_each_job_in_its_own_directory(tiny_model
     shared = run_train([*sweep_args, f"run.output_dir={tmp_path / 'one'}"], timeout=120)
     assert shared.returncode == 2 and "is sweep job #0's run directory too" in shared.stderr
     assert not (tmp_path / "one").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c_in_process", "sigterm_ray_vllm"])
+def test_an_interrupted_run_ends_with_the_command_that_continues_it(tiny_model, tmp_path, sig):
+    """Ctrl-C (SIGINT), or SIGTERM (a scheduler's stop) with Ray and vLLM, whose driver Ray would abort with a stack
+    dump: the roles are torn down, no traceback, exit status 130 and one line naming the last whole checkpoint and
+    the command that continues the run, which does (run in the in-process case)."""
+    out = tmp_path / "run"
+    common = ["eval.size=0", "checkpoint.interval=1", "run.steps=50"]
+    if sig == signal.SIGINT:
+        argv = args(tiny_model, out, *common)
+    else:
+        small = ["run.prompts_per_step=2", "algorithm.group_size=2", "model.max_new_tokens=6", "logger=none"]
+        argv = [*tiny_args(tiny_model, in_process=False), f"run.output_dir={out}", *small, *common]
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *argv],
+        cwd=REPO,
+        env=repo_env(HYDRA_FULL_ERROR="0"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while not checkpoint.list_checkpoints(out):
+            assert proc.poll() is None, "the run exited before writing a checkpoint"
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "SIGTERM received" not in stderr
+    last = checkpoint.list_checkpoints(out)[-1][1]
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith(
+        f"interrupted: {out}: its last checkpoint is {last.name}; continue it with: python train.py "
+    )
+    command = shlex.split(line.split("continue it with: ", 1)[1])
+    assert command[2:] == [
+        *[a for a in argv if not a.startswith("run.output_dir=")],
+        f"run.output_dir={out}",
+        "run.resume=auto",
+    ]
+    if sig == signal.SIGTERM:
+        return
+    steps = f"run.steps={checkpoint.list_checkpoints(out)[-1][0] + 1}"  # one step more, not the 50
+    resumed = run_train([*(a if not a.startswith("run.steps=") else steps for a in command[2:])])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {last}" in resumed.stdout
