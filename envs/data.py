@@ -74,7 +74,7 @@ class DataEnv:
         items = []
         for where, row in rows:
             try:
-                items.append(row_to_item(row, src, self.template, where))
+                items.append(row_to_item(row, src, self.template, where, key))
             except ValueError:
                 if self.strict:
                     raise

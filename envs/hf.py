@@ -74,12 +74,10 @@ def load_rows(src: Source, strict: bool = True) -> tuple[list[tuple[str, dict[st
                 ) from None
             rows = [(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
             return rows[: src.limit], 0
-        if path.suffix == ".json" and path.read_text(encoding="utf-8").lstrip().startswith("["):
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except ValueError as e:
-                raise ValueError(f"{path}: {e}") from None
-            return [(f"{path} item {i}", r) for i, r in enumerate(data)][: src.limit], 0
+        if path.suffix == ".json":
+            whole = json_document(path)
+            if isinstance(whole, list):
+                return json_array_rows(path, whole[: src.limit], strict)
         rows, skipped = read_jsonl(path, strict=strict)
         return [(f"{path}:{n}", r) for n, r in rows][: src.limit], skipped
     try:
@@ -101,6 +99,45 @@ def load_rows(src: Source, strict: bool = True) -> tuple[list[tuple[str, dict[st
     if src.limit is not None:
         ds = ds.select(range(min(src.limit, len(ds))))
     return [(f"{src.path}[{src.split}] row {i}", dict(r)) for i, r in enumerate(ds)], 0
+
+
+def json_document(path: Path) -> Any:
+    """A .json file's content when the whole file is one JSON document spread over lines (a list of rows, or an
+    object that is not rows); None when it is one object per line (jsonl under a .json name), read line by line."""
+    text = path.read_text(encoding="utf-8")
+    if not text.lstrip().startswith("["):
+        if len([ln for ln in text.splitlines() if ln.strip()]) < 2:
+            return None
+        try:
+            whole = json.loads(text)
+        except ValueError:
+            return None  # several lines that are not one document: jsonl, whose reader names the bad line
+        if isinstance(whole, dict):
+            raise ValueError(
+                f"{path}: one JSON object over several lines (keys {sorted(whole)[:5]}), not rows: a .json source "
+                "is a list of row objects ([{...}, ...]) or one object per line"
+            )
+        return whole
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def json_array_rows(path: Path, data: list, strict: bool) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+    """([(where, row)], skipped) of a .json list: each item must be an object, as a jsonl line must be."""
+    rows, skipped = [], 0
+    for i, r in enumerate(data):
+        if isinstance(r, dict):
+            rows.append((f"{path} item {i}", r))
+        elif strict:
+            raise ValueError(
+                f"{path} item {i}: a row must be a JSON object, got {type(r).__name__} "
+                "(set env.strict=false to skip bad rows)"
+            )
+        else:
+            skipped += 1
+    return rows, skipped
 
 
 def final_answer(value: Any, fmt: str, where: str, field: str) -> str:
@@ -126,7 +163,9 @@ def final_answer(value: Any, fmt: str, where: str, field: str) -> str:
     return text
 
 
-def _pick(row: dict[str, Any], wanted: str | None, candidates: tuple[str, ...], what: str, where: str) -> str:
+def _pick(
+    row: dict[str, Any], wanted: str | None, candidates: tuple[str, ...], what: str, where: str, key: str, path: str
+) -> str:
     if wanted is not None:
         if wanted not in row:
             raise ValueError(f"{where}: missing field '{wanted}' (the {what} field; row has {sorted(row)})")
@@ -136,14 +175,17 @@ def _pick(row: dict[str, Any], wanted: str | None, candidates: tuple[str, ...], 
             return name
     raise ValueError(
         f"{where}: no {what} field (looked for {', '.join(candidates)}; row has {sorted(row)}); "
-        f"set the source's {what}_field"
+        f"name it: '{key}={{path: {path}, {what}_field: <the row's field>}}'"
     )
 
 
-def row_to_item(row: dict[str, Any], src: Source, template: PromptTemplate, where: str) -> dict[str, Any]:
-    """{messages, answer, metadata} for one row."""
-    prompt_field = _pick(row, src.prompt_field, PROMPT_FIELDS, "prompt", where)
-    answer_field = _pick(row, src.answer_field, ANSWER_FIELDS, "answer", where)
+def row_to_item(
+    row: dict[str, Any], src: Source, template: PromptTemplate, where: str, key: str = "env.train"
+) -> dict[str, Any]:
+    """{messages, answer, metadata} for one row; `key` is the config key of its source (for the fix a missing
+    field's error gives)."""
+    prompt_field = _pick(row, src.prompt_field, PROMPT_FIELDS, "prompt", where, key, src.path)
+    answer_field = _pick(row, src.answer_field, ANSWER_FIELDS, "answer", where, key, src.path)
     if prompt_field == "messages":
         messages = template.messages(seed_messages(row, where))
         question = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")

@@ -56,6 +56,30 @@ def test_missing_field_names_line_and_key(tmp_path):
         DataEnv({"path": str(path), "prompt_field": "problem"})
 
 
+def test_missing_field_error_gives_the_override_that_names_it(tmp_path):
+    path = write_jsonl(tmp_path / "own.jsonl", [{"q": "What is 1 + 1?", "a": "2"}])
+    with pytest.raises(ValueError, match=r"name it: 'env.eval_sets.mine=\{path: .*own\.jsonl, prompt_field: "):
+        DataEnv(str(write_jsonl(tmp_path / "t.jsonl", seed_rows(2))), eval_sets={"mine": str(path)})
+    env = DataEnv({"path": str(path), "prompt_field": "q", "answer_field": "a"})
+    assert env.train_items()[0]["answer"] == "2"
+
+
+def test_json_file_rows_must_be_objects_and_an_object_is_not_rows(tmp_path):
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(json.dumps([*seed_rows(2), "oops", 5]))
+    with pytest.raises(ValueError, match=r"mixed\.json item 2: a row must be a JSON object, got str"):
+        DataEnv(str(mixed))
+    env = DataEnv(str(mixed), strict=False)
+    assert len(env.train_items()) == 2 and env.skipped == 2
+    wrapped = tmp_path / "wrapped.json"
+    wrapped.write_text(json.dumps({"data": seed_rows(2)}, indent=1))
+    with pytest.raises(ValueError, match=r"wrapped\.json: one JSON object over several lines \(keys \['data'\]\)"):
+        DataEnv(str(wrapped))
+    lines = tmp_path / "lines.json"  # jsonl under a .json name still reads line by line
+    write_jsonl(lines, seed_rows(3))
+    assert len(DataEnv(str(lines)).train_items()) == 3
+
+
 def test_empty_dataset_and_missing_file_fail_with_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"env\.train: .*empty\.jsonl has no usable rows"):
         DataEnv(str(write_jsonl(tmp_path / "empty.jsonl", [])))
