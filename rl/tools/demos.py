@@ -100,17 +100,26 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
         tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
 
 
+def reward_name(node: Any) -> str:
+    """The scoring class of a reward config (a RewardRunner's inner `reward`), for the message that names it."""
+    inner = node.get("reward")
+    return str(inner.get("_target_") if hasattr(inner, "get") and inner.get("_target_") else node.get("_target_"))
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m rl.tools.demos", description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, required=True, help="demonstrations to write")
     ap.add_argument("--out", required=True, help="the JSONL file to write")
     ap.add_argument("overrides", nargs="*", help="a run's overrides (env=..., reward=..., run.seed=...)")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # overrides before, between or after --n and --out
     from rl.config.schema import TrainConfig, register_configs
     from rl.entry import build_target, check_renamed, compose_checked, fail
 
     if args.n < 1:
         fail(f"--n must be >= 1 (got {args.n})")
+    out = Path(args.out)
+    if out.is_dir():  # the write-then-rename would replace the folder, and everything in it, by the file
+        fail(f"--out {out} is a folder: give the JSONL file to write, e.g. --out {out / 'demos.jsonl'}")
     check_renamed(args.overrides)
     register_configs()
     dcfg, cfg = compose_checked(CONF_DIR, "train", args.overrides, TrainConfig)
@@ -120,9 +129,17 @@ def main(argv: list[str]) -> int:
         rows, dropped = demonstrations(env, reward, args.n, cfg.run.seed, cfg.eval.correct_threshold)
     except ValueError as e:
         fail(str(e))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_jsonl(out, rows)
+    if not rows:  # an empty file would only fail the warm start later, as "holds no demonstration"
+        fail(
+            f"no demonstration written: the reward ({reward_name(dcfg.reward)}) scored all {dropped} of the env's "
+            f"demonstrations below eval.correct_threshold={cfg.eval.correct_threshold}: give the reward this env trains with "
+            "(reward=..., e.g. reward=code_tests for env=code_tasks)",
+            code=1,
+        )
+    try:
+        write_jsonl(out, rows)
+    except OSError as e:
+        fail(f"--out {out}: cannot write there ({e.strerror}): give a file in a folder this user can create and write")
     note = f"; {dropped} dropped: the reward did not count them correct" if dropped else ""
     print(f"{len(rows)} demonstrations of {dcfg.env._target_} -> {out}{note}", flush=True)
     if len(rows) < args.n:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 
@@ -111,3 +112,23 @@ def test_the_command_writes_the_jsonl_and_names_a_bad_key(tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip() == (
         "error: 'steps' is now 'run.steps': write run.steps=... (python -m rl.tools.keys lists every key)"
     )
+
+
+def test_the_command_refuses_a_folder_as_out_and_writes_no_file_when_the_reward_rejects_every_demonstration(tmp_path):
+    (tmp_path / "mine.jsonl").write_text("{}\n")
+    cmd = [sys.executable, "-m", "rl.tools.demos", "env=chain_sum", "env.size=16", "--n", "2", "--out"]
+    folder = subprocess.run([*cmd, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert folder.returncode == 2 and folder.stderr.strip() == (
+        f"error: --out {tmp_path} is a folder: give the JSONL file to write, e.g. --out {tmp_path / 'demos.jsonl'}"
+    )
+    assert (tmp_path / "mine.jsonl").read_text() == "{}\n"  # the folder and what it held are left alone
+    out = tmp_path / "boxed.jsonl"
+    rejected = subprocess.run(
+        [*cmd, str(out), "reward=boxed", "reward.workers=0"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert rejected.returncode == 1 and not out.exists()
+    assert re.match(
+        r"error: no demonstration written: the reward \(rewards\.math\.BoxedReward\) scored all \d+ of the env's",
+        rejected.stderr,
+    ), rejected.stderr
+    assert "\n" not in rejected.stderr.strip()
