@@ -27,6 +27,13 @@ from rl.rollout.episodes import EnvTokens
 from rl.types import TrainSample
 
 
+def chat_messages(value: Any) -> bool:
+    """A list of {role, content} objects with string values (a tool result's role is `tool`, so any role)."""
+    return isinstance(value, list) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
+    )
+
+
 def read_demos(path: str | Path) -> list[dict[str, Any]]:
     """The file's rows; a malformed line is a ConfigError naming the file, the line and what is wrong."""
     rows = []
@@ -38,10 +45,18 @@ def read_demos(path: str | Path) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{where}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ConfigError(
+                f"{where}: a line must be a JSON object with prompt and messages, got {type(row).__name__}"
+            )
         prompt, messages = row.get("prompt"), row.get("messages")
-        if not (isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt)):
+        if not (chat_messages(prompt) and prompt):
             raise ConfigError(f'{where}: "prompt" must be a non-empty list of chat messages')
-        if not (isinstance(messages, list) and any(m.get("role") == "assistant" for m in messages)):
+        if not chat_messages(messages):
+            raise ConfigError(
+                f'{where}: "messages" must be a list of chat messages, each with a string role and content'
+            )
+        if not any(m["role"] == "assistant" for m in messages):
             raise ConfigError(
                 f'{where}: "messages" must hold the conversation after the prompt, model turns as "assistant"'
             )

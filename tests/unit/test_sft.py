@@ -4,6 +4,7 @@ turns becomes (tokens, loss mask), its loss is the masked cross-entropy, and its
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch
 from rl.algorithms import get_loss_agg, get_policy_loss
 from rl.config import resolve as specs
 from rl.config.schema import ConfigError
-from rl.data.demos import Demonstrations, render_conversation
+from rl.data.demos import Demonstrations, read_demos, render_conversation
 from rl.evaluation import mask_spans
 from rl.rollout.episodes import run_episodes
 from rl.tools.demos import demonstrations
@@ -135,3 +136,23 @@ def test_sft_and_init_adapter_keys_fail_in_one_line(tiny_model, tmp_path):
     assert ok.model.init_adapter == str(adapter.resolve())
     with pytest.raises(ConfigError, match="model.init_adapter=/nonexistent: no such file or folder"):
         specs.from_overrides(str(tiny_model), "model.init_adapter=/nonexistent")
+
+
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        ("[1, 2]", "a line must be a JSON object with prompt and messages, got list"),
+        ('{"prompt": [{"role": "user", "content": "q"}], "messages": ["4"]}', '"messages" must be a list of chat'),
+        ('{"prompt": [{"role": "user", "content": "q"}], "messages": [{"role": "assistant", "content": 4}]}', "string"),
+        ('{"prompt": [{"role": "user"}], "messages": [{"role": "assistant", "content": "4"}]}', '"prompt" must be'),
+    ],
+)
+def test_a_demonstration_of_the_wrong_shape_is_one_line_naming_its_line(tmp_path, line, says):
+    path = tmp_path / "own.jsonl"
+    path.write_text(
+        '{"prompt": [{"role": "user", "content": "q"}], "messages": [{"role": "assistant", "content": "4"}]}\n'
+        + line
+        + "\n"
+    )
+    with pytest.raises(ConfigError, match=rf"own\.jsonl, line 2: .*{re.escape(says)}"):
+        read_demos(path)
