@@ -19,8 +19,10 @@ per completion). vLLM spawns processes: this module must stay runnable only unde
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -110,7 +112,6 @@ def evaluate_policies(
     """{label: metrics} for the base model (`base`) and the trained policy (`trained`), each on the same prompts,
     one engine at a time (an HF model folder needs its own engine; an adapter is loaded into the base's).
     `cfg` is resolve_eval's (its eval.save_dir is the output folder), `policy` what `cfg.adapter` names."""
-    import os
     from dataclasses import replace
 
     from transformers import AutoTokenizer
@@ -239,6 +240,14 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         fail(str(e))
     env, reward = build_target(dcfg.env, "env"), build_target(dcfg.reward, "reward")
+    if out_dir.exists() and not out_dir.is_dir():
+        fail(f"eval_out={out_dir} is a file: give the folder for results.json and the per-sample files")
+    try:  # before an engine starts: the files it would write at the end
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(out_dir, os.W_OK):
+            raise PermissionError(errno.EACCES, "not writable")
+    except OSError as e:
+        fail(f"eval_out={out_dir}: cannot write there ({e.strerror}): give a folder this user can create and write")
     print(f"model: {cfg.model.path}" + (f"\ntrained: {policy.describe()}" if policy else ""), flush=True)
     try:
         results = evaluate_policies(cfg, policy, env, reward)

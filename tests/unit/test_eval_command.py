@@ -5,6 +5,8 @@ tests/integration/test_eval_command.py."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -119,3 +121,13 @@ def test_results_json_is_written_whole(tmp_path):
     assert doc["command"] == "python -m rl.tools.eval env=chain_sum" and doc["metrics"]["base"]["eval/accuracy"] == 0.5
     assert (doc["model"], doc["policy"]) == ("/m", None)
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+@pytest.mark.parametrize("make", ["file", "under_a_file"])
+def test_an_eval_out_it_cannot_write_is_one_line_before_any_engine_starts(tmp_path, make):
+    (tmp_path / "f").write_text("")
+    out = tmp_path / "f" if make == "file" else tmp_path / "f" / "sub"
+    cmd = [sys.executable, "-m", "rl.tools.eval", "eval.size=2", f"eval_out={out}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"error: eval_out={out}")
