@@ -104,14 +104,22 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict) -> dict[s
         teardown()
         logger.close()
     summary["time/total_s"] = time.perf_counter() - t0
-    before, after = summary.get("eval/accuracy_before"), summary.get("eval/accuracy_after")
-    if before is not None and after is not None:
-        print(
-            f"held-out accuracy (greedy, {cfg.eval.size} prompts): before {before:.3f} -> after {after:.3f} "
-            f"({after - before:+.3f}); total {summary['time/total_s']:.0f} s",
-            flush=True,
-        )
+    line = accuracy_line(summary, len(run_data.eval))
+    if line is not None:
+        print(line, flush=True)
     return summary
+
+
+def accuracy_line(summary: dict[str, float], prompts: int) -> str | None:
+    """The run's last console line: held-out accuracy before and after, on the `prompts` evaluated (eval/n, which
+    an env's smaller eval set or prompts over model.max_prompt_tokens make fewer than eval.size); None without both."""
+    before, after = summary.get("eval/accuracy_before"), summary.get("eval/accuracy_after")
+    if before is None or after is None:
+        return None
+    return (
+        f"held-out accuracy (greedy, {prompts} prompts): before {before:.3f} -> after {after:.3f} "
+        f"({after - before:+.3f}); total {summary['time/total_s']:.0f} s"
+    )
 
 
 def check_teacher(cfg: TrainConfig, tokenizer: Any, reward_fn: Any) -> Any:

@@ -199,3 +199,14 @@ def test_an_episodes_rollout_rows_become_a_wandb_table_with_its_spans_as_json(tm
     saved = json.loads(table.read_text())
     assert saved["columns"] == ["step", "prompt", "completion", "reward", "adapter_version", "spans"]
     assert saved["data"] == [[1, "p", "c", 1.0, 0, None], [1, "p", "d", 0.0, 0, '[{"by": "env"}]']]
+
+
+def test_the_last_console_line_counts_the_prompts_evaluated_not_eval_size():
+    from rl.app import accuracy_line
+
+    summary = {"eval/accuracy_before": 0.25, "eval/accuracy_after": 0.5, "time/total_s": 12.0}
+    assert (
+        accuracy_line(summary, 6)
+        == "held-out accuracy (greedy, 6 prompts): before 0.250 -> after 0.500 (+0.250); total 12 s"
+    )
+    assert accuracy_line({"time/total_s": 1.0}, 6) is None
