@@ -106,13 +106,21 @@ def select_items(items: list[dict], only: Sequence[str], size: int) -> list[dict
     return items[:size]
 
 
+def policy_config(cfg: EvalCommandConfig, policy: TrainedPolicy) -> EvalCommandConfig:
+    """The config the trained policy's engine is built from: `cfg` for an adapter (loaded into the base's engine),
+    else the HF model folder as the weights the engine loads (model.actor_path, which resolve filled with the base's
+    path and the engines read first) and as model.path."""
+    if policy.model is None:
+        return cfg
+    return replace(cfg, model=replace(cfg.model, path=str(policy.model), actor_path=str(policy.model)))
+
+
 def evaluate_policies(
     cfg: EvalCommandConfig, policy: TrainedPolicy | None, env: Any, reward_fn: Any
 ) -> dict[str, dict[str, float]]:
     """{label: metrics} for the base model (`base`) and the trained policy (`trained`), each on the same prompts,
     one engine at a time (an HF model folder needs its own engine; an adapter is loaded into the base's).
     `cfg` is resolve_eval's (its eval.save_dir is the output folder), `policy` what `cfg.adapter` names."""
-    from dataclasses import replace
 
     from transformers import AutoTokenizer
 
@@ -132,7 +140,7 @@ def evaluate_policies(
     # (label, the config its engine is built from): the trained policy's differs only in model.path (an HF folder)
     runs: list[tuple[str, EvalCommandConfig]] = [("base", cfg)] if cfg.compare_base else []
     if policy is not None:
-        trained = replace(cfg, model=replace(cfg.model, path=str(policy.model))) if policy.model else cfg
+        trained = policy_config(cfg, policy)
         if runs and trained == cfg:
             runs[0] = ("base+trained", cfg)  # one engine: the base first, then the adapter loaded into it
         else:

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from rl import checkpoint
 from rl.config.schema import ConfigError
-from rl.tools.eval import compose, format_table, resolve_eval, select_items
+from rl.tools.eval import compose, format_table, policy_config, resolve_eval, select_items
 from rl.types import Adapter, TrainedPolicy
 from tests.helpers import REPO
 
@@ -88,6 +88,18 @@ def test_resolve_eval_adds_n_to_pass_k_and_sizes_lora_slots_for_the_adapter(tmp_
     assert resolved.eval.save_dir == str(tmp_path / "out") and resolved.compare_base
     base_only = resolve_eval(cfg, tmp_path / "out", None, model_path="/m")
     assert base_only.adapter is None and base_only.compare_base and base_only.model.lora_rank == 8
+
+
+def test_an_hf_model_folder_is_the_weights_its_engine_loads_not_the_base(tmp_path):
+    """resolve fills model.actor_path with the base's path and the engines load actor_path: a full fine-tune's
+    model/ export must replace it too, else the "trained" column is the base model again."""
+    _, cfg = compose([])
+    resolved = resolve_eval(cfg, tmp_path / "out", None, model_path="/base")
+    assert resolved.model.actor_path == "/base"
+    trained = policy_config(resolved, TrainedPolicy("run", model=tmp_path / "run" / "model"))
+    assert trained.model.actor_path == trained.model.path == str(tmp_path / "run" / "model")
+    adapter = TrainedPolicy("adapter", adapter=adapter_folder(tmp_path / "a"))
+    assert policy_config(resolved, adapter) == resolved  # an adapter is loaded into the base's engine
 
 
 def test_table_puts_base_and_trained_side_by_side_with_avg_and_pass_at_k():
