@@ -380,7 +380,7 @@ def test_resume_auto_without_a_checkpoint_starts_over_without_the_old_rows(tmp_p
     assert "starting at step 1 (2 rows of metrics.jsonl from before dropped)" in capsys.readouterr().out
 
 
-def test_data_the_settings_leave_empty_or_a_curriculum_the_env_lacks_fails_before_any_role_starts():
+def test_data_the_settings_leave_empty_or_a_curriculum_the_env_lacks_fails_before_any_role_starts(capsys):
     """rl/app.py loads the run's data before it starts Ray and the engines: prompts all longer than
     model.max_prompt_tokens, or curriculum=difficulty on an env without difficulty levels, is one line then."""
     from rl.config.errors import ConfigError
@@ -396,6 +396,10 @@ def test_data_the_settings_leave_empty_or_a_curriculum_the_env_lacks_fails_befor
         load_data(fake_config("curriculum.kind=difficulty"), NumberTokenizer(), Env(5))
     data = load_data(fake_config(), NumberTokenizer(), Env(5))
     assert len(data.train) == 5 and data.demos is None and data.curriculum is not None
+    # an env without eval items (env=jsonl without env.eval_sets) says so, rather than ending without an accuracy
+    assert "no held-out evaluation: the env gives no eval prompts; a dataset env" in capsys.readouterr().out
+    load_data(fake_config("eval.size=0"), NumberTokenizer(), Env(5))
+    assert capsys.readouterr().out == ""
 
 
 def test_a_tokenizer_without_a_chat_template_fails_in_one_line_naming_the_key():
