@@ -133,9 +133,18 @@ def evaluate_policies(
     from rl.runtime.runtime import Runtime
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-    data = PromptData(select_items(env.eval_items(), cfg.eval_only, cfg.eval.size), tokenizer, cfg)
+    items = select_items(env.eval_items(), cfg.eval_only, cfg.eval.size)
+    if not items:
+        raise ConfigError(
+            "the env gives no eval prompts: a dataset env (env=jsonl, gsm8k, math500) evaluates on "
+            "env.eval_sets={name: file} or env.eval_holdout=N training items"
+        )
+    data = PromptData(items, tokenizer, cfg)
     if len(data) == 0:
-        raise ConfigError(f"no eval prompts left: {data.dropped} were longer than model.max_prompt_tokens")
+        raise ConfigError(
+            f"no eval prompts left: all {data.dropped} are longer than model.max_prompt_tokens="
+            f"{cfg.model.max_prompt_tokens}: raise model.max_prompt_tokens"
+        )
     out_dir, results = Path(cfg.eval.save_dir), {}
     # (label, the config its engine is built from): the trained policy's differs only in model.path (an HF folder)
     runs: list[tuple[str, EvalCommandConfig]] = [("base", cfg)] if cfg.compare_base else []

@@ -143,3 +143,20 @@ def test_an_eval_out_it_cannot_write_is_one_line_before_any_engine_starts(tmp_pa
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
     assert proc.stderr.startswith(f"error: eval_out={out}")
+
+
+def test_a_dataset_env_without_eval_sets_names_them_not_the_prompt_length(tiny_model, tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n")
+    cmd = [sys.executable, "-m", "rl.tools.eval", f"model.path={tiny_model}", "env=jsonl", f"env.train={train}"]
+    proc = subprocess.run(
+        [*cmd, "reward=boxed", "eval.size=2", f"eval_out={tmp_path / 'out'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: the env gives no eval prompts: a dataset env (env=jsonl, gsm8k, math500) evaluates on "
+        "env.eval_sets={name: file} or env.eval_holdout=N training items"
+    ], proc.stderr[-2000:]
