@@ -104,7 +104,7 @@ def load_rows(src: Source, strict: bool = True) -> tuple[list[tuple[str, dict[st
 def json_document(path: Path) -> Any:
     """A .json file's content when the whole file is one JSON document spread over lines (a list of rows, or an
     object that is not rows); None when it is one object per line (jsonl under a .json name), read line by line."""
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8-sig")
     if not text.lstrip().startswith("["):
         if len([ln for ln in text.splitlines() if ln.strip()]) < 2:
             return None

@@ -18,7 +18,7 @@ def read_jsonl(path: str | Path, strict: bool = True) -> tuple[list[tuple[int, d
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
     rows, skipped = [], 0
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:  # utf-8-sig: a byte-order mark (Windows editors) is not row text
         for n, line in enumerate(f, start=1):
             if not line.strip():
                 continue

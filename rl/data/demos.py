@@ -37,7 +37,7 @@ def chat_messages(value: Any) -> bool:
 def read_demos(path: str | Path) -> list[dict[str, Any]]:
     """The file's rows; a malformed line is a ConfigError naming the file, the line and what is wrong."""
     rows = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8-sig").splitlines(), start=1):
         if not line.strip():
             continue
         where = f"algorithm.demos={path}, line {n}"

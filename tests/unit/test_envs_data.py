@@ -203,3 +203,11 @@ def test_env_configs_compose_and_build(tmp_path):
             assert compose(config_name="train", overrides=[f"env={name}"]).env._target_
     env = instantiate(cfg.env, _convert_="all")
     assert len(env.train_items()) == 4 and len(env.eval_items()) == 4
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_row(tmp_path):
+    rows = "".join(json.dumps(r) + "\n" for r in seed_rows(2))
+    for name, text in (("bom.jsonl", rows), ("bom.json", json.dumps(seed_rows(2)))):
+        path = tmp_path / name
+        path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+        assert len(DataEnv(str(path)).train_items()) == 2

@@ -156,3 +156,10 @@ def test_a_demonstration_of_the_wrong_shape_is_one_line_naming_its_line(tmp_path
     )
     with pytest.raises(ConfigError, match=rf"own\.jsonl, line 2: .*{re.escape(says)}"):
         read_demos(path)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_demonstration(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    row = {"prompt": [{"role": "user", "content": "q"}], "messages": [{"role": "assistant", "content": "4"}]}
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(row).encode() + b"\n")
+    assert read_demos(path) == [row]
