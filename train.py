@@ -7,10 +7,8 @@ values (rl/config/resolve.py), builds the environment and reward, and hands them
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -29,6 +27,7 @@ from rl.entry import (
     fail,
     one_line_config_error,
     sweep_jobs,
+    writable_folder,
 )
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
@@ -188,14 +187,7 @@ def run_job(dcfg: DictConfig, hydra_cfg: Any) -> float | None:
         cfg = resolve(cfg, run_dir)
     except ConfigError as e:
         fail(str(e))
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not os.access(run_dir, os.W_OK):
-            raise PermissionError(errno.EACCES, "not writable")
-    except OSError as e:
-        fail(
-            f"run.output_dir={run_dir}: cannot write there ({e.strerror}): give a folder this user can create and write"
-        )
+    writable_folder(run_dir, "run.output_dir")
     from rl import logs
 
     logs.setup_driver(cfg.log_dir, cfg.run.verbose)  # <run dir>/logs/driver.log; a quiet console

@@ -7,8 +7,11 @@ and turning a config or build error into the one line the user reads (`error: ..
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 import sys
 import typing
+from pathlib import Path
 from typing import Any, NoReturn
 
 from omegaconf import DictConfig
@@ -17,6 +20,19 @@ from omegaconf import DictConfig
 def fail(msg: str, code: int = 2) -> NoReturn:
     print(f"error: {msg}", file=sys.stderr, flush=True)
     sys.exit(code)
+
+
+def writable_folder(path: Path, key: str) -> None:
+    """Create the output folder `key` names, before anything starts, or exit with one line: a file in its place, or a
+    folder this user cannot create or write (else the run or evaluation would fail when it writes its results)."""
+    if path.exists() and not path.is_dir():
+        fail(f"{key}={path} is a file: give a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK):
+            raise PermissionError(errno.EACCES, "not writable")
+    except OSError as e:
+        fail(f"{key}={path}: cannot write there ({e.strerror}): give a folder this user can create and write")
 
 
 # Keys that moved into groups: the old spelling, on the command line or in a YAML file, fails with one line naming

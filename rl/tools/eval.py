@@ -19,7 +19,6 @@ per completion). vLLM spawns processes: this module must stay runnable only unde
 from __future__ import annotations
 
 import datetime as dt
-import errno
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ from typing import Any
 
 from rl.config.resolve import resolve
 from rl.config.schema import ConfigError, TrainConfig, check, register_configs
-from rl.entry import build_target, compose_checked, fail
+from rl.entry import build_target, compose_checked, fail, writable_folder
 from rl.types import TrainedPolicy
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -257,14 +256,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         fail(str(e))
     env, reward = build_target(dcfg.env, "env"), build_target(dcfg.reward, "reward")
-    if out_dir.exists() and not out_dir.is_dir():
-        fail(f"eval_out={out_dir} is a file: give the folder for results.json and the per-sample files")
-    try:  # before an engine starts: the files it would write at the end
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if not os.access(out_dir, os.W_OK):
-            raise PermissionError(errno.EACCES, "not writable")
-    except OSError as e:
-        fail(f"eval_out={out_dir}: cannot write there ({e.strerror}): give a folder this user can create and write")
+    writable_folder(out_dir, "eval_out")  # before an engine starts: results.json and the per-sample files go there
     print(f"model: {cfg.model.path}" + (f"\ntrained: {policy.describe()}" if policy else ""), flush=True)
     try:
         results = evaluate_policies(cfg, policy, env, reward)
