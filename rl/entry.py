@@ -80,6 +80,12 @@ def one_line_config_error(e: BaseException, schema: type) -> str:
         valid = valid_keys(full_key, schema)
         hint = f"; valid keys there: {', '.join(valid)}" if valid else ""
         return f"unknown config key '{full_key}': check its spelling{hint}"
+    if "is not in struct" in text and full_key:  # reward/env: a `_target_`'s keyword arguments, not a schema
+        group = full_key.split(".")[0]
+        return (
+            f"{full_key}: no such key in the {group} config: check its spelling, or add an argument its _target_ "
+            f"takes with +{full_key}=..."
+        )
     if full_key:
         return f"{full_key}: {lines[0]}"
     if "Could not find" in text:  # a group option that does not exist

@@ -145,6 +145,8 @@ def test_a_batch_that_does_not_split_over_the_learners_names_the_keys_that_set_i
         ("cluster.weight_sync=ipc", "cluster.weight_sync=ipc shares CUDA memory between processes"),
         ("model.full_finetune=true model.load_in_4bit=true", "model.full_finetune=true cannot train 4-bit"),
         ("run.output_dir=/dev/null/run", "run.output_dir=/dev/null/run: cannot write there (Not a directory)"),
+        ("run.output_dir=/dev/null", "run.output_dir=/dev/null is a file: give a folder"),
+        ("reward.foo=1", "reward.foo: no such key in the reward config: check its spelling, or add an argument its"),
     ],
 )
 def test_bad_input_fails_with_one_line_naming_the_key(override, expected):
