@@ -47,6 +47,7 @@ from rl.config.resolve import (
     adapter_lora,
     check_registry_names,
     lora_slot_rank,
+    resolve_init_adapter,
     resolve_lora_mode,
     resolve_micro_batch_tokens,
     teacher_in_4bit,
@@ -524,8 +525,10 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
 
 def print_plan(cfg: Any) -> None:
     """The report for a TrainConfig, after the checks a run makes before it starts that the estimate does not need:
-    an algorithm name no registry has would fail the run where the plan said it fits."""
+    an algorithm name no registry has, or a model.init_adapter that is not a matching adapter, would fail the run
+    where the plan said it fits."""
     check_registry_names(cfg)
+    resolve_init_adapter(cfg)
     text, warnings = format_plan(cfg)
     print(f"preflight plan (nothing started)\n{text}")
     for w in warnings:

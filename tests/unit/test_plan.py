@@ -283,6 +283,10 @@ def test_cli_plan_bad_config_exits_nonzero_with_one_line(tmp_path):
         "error: algorithm.advantage='ppo' is not a known advantage estimator; valid names: dr_grpo, grpo, pg, "
         "reinforce_pp, rloo"
     )
+    adapter = run_train(["plan=true", f"model.init_adapter={tmp_path / 'nope'}"], timeout=120)
+    assert adapter.returncode == 2 and adapter.stderr.startswith(
+        f"error: model.init_adapter={tmp_path / 'nope'}: no such"
+    )
     hub = run_train(["plan=true", "model.path=nobody/not-cached-model"], timeout=120)
     assert hub.returncode == 0, hub.stderr  # a hub id is valid config; the plan says what it could not size
     assert "memory: unknown (no config.json for nobody/not-cached-model in the local HF cache" in hub.stdout
