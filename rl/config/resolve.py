@@ -1,7 +1,7 @@
 """The one resolve step: the validated config in, the same config out with every `auto`/`null` filled.
 
-`resolve(cfg, run_dir)` fills the learner backend and dtype, the LoRA mode, the packed-row budget, the loss
-normaliser, the overlong buffer, the output folders, `model.path` (an embedded model converted once), the weights
+`resolve(cfg, run_dir)` fills the learner backend and dtype, the learning rate, the LoRA mode, the packed-row
+budget, the loss normaliser, the overlong buffer, the output folders, `model.path` (an embedded model converted once), the weights
 the actors load (`model.actor_path`: beside a 4-bit learner its NF4 base dequantized) and the multi-turn episode
 limits (`episodes`, from `env`); it checks the registry names (advantage, policy loss,
 aggregation) and that a new run does not write into another run's directory. It returns a new `TrainConfig`
@@ -70,6 +70,12 @@ def resolve_micro_batch_tokens(cfg: TrainConfig) -> int:
         return 0
     padded = lc.micro_batch_size * (cfg.model.max_prompt_tokens + cfg.model.max_new_tokens)
     return min(GPU_PACKED_TOKENS if cfg.cluster.use_gpu else CPU_PACKED_TOKENS, padded)
+
+
+# algorithm.lr's default: a LoRA adapter starts at zero and takes large steps (the demo learns chain_sum at 2e-4 in
+# 24 steps); a full fine-tune moves every pretrained weight, at the 1e-6 of the full fine-tuning runs in
+# docs/benchmarks.md (at the LoRA rate a full fine-tune of SmolLM2 lost most of its held-out accuracy in 2 steps)
+LORA_LR, FULL_FINETUNE_LR = 2e-4, 1e-6
 
 
 def check_registry_names(cfg: TrainConfig) -> None:
@@ -267,6 +273,7 @@ def resolve(cfg: TrainConfig, run_dir: Path | str, *, model_path: str | None = N
             overlong_buffer=(a.overlong_buffer or default_overlong_buffer(completion)) if a.overlong_penalty else None,
             top_k=a.top_k if a.top_k is not None and a.top_k < a.group_size else None,
             demos=resolve_demos(cfg),
+            lr=a.lr or (FULL_FINETUNE_LR if m.full_finetune else LORA_LR),
         ),
         cluster=replace(cfg.cluster, lora_mode=resolve_lora_mode(cfg)),
         learner=replace(cfg.learner, micro_batch_tokens=resolve_micro_batch_tokens(cfg)),

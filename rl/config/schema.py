@@ -144,7 +144,7 @@ class AlgorithmConfig(PolicyLossKnobs):
     overlong_penalty_factor: float = 1.0  # scale of the overlong penalty (reward units at full length)
     filter_truncated_response: bool = False  # mask responses cut by max_new_tokens out of the loss
     top_k: int | None = None  # keep only the k highest-reward completions per prompt for the learner (null: all G)
-    lr: float = 2e-4  # AdamW learning rate for the LoRA parameters
+    lr: float | None = None  # AdamW learning rate (null: 2e-4 for LoRA, 1e-6 with model.full_finetune)
     weight_decay: float = 0.0  # AdamW weight decay
     max_grad_norm: float = 1.0  # gradient clipping by global norm (<= 0 disables)
     updates_per_step: int = 1  # optimizer steps per rollout batch (mini-batches); 1 = fully on-policy
@@ -157,7 +157,7 @@ class AlgorithmConfig(PolicyLossKnobs):
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.group_size >= 2, f"algorithm.group_size must be >= 2 for group baselines (got {self.group_size})")
-        check(self.lr > 0, f"algorithm.lr must be > 0 (got {self.lr})")
+        check(self.lr is None or self.lr > 0, f"algorithm.lr must be > 0 (got {self.lr})")
         check(self.updates_per_step >= 1, f"algorithm.updates_per_step must be >= 1 (got {self.updates_per_step})")
         check(
             (self.policy_loss == "sft") == (self.demos is not None),

@@ -371,3 +371,14 @@ def test_the_key_reference_command_prints_one_group():
     assert keys.returncode == 0 and [line.split()[0] for line in keys.stdout.splitlines()] == ["run.steps", "eval.size"]
     target = subprocess.run([sys.executable, "-m", "rl.tools.keys", "reward"], cwd=REPO, capture_output=True, text=True)
     assert target.returncode == 2 and "reward and env have no fixed keys" in target.stderr
+
+
+def test_the_learning_rate_defaults_to_the_kind_of_training(tmp_path):
+    """algorithm.lr null: 2e-4 for a LoRA adapter, 1e-6 for a full fine-tune (the LoRA rate undoes a pretrained
+    model's skills in a few steps, docs/benchmarks.md); a rate given is kept."""
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert specs.from_overrides(str(model)).algorithm.lr == 2e-4
+    assert specs.from_overrides(str(model), "model.full_finetune=true").algorithm.lr == 1e-6
+    assert specs.from_overrides(str(model), "model.full_finetune=true", "algorithm.lr=3e-6").algorithm.lr == 3e-6
