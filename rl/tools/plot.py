@@ -1,7 +1,7 @@
 """PNG plots from metrics.jsonl: `python -m rl.tools.plot RUN_DIR [--out DIR]` (or `make plot RUN=...`).
 
-RUN_DIR is a run directory (with metrics.jsonl) or a folder of runs (a sweep: every metrics.jsonl below it, one
-line per run in each figure). Writes into RUN_DIR/plots (or --out): reward, eval accuracy, response length,
+RUN_DIR is a run directory (with metrics.jsonl) or a folder of runs (a sweep: every metrics.jsonl below it and the
+runs its jobs wrote elsewhere with run.output_dir, one line per run in each figure). Writes into RUN_DIR/plots (or --out): reward, eval accuracy, response length,
 clip fraction, KL, and the step time split into rollout / reward / learn / sync / other. A figure whose metrics
 no run logged is skipped and named on stdout. For a sweep directory (jobs in subfolders), the sweep summary
 (rl/tools/sweep.py: sweep_summary.csv/.md/.png, one row per job) is also written into RUN_DIR.
@@ -37,10 +37,19 @@ TIME_PARTS = [
 
 
 def find_runs(root: Path) -> dict[str, list[dict]]:
-    """label -> rows for every metrics.jsonl at or below root (label: the run's folder relative to root)."""
+    """label -> rows for every metrics.jsonl at or below root (label: the run's folder relative to root), and for
+    each sweep job that wrote its run elsewhere (a sweep over run.output_dir: label, the job's folder name)."""
     root = Path(root)
-    files = [root / "metrics.jsonl"] if (root / "metrics.jsonl").is_file() else sorted(root.rglob("metrics.jsonl"))
-    return {(str(f.parent.relative_to(root)) if f.parent != root else root.name): read_metrics(f) for f in files}
+    if (root / "metrics.jsonl").is_file():
+        return {root.name: read_metrics(root / "metrics.jsonl")}
+    runs = {str(f.parent.relative_to(root)): read_metrics(f) for f in sorted(root.rglob("metrics.jsonl"))}
+    from rl.tools.sweep import find_jobs, run_dir_of
+
+    for job in find_jobs(root):
+        metrics = run_dir_of(job) / "metrics.jsonl"
+        if metrics.is_file() and not metrics.resolve().is_relative_to(root.resolve()):
+            runs[job.name] = read_metrics(metrics)
+    return runs
 
 
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:

@@ -145,3 +145,5 @@ def test_a_job_whose_run_output_dir_was_swept_is_read_from_there(tmp_path):
     (job / "hydra.yaml").write_text(f"hydra:\n  runtime:\n    cwd: {launched}\n")
     (row,) = sweep.build_summary(root)
     assert (row["status"], row["steps"], row["eval_accuracy"]) == ("done", 3, 0.5)
+    runs = plot.find_runs(root)  # make plot: the job's figures come from there too
+    assert list(runs) == ["0"] and len(runs["0"]) == len(sweep.read_metrics(launched / "runs" / "a" / "metrics.jsonl"))
