@@ -1,10 +1,11 @@
 """PNG plots from metrics.jsonl: `python -m rl.tools.plot RUN_DIR [--out DIR]` (or `make plot RUN=...`).
 
 RUN_DIR is a run directory (with metrics.jsonl) or a folder of runs (a sweep: every metrics.jsonl below it and the
-runs its jobs wrote elsewhere with run.output_dir, one line per run in each figure). Writes into RUN_DIR/plots (or --out): reward, eval accuracy, response length,
-clip fraction, KL, and the step time split into rollout / reward / learn / sync / other. A figure whose metrics
-no run logged is skipped and named on stdout. For a sweep directory (jobs in subfolders), the sweep summary
-(rl/tools/sweep.py: sweep_summary.csv/.md/.png, one row per job) is also written into RUN_DIR.
+runs its jobs wrote elsewhere with run.output_dir, one line per run in each figure). Writes into RUN_DIR/plots (or
+--out): reward, eval accuracy, response length, clip fraction, KL, and the step time split into rollout / reward /
+learn / sync / other. A figure whose metrics no run logged is skipped and named on stdout. For a sweep directory
+(jobs in subfolders), the sweep summary (rl/tools/sweep.py: sweep_summary.csv/.md/.png, one row per job) is also
+written into RUN_DIR.
 """
 
 from __future__ import annotations
