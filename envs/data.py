@@ -66,7 +66,7 @@ class DataEnv:
             for it in rows:
                 it["metadata"]["eval_set"] = name
         if self.skipped:
-            log.warning("env: skipped %d malformed jsonl lines (env.strict=false)", self.skipped)
+            log.warning("env: skipped %d malformed rows or lines (env.strict=false)", self.skipped)
 
     def _load(self, src: Source, key: str) -> list[dict[str, Any]]:
         rows, skipped = load_rows(src, strict=self.strict)

@@ -23,10 +23,14 @@ def read_jsonl(path: str | Path, strict: bool = True) -> tuple[list[tuple[int, d
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:  # its own "line 2 column 1" counts within this one line
+                    where = f" at column {e.colno}" if e.lineno == 1 else " (the line ends early)"
+                    raise ValueError(f"not JSON: {e.msg}{where}") from None
                 if not isinstance(row, dict):
                     raise ValueError(f"a line must be a JSON object, got {type(row).__name__}")
-            except ValueError as e:  # json.JSONDecodeError is a ValueError
+            except ValueError as e:
                 if strict:
                     raise ValueError(f"{path}:{n}: {e} (set env.strict=false to skip bad lines)") from None
                 skipped += 1

@@ -41,9 +41,12 @@ def test_seed_format_jsonl_with_default_system_prompt(tmp_path):
 
 def test_bad_json_line_names_file_and_line_or_is_skipped_and_counted(tmp_path):
     path = write_jsonl(tmp_path / "bad.jsonl", [*seed_rows(2), "{not json", *seed_rows(1)])
-    with pytest.raises(ValueError, match=r"bad\.jsonl:3: ") as err:
+    with pytest.raises(ValueError, match=r"bad\.jsonl:3: not JSON: Expecting property name .* at column 2") as err:
         DataEnv(str(path))
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and "line 1" not in str(err.value)  # the file's line, not json's own count
+    cut = write_jsonl(tmp_path / "cut.jsonl", [*seed_rows(1), '{"answer": "1"'])
+    with pytest.raises(ValueError, match=r"cut\.jsonl:2: not JSON: .* \(the line ends early\)"):
+        DataEnv(str(cut))
     env = DataEnv(str(path), strict=False)
     assert len(env.train_items()) == 3 and env.skipped == 1
 
