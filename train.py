@@ -131,8 +131,8 @@ INTERRUPTED = 130
 
 
 def interrupted(run_dir: Path, sweep_dir: str | None) -> NoReturn:
-    """Ctrl-C (or SIGTERM) during a run: one line saying what the run directory keeps and the command that continues it (every
-    checkpoint in it is whole: one is written to a temp folder and renamed)."""
+    """Ctrl-C (or SIGTERM) during a run: one line saying what the run directory keeps and the command that continues
+    it (every checkpoint in it is whole: one is written to a temp folder and renamed)."""
     import shlex
 
     from rl.checkpoint import latest

@@ -171,8 +171,9 @@ def load_data(cfg: TrainConfig, tokenizer: Any, env: Any) -> RunData:
     if cfg.eval.size and len(eval_data) == 0:  # else the run ends with no held-out accuracy and no word why
         too_long = f" ({eval_data.dropped} longer than model.max_prompt_tokens)" if eval_data.dropped else ""
         print(
-            f"no held-out evaluation: the env gives no eval prompts{too_long}; a dataset env (env=jsonl, gsm8k, math500) "
-            "evaluates on env.eval_sets={name: file} or env.eval_holdout=N training items (eval.size=0 says none)",
+            f"no held-out evaluation: the env gives no eval prompts{too_long}; a dataset env (env=jsonl, gsm8k, "
+            "math500) evaluates on env.eval_sets={name: file} or env.eval_holdout=N training items (eval.size=0 says "
+            "none)",
             flush=True,
         )
     # algorithm=sft trains on demonstrations (a warm start): no rollouts, the actors evaluate and are probed

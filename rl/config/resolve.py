@@ -1,9 +1,9 @@
 """The one resolve step: the validated config in, the same config out with every `auto`/`null` filled.
 
 `resolve(cfg, run_dir)` fills the learner backend and dtype, the learning rate, the LoRA mode, the packed-row
-budget, the loss normaliser, the overlong buffer, the output folders, `model.path` (an embedded model converted once), the weights
-the actors load (`model.actor_path`: beside a 4-bit learner its NF4 base dequantized) and the multi-turn episode
-limits (`episodes`, from `env`); it checks the registry names (advantage, policy loss,
+budget, the loss normaliser, the overlong buffer, the output folders, `model.path` (an embedded model converted
+once), the weights the actors load (`model.actor_path`: beside a 4-bit learner its NF4 base dequantized) and the
+multi-turn episode limits (`episodes`, from `env`); it checks the registry names (advantage, policy loss,
 aggregation) and that a new run does not write into another run's directory. It returns a new `TrainConfig`
 (`dataclasses.replace`), and that object is what every role takes: a setting is declared once, in
 rl/config/schema.py, and read where it is used.

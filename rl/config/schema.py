@@ -271,8 +271,9 @@ class RunConfig:
         check(self.max_nonfinite_steps >= 1, f"run.max_nonfinite_steps must be >= 1 (got {self.max_nonfinite_steps})")
         check(
             self.resume != "auto" or self.output_dir is not None,
-            "run.resume=auto looks for checkpoints in run.output_dir: set run.output_dir=<the run directory to continue> "
-            "(the jobs of a -m sweep continue in their own directories: give hydra.sweep.dir=<the sweep directory>)",
+            "run.resume=auto looks for checkpoints in run.output_dir: set run.output_dir=<the run directory to "
+            "continue> (the jobs of a -m sweep continue in their own directories: give hydra.sweep.dir=<the sweep "
+            "directory>)",
         )
 
 

@@ -132,8 +132,8 @@ def main(argv: list[str]) -> int:
     if not rows:  # an empty file would only fail the warm start later, as "holds no demonstration"
         fail(
             f"no demonstration written: the reward ({reward_name(dcfg.reward)}) scored all {dropped} of the env's "
-            f"demonstrations below eval.correct_threshold={cfg.eval.correct_threshold}: give the reward this env trains with "
-            "(reward=..., e.g. reward=code_tests for env=code_tasks)",
+            f"demonstrations below eval.correct_threshold={cfg.eval.correct_threshold}: give the reward this env trains "
+            "with (reward=..., e.g. reward=code_tests for env=code_tasks)",
             code=1,
         )
     try:

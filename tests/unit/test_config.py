@@ -273,7 +273,8 @@ def test_a_4bit_learners_actors_load_its_dequantized_base(tmp_path):
 
 def test_native_lora_slots_take_a_rank_vllm_allows(tmp_path):
     """vLLM refuses a max_lora_rank outside its fixed set (1, 8, 16, 32, ...): model.lora_rank=4 with native LoRA
-    failed the actor's start. The slot is the smallest allowed rank that holds the adapter, and plan=true sizes it so."""
+    failed the actor's start. The slot is the smallest allowed rank that holds the adapter, and plan=true sizes it
+    so."""
     import typing
 
     from vllm.config.lora import MaxLoRARanks
