@@ -77,9 +77,7 @@ def one_line_config_error(e: BaseException, schema: type) -> str:
     if " not in '" in text and full_key and renamed_hint(full_key):  # an old spelling in a YAML file
         return renamed_hint(full_key)
     if " not in '" in text and full_key:
-        valid = valid_keys(full_key, schema)
-        hint = f"; valid keys there: {', '.join(valid)}" if valid else ""
-        return f"unknown config key '{full_key}': check its spelling{hint}"
+        return unknown_key_line(full_key, schema)
     if "is not in struct" in text and full_key:  # reward/env: a `_target_`'s keyword arguments, not a schema
         group = full_key.split(".")[0]
         return (
@@ -94,6 +92,13 @@ def one_line_config_error(e: BaseException, schema: type) -> str:
         head = lines[0].split(": ", 1)[1] if lines[0].startswith("In '") else lines[0]
         return f"{head}; available: {', '.join(lines[after:end])}"
     return " ".join(lines[:2]) if lines else type(e).__name__
+
+
+def unknown_key_line(full_key: str, schema: type, how: str = "") -> str:
+    """The one line for a key the schema lacks, with the keys its group does have."""
+    valid = valid_keys(full_key, schema)
+    hint = f"; valid keys there: {', '.join(valid)}" if valid else ""
+    return f"unknown config key '{full_key}'{how}: check its spelling{hint}"
 
 
 def valid_keys(full_key: str, schema: type) -> list[str]:
@@ -116,9 +121,7 @@ def added_key_error(cfg: DictConfig, schema: type, prefix: str = "") -> str | No
     for key in cfg.keys():
         full_key = f"{prefix}{key}"
         if key not in fields:
-            valid = valid_keys(full_key, schema)
-            hint = f"; valid keys there: {', '.join(valid)}" if valid else ""
-            return f"unknown config key '{full_key}' (added with +): check its spelling{hint}"
+            return unknown_key_line(full_key, schema, how=" (added with +)")
         child = cfg._get_node(key)
         if isinstance(child, DictConfig) and not child._is_none():
             error = added_key_error(child, schema, f"{full_key}.")
