@@ -21,12 +21,12 @@ import csv
 import io
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from rl.atomic import replace_when_done
 from rl.tools import runs
 
 FILES = ("sweep_summary.csv", "sweep_summary.md", "sweep_summary.png")
@@ -188,12 +188,6 @@ def to_markdown(rows: list[dict], title: str) -> str:
     return "\n".join(lines)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def to_png(rows: list[dict], title: str) -> bytes:
     import matplotlib
 
@@ -234,9 +228,10 @@ def write_summary(sweep_dir: Path) -> list[Path]:
         raise FileNotFoundError(f"no job directories (with metrics.jsonl or .hydra/overrides.yaml) in {sweep_dir}")
     title = str(sweep_dir)
     paths = [sweep_dir / name for name in FILES]
-    _write_atomic(paths[0], to_csv(rows).encode())
-    _write_atomic(paths[1], to_markdown(rows, title).encode())
-    _write_atomic(paths[2], to_png(rows, title))
+    contents = (lambda: to_csv(rows).encode(), lambda: to_markdown(rows, title).encode(), lambda: to_png(rows, title))
+    for path, content in zip(paths, contents):
+        with replace_when_done(path) as tmp:
+            tmp.write_bytes(content())  # one at a time: a figure that fails leaves the tables written
     return paths
 
 
