@@ -209,9 +209,12 @@ def run_job(dcfg: DictConfig, hydra_cfg: Any) -> float | None:
     except UserFacingError as e:
         log_to_file(e)
         fail(str(e), code=1)
+    from rl.atomic import replace_when_done
     from rl.checkpoint import SUMMARY
 
-    (run_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
+    # whole or absent: a resume reads it back to tell a finished run (rl/checkpoint.py finished_summary)
+    with replace_when_done(run_dir / SUMMARY) as tmp:
+        tmp.write_text(json.dumps(summary, indent=2))
     return summary.get("eval/accuracy_after")
 
 
