@@ -76,7 +76,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     ns = parser.parse_args(argv)
     every = rows()
-    unknown = [n for n in ns.names if not any(k == n or k.split(".")[0] == n for k, _, _ in every)]
+    named = lambda key, name: key == name or key.split(".")[0] == name  # noqa: E731 - a key, or a key of a group
+    unknown = [n for n in ns.names if not any(named(k, n) for k, _, _ in every)]
     targets = [n for n in unknown if n.split(".")[0] in ("reward", "env")]
     if targets:
         fail(
@@ -85,7 +86,7 @@ def main(argv: list[str]) -> None:
         )
     if unknown:
         fail(f"no config group or key {', '.join(unknown)}; groups: {', '.join(groups())}")
-    chosen = [r for r in every if not ns.names or r[0] in ns.names or r[0].split(".")[0] in ns.names]
+    chosen = [r for r in every if not ns.names or any(named(r[0], n) for n in ns.names)]
     if ns.markdown:
         print("| key | default | what it does |\n|---|---|---|")
         print("\n".join(f"| `{k}` | `{d}` | {note} |" for k, d, note in chosen))
