@@ -1,7 +1,7 @@
 """Train an LLM with RL on verifiable rewards: `python train.py [overrides]`, `python train.py -m ...` to sweep.
 
 Composes conf/train.yaml with Hydra, validates it into the typed schema (rl/config/schema.py), fills its `auto`
-values (rl/config/resolve.py), builds the environment and reward, and hands them to rl/app.py. No maths here. Heavy libraries
+values (rl/resolve.py), builds the environment and reward, and hands them to rl/app.py. No maths here. Heavy libraries
 (torch, vLLM, Ray) are imported only after the config is valid, so `--help` and `--cfg job` stay instant.
 """
 
@@ -135,7 +135,7 @@ def interrupted(run_dir: Path, sweep_dir: str | None) -> NoReturn:
     it (every checkpoint in it is whole: one is written to a temp folder and renamed)."""
     import shlex
 
-    from rl.checkpoint import latest
+    from rl.loop.checkpoint import latest
 
     last = latest(run_dir)
     kept = f"its last checkpoint is {last.name}" if last else "it has no checkpoint yet, so it starts again from step 0"
@@ -181,7 +181,7 @@ def run_job(dcfg: DictConfig, hydra_cfg: Any) -> float | None:
     if cfg.logger.group is None and hydra_cfg.mode == RunMode.MULTIRUN:
         cfg.logger.group = str(hydra_cfg.sweep.dir)  # a sweep's jobs are one wandb group
     run_dir = Path(cfg.run.output_dir or hydra_cfg.runtime.output_dir)
-    from rl.config.resolve import resolve  # registry names checked and `auto` values filled, before anything starts
+    from rl.resolve import resolve  # registry names checked and `auto` values filled, before anything starts
 
     try:
         cfg = resolve(cfg, run_dir)
@@ -210,9 +210,9 @@ def run_job(dcfg: DictConfig, hydra_cfg: Any) -> float | None:
         log_to_file(e)
         fail(str(e), code=1)
     from rl.atomic import replace_when_done
-    from rl.checkpoint import SUMMARY
+    from rl.loop.checkpoint import SUMMARY
 
-    # whole or absent: a resume reads it back to tell a finished run (rl/checkpoint.py finished_summary)
+    # whole or absent: a resume reads it back to tell a finished run (rl/loop/checkpoint.py finished_summary)
     with replace_when_done(run_dir / SUMMARY) as tmp:
         tmp.write_text(json.dumps(summary, indent=2))
     return summary.get("eval/accuracy_after")

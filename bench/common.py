@@ -89,7 +89,7 @@ def demo_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
 def learner_config(path: str, *overrides: str, rank: int = 16, dtype: str = "float32", seed: int = 0, threads=None):
     """The resolved config a run's learner takes for LoRA rank `rank` (alpha 2r) on all 7 projections, learner
     weights in `dtype`, no KL term, plus config overrides; `path` is taken as the resolved model path."""
-    from rl.config.resolve import from_overrides
+    from rl.resolve import from_overrides
 
     keys = [
         f"model.lora_rank={rank}",

@@ -37,7 +37,7 @@ FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj
 
 
 def config(path: str, kind: str, side: str, memory: float):
-    from rl.config.resolve import from_overrides
+    from rl.resolve import from_overrides
 
     return from_overrides(
         path,

@@ -161,7 +161,7 @@ def sampling_of(args):
 def our_config(path: str, prompts: list[list[int]], args):
     """The resolved config our actor takes on the bench's engine settings, as a run resolves it (cluster.lora_mode
     auto resolved)."""
-    from rl.config.resolve import from_overrides
+    from rl.resolve import from_overrides
 
     e = engine_kwargs(path, prompts, args)
     keys = [

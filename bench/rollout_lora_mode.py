@@ -17,7 +17,7 @@ from bench.common import random_adapter, timed_generations
 
 
 def run_mode(mode: str, path: str, prompts: list[list[int]], adapter, args) -> dict:
-    from rl.config.resolve import from_overrides
+    from rl.resolve import from_overrides
     from rl.rollout.vllm import VLLMRollout
     from rl.types import Sampling
 

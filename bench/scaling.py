@@ -87,7 +87,7 @@ def measure_actors(path: str, prompts: list[list[int]], n_actors: int, pinned: b
     """Generated tokens/s of `n_actors` Ray rollout actors splitting one step's prompts (rl.runtime.runtime.Runtime)."""
     import ray
 
-    from rl.config.resolve import from_overrides
+    from rl.resolve import from_overrides
     from rl.rollout.vllm import VLLMRollout, cpu_threads_env
     from rl.runtime.groups import shard
     from rl.runtime.placement import RayGroup

@@ -35,8 +35,8 @@ import statistics
 import time
 
 from bench.common import add_threads_arg, demo_prompts, learner_config, machine, machine_label, vllm_memory_fraction
-from rl.config.resolve import from_overrides
 from rl.learner import Learner
+from rl.resolve import from_overrides
 from rl.rollout.vllm import VLLMRollout
 
 # ------------------------------------------------------------------------------------------------ roles
@@ -217,7 +217,7 @@ def demo_step(ray, runtime, prompts, version: int) -> dict:
     """One demo-shaped step through rl.runtime.runtime.Runtime; random rewards stand in for the task reward."""
     import random
 
-    from rl.data.prepare import prepare_samples
+    from rl.loop.prepare import prepare_samples
     from rl.types import Sampling
 
     rng = random.Random(version)

@@ -85,10 +85,10 @@ def start_judge(overrides: list[str]) -> tuple[Judge, Callable[[], None], Path]:
     from dataclasses import replace
 
     from rl.app import actor_env
-    from rl.config.resolve import resolve
     from rl.config.schema import TrainConfig
     from rl.entry import compose_checked
     from rl.errors import StartupError, cause_of
+    from rl.resolve import resolve
 
     conf_dir = str(Path(__file__).resolve().parent.parent / "conf")
     cfg = compose_checked(conf_dir, "train", overrides, TrainConfig)[1]
@@ -104,8 +104,8 @@ def start_judge(overrides: list[str]) -> tuple[Judge, Callable[[], None], Path]:
     transformers.logging.set_verbosity_error()  # its notices on tokenizer configs, as in a run's driver (rl/app.py)
 
     from rl import logs
-    from rl.data.judge import JudgeClient
     from rl.preflight.diagnose import explain
+    from rl.rollout.judge import JudgeClient
     from rl.rollout.teacher import TeacherEngine
 
     try:

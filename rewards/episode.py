@@ -1,5 +1,5 @@
 """The reward of an env that judges whole episodes itself (env=verifiers, env=openenv): the env's per-episode terms
-(rl/data/sampler.py adds them to every reward) are the whole reward, so the last turn's text adds nothing here."""
+(rl/loop/sampler.py adds them to every reward) are the whole reward, so the last turn's text adds nothing here."""
 
 from __future__ import annotations
 

@@ -26,8 +26,8 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict) -> dict[s
     import transformers
     from transformers import AutoTokenizer
 
-    from rl.checkpoint import finished_summary
-    from rl.driver import load_data, train
+    from rl.loop.checkpoint import finished_summary
+    from rl.loop.driver import load_data, train
     from rl.metrics import MetricsLogger
     from rl.runtime.placement import RayStartError
 
@@ -144,10 +144,10 @@ def check_teacher(cfg: TrainConfig, tokenizer: Any, reward_fn: Any) -> Any:
 
 
 def bind_judge(cfg: TrainConfig, runtime: Runtime, teacher_tokenizer: Any, reward_fn: Any) -> None:
-    """Hand a judge reward the run's judge engines (rewards/judge.py talks text, rl/data/judge.py tokenises)."""
+    """Hand a judge reward the run's judge engines (rewards/judge.py talks text, rl/rollout/judge.py tokenises)."""
     if teacher_tokenizer is None or not getattr(reward_fn, "needs_judge", False):
         return
-    from rl.data.judge import JudgeClient
+    from rl.rollout.judge import JudgeClient
 
     t = cfg.teacher
     reward_fn.bind_judge(

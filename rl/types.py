@@ -73,7 +73,7 @@ class Adapter:
 
     @classmethod
     def from_folder(cls, folder: str | Path, version: int) -> Adapter:
-        """A PEFT-format adapter folder (rl/checkpoint.py write_adapter's, or PEFT's save_pretrained)."""
+        """A PEFT-format adapter folder (rl/loop/checkpoint.py write_adapter's, or PEFT's save_pretrained)."""
         folder = Path(folder)
         config = json.loads((folder / "adapter_config.json").read_text())
         return cls(version, config, (folder / "adapter_model.safetensors").read_bytes())
@@ -118,7 +118,7 @@ class TrainedPolicy:
 @dataclass(frozen=True)
 class EpisodeSpec:
     """A multi-turn environment as each rollout actor builds and runs it (envs/protocol.py, rl/rollout/episodes.py);
-    filled from `env` by the resolve step (rl/config/resolve.py); it travels to every rollout actor."""
+    filled from `env` by the resolve step (rl/resolve.py); it travels to every rollout actor."""
 
     env: str  # the env's config as JSON (`_target_` and keyword arguments, interpolations resolved)
     max_turns: int  # env.max_turns

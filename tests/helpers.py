@@ -125,7 +125,7 @@ def scratch_run_dir() -> Path:
 
 def run_spec(model: Path | str, *overrides: str, run_dir: Path | str | None = None):
     """The resolved config train.py builds with these overrides, with `model` as the resolved model path."""
-    from rl.config.resolve import from_overrides
+    from rl.resolve import from_overrides
 
     return from_overrides(str(model), *overrides, run_dir=run_dir or scratch_run_dir())
 

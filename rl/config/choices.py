@@ -40,13 +40,13 @@ class RolloutBackend(str, Enum):
 
 
 class LearnerBackend(str, Enum):
-    auto = "auto"  # unsloth on CUDA when the package is installed, else peft (resolved in rl/config/resolve.py)
+    auto = "auto"  # unsloth on CUDA when the package is installed, else peft (resolved in rl/resolve.py)
     peft = "peft"  # transformers + PEFT LoRA (any device; bitsandbytes NF4 with model.load_in_4bit on CUDA)
     unsloth = "unsloth"  # Unsloth FastLanguageModel (CUDA only)
 
 
 class LoraMode(str, Enum):
-    auto = "auto"  # = merged on every device (rl/config/resolve.py says why)
+    auto = "auto"  # = merged on every device (rl/resolve.py says why)
     merged = "merged"  # each adapter version merged into the engine's weights (base-model decode speed)
     native = "native"  # vLLM's LoRA kernels (LoRARequest), the adapter kept apart from the weights
 

@@ -3,7 +3,7 @@
 The shapes, defaults and one-line descriptions live here; `conf/*.yaml` states only what differs from them. Hydra
 merges every YAML file and command-line override into these dataclasses, so an unknown key or a wrong type fails
 at composition time. Cross-field checks are in `__post_init__` and raise `ConfigError` naming the key and the fix;
-registry names and `auto` values are resolved right after, by rl/config/resolve.py, before anything starts.
+registry names and `auto` values are resolved right after, by rl/resolve.py, before anything starts.
 
 This module must stay import-light (no torch, no vllm, no ray): `python train.py --help` imports it.
 

@@ -1,6 +1,6 @@
 """Curricula: which prompts the sampler sends next (`curriculum=none|pass_rate|difficulty`).
 
-The sampler (rl/data/sampler.py) stays the one owner of the data, its cursor and the queue of batches in flight; a
+The sampler (rl/loop/sampler.py) stays the one owner of the data, its cursor and the queue of batches in flight; a
 curriculum is asked for the next batch's prompts (`choose`) and told every generated group's pass rate
 (`observe`: the fraction of its G samples whose reward >= eval.correct_threshold, every round of dynamic sampling
 included, before any filter). Each reads its `curriculum.*` keys (and run.seed) from the resolved `TrainConfig`.
@@ -22,7 +22,7 @@ Three kinds:
 
 State for checkpoints: the chooser's part (revisit generator, level) is snapshotted before each batch is sent, so
 a checkpoint with batches in flight (staleness > 0) saves the choice point before the oldest of them, as the data
-position is saved (rl/data/sampler.py); the statistics (pass rates, window) are saved as they are at the checkpoint. At
+position is saved (rl/loop/sampler.py); the statistics (pass rates, window) are saved as they are at the checkpoint. At
 staleness 0 nothing is in flight and a resume chooses exactly as the uninterrupted run; with batches in flight the
 resumed run re-chooses them with the newer statistics (the same data position, possibly other skips).
 """

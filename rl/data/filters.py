@@ -1,8 +1,8 @@
 """Sample filters and reward shaping between scoring and learning: pure functions over plain lists and tensors.
 
 Semantics follow the ColossalChat GRPO seed, made correct (each function says what changed). No Ray, no config
-objects. Each step calls them in this order: the sampler (rl/data/sampler.py) keep_groups_in_range (dynamic
-sampling, per batch of groups, on the raw rewards), then rl/data/prepare.py overlong_penalty (reward shaping) ->
+objects. Each step calls them in this order: the sampler (rl/loop/sampler.py) keep_groups_in_range (dynamic
+sampling, per batch of groups, on the raw rewards), then rl/loop/prepare.py overlong_penalty (reward shaping) ->
 truncated_mask (loss mask) -> advantages -> top_k_per_group (which samples reach the learner).
 """
 

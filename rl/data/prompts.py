@@ -1,5 +1,5 @@
 """Training and held-out prompts: tokenised once (chat template applied here) and served in a seeded, repeating
-order whose position a checkpoint saves. The sampler (rl/data/sampler.py) is the only reader of the cursor; each
+order whose position a checkpoint saves. The sampler (rl/loop/sampler.py) is the only reader of the cursor; each
 prompt's sampling seed comes from its draw number (rl/seeds.py)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The learner role: policy-gradient steps on the sampled token ids, with the behaviour logprobs from the actors.
 
-A plain class (no Ray) built from the resolved `TrainConfig` (rl/config/resolve.py), whose keys it reads where it
+A plain class (no Ray) built from the resolved `TrainConfig` (rl/resolve.py), whose keys it reads where it
 uses them; `rl/runtime/placement.py` wraps it as a Ray actor. Its model comes from rl/learner/models.py (PEFT, PEFT
 on 4-bit weights, Unsloth, or full fine-tuning), its batches from batching.py, its data-parallel reduction from
 parallel.py, and what it sends out from export.py. The reference policy for a KL penalty is the same model with

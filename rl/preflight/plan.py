@@ -43,7 +43,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl.config.resolve import (
+from rl.config.schema import ConfigError
+from rl.preflight.machine import detect_gpus, numa_node_memory, ram_bytes
+from rl.preflight.shapes import DTYPE_BYTES, ModelShape, load_shape
+from rl.resolve import (
     adapter_lora,
     check_registry_names,
     lora_slot_rank,
@@ -52,9 +55,6 @@ from rl.config.resolve import (
     resolve_micro_batch_tokens,
     teacher_in_4bit,
 )
-from rl.config.schema import ConfigError
-from rl.preflight.machine import detect_gpus, numa_node_memory, ram_bytes
-from rl.preflight.shapes import DTYPE_BYTES, ModelShape, load_shape
 
 GiB = 1024**3
 VLLM_PROFILE_TOKENS = 8192  # tokens in vLLM's profiling forward (its default max_num_batched_tokens order)

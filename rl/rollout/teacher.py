@@ -13,8 +13,8 @@ from dataclasses import replace
 from typing import Any
 
 from rl.config.choices import ActorBase, LoraMode, WeightSync
-from rl.config.resolve import adapter_lora, teacher_in_4bit
 from rl.config.schema import ConfigError, TrainConfig
+from rl.resolve import adapter_lora, teacher_in_4bit
 from rl.rollout.vllm import VLLMRollout
 from rl.types import Adapter
 

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from rl.config.choices import ActorBase, LoraMode, WeightSync
-from rl.config.resolve import lora_slot_rank
 from rl.config.schema import TrainConfig
 from rl.errors import OutputMark, engine_start_error
+from rl.resolve import lora_slot_rank
 from rl.rollout.episodes import EpisodeEngine
 from rl.types import Adapter, Completion, PromptRollout, Sampling
 
@@ -82,7 +82,7 @@ class VLLMRollout(EpisodeEngine):
     lora_mode "native": each adapter version is written to a private temp folder and used as a `LoRARequest`
     (exact, vLLM's LoRA kernels). "merged": the adapter is merged into the engine's weights by the worker
     extension in rl/rollout/vllm_ext.py (base-model decode speed; what `cluster.lora_mode=auto` picks, see
-    rl/config/resolve.py); the base projections are read at start. Full weights (a full fine-tuning learner,
+    rl/resolve.py); the base projections are read at start. Full weights (a full fine-tuning learner,
     `model.full_finetune`: no base copy is read) are loaded in place by the same extension, in either mode.
     The adapter arrives as bytes (no shared filesystem) or, on the learner's GPU (`cluster.weight_sync=ipc`), as a
     CUDA IPC handle to its factors; every sample records its version.
@@ -263,7 +263,7 @@ class VLLMRollout(EpisodeEngine):
 
     def state_dict(self) -> dict:
         """Nothing: vLLM's sampler generator cannot be read from outside, and no sample needs it, since every
-        request carries its own seed (rl/checkpoint.py says why a resumed run still samples the same)."""
+        request carries its own seed (rl/loop/checkpoint.py says why a resumed run still samples the same)."""
         return {}
 
     def load_state(self, state: dict) -> None:

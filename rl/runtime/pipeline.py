@@ -1,7 +1,7 @@
 """Generations in flight: prompts sharded over the live actors (and the learners' share), collected in prompt
 order whatever died on the way, and rollouts older than the staleness bound generated again.
 
-`submit_generate` sends without waiting, so that with `cluster.staleness` k the sampler (rl/data/sampler.py) keeps
+`submit_generate` sends without waiting, so that with `cluster.staleness` k the sampler (rl/loop/sampler.py) keeps
 k steps of generation in flight while the learners train; `collect` waits for one. A prompt's seeds travel with
 it wherever it goes (a re-sent prompt's included), so its samples do not depend on the actor or batch it lands in.
 

@@ -6,7 +6,7 @@ again: base model, version 0) gets no work until it answers again, and then the 
 else (`welcome`, set by the runtime to rl/runtime/sync.py's); a console line and `fault/actor_restarts` say so.
 A restart whose __init__ raises (vLLM refusing to start for want of memory, say) is Ray's last: that actor is left
 out at once, its error on the console, and when no actor is left the run stops with that error.
-A learner's death is not handled here: it ends the run (rl/driver.py).
+A learner's death is not handled here: it ends the run (rl/loop/driver.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ honest.
 Bounded staleness: with `cluster.staleness` k the actors may generate with any of the last k+1 published adapter
 versions (`Versions.allowed`). A rollout from a version that was never published (or from the future) is a sync bug
 and fails fast (VersionMismatch); one from a published version older than the bound is dropped and generated again
-(rl/runtime/pipeline.py). The sync probe's calls (rl/runtime/probe.py decides when) are here too: they compare the
+(rl/runtime/pipeline.py). The sync probe's calls (rl/loop/probe.py decides when) are here too: they compare the
 actors' logprobs with learner 0's on the version just published.
 """
 

@@ -2,7 +2,7 @@
 policy), plots of a run's metrics.jsonl (`make plot`), the runs table and the sweep summary (a Hydra callback when
 a multirun ends).
 
-They read a config or a run's output; nothing in the training path (rl/driver.py, rl/learner/, rl/rollout/, ...)
+They read a config or a run's output; nothing in the training path (rl/loop/driver.py, rl/learner/, rl/rollout/, ...)
 imports them. Keep this file empty of imports: Hydra imports rl.tools.sweep at startup, and a light package keeps
 that instant.
 """

@@ -8,10 +8,10 @@ An entry script like train.py, composed by Hydra from conf/eval.yaml: the traini
 reward, cluster, eval.size, eval.n_samples, eval.pass_k, eval.temperature, eval.correct_threshold, ...) mean what they
 mean in a run, plus `adapter`, `compare_base`, `eval_only` and `eval_out` (`EvalCommandConfig` below),
 resolved as a run's config is (`resolve_eval`) and read by the same roles.
-`adapter` is an adapter folder, a run directory, a checkpoint or an HF model folder (rl/checkpoint.py find_policy).
+`adapter` is an adapter folder, a run directory, a checkpoint or an HF model folder (rl/loop/checkpoint.py find_policy).
 
 The rollout engine is the run's own (rl/rollout: vLLM, or `cluster.rollout_backend=hf`), one engine in this process
-behind the same Runtime a run uses, and the metrics and per-sample rows are rl/evaluation.py's. Writes, atomically,
+behind the same Runtime a run uses, and the metrics and per-sample rows are rl/loop/evaluation.py's. Writes, atomically,
 `<eval_out>/results.json` (metrics per policy, the table, the command) and `<eval_out>/<policy>.jsonl` (one row
 per completion). vLLM spawns processes: this module must stay runnable only under its `__main__` guard.
 """
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rl.config.resolve import resolve
 from rl.config.schema import ConfigError, TrainConfig, check, register_configs
 from rl.entry import build_target, compose_checked, fail, writable_folder
+from rl.resolve import resolve
 from rl.types import TrainedPolicy
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -70,7 +70,7 @@ def resolve_eval(
     cfg: EvalCommandConfig, out_dir: Path, policy: TrainedPolicy | None, *, model_path: str | None = None
 ) -> EvalCommandConfig:
     """The eval command's config resolved as a run's (so every model/cluster/eval key means what it means in a
-    run), with the LoRA slots sized for the trained adapter `cfg.adapter` names (rl.checkpoint.find_policy), pass_k
+    run), with the LoRA slots sized for the trained adapter `cfg.adapter` names (rl.loop.checkpoint.find_policy), pass_k
     holding 1 and n_samples (avg@n and pass@n), and the per-sample files in `out_dir`."""
     cfg = resolve(cfg, out_dir, model_path=model_path, new_run=False)
     model = cfg.model
@@ -123,10 +123,11 @@ def evaluate_policies(
 
     from transformers import AutoTokenizer
 
-    from rl import evaluation, logs
+    from rl import logs
     from rl.app import actor_env
-    from rl.checkpoint import read_adapter
     from rl.data.prompts import PromptData
+    from rl.loop import evaluation
+    from rl.loop.checkpoint import read_adapter
     from rl.rollout import rollout_class
     from rl.runtime.groups import LocalGroup
     from rl.runtime.runtime import Runtime
@@ -247,7 +248,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 0
     dcfg, composed = compose(argv)
-    from rl.checkpoint import find_policy  # imports torch: after the config is known to be valid
+    from rl.loop.checkpoint import find_policy  # imports torch: after the config is known to be valid
 
     out_dir = Path(composed.eval_out or f"outputs/eval/{dt.datetime.now():%Y-%m-%d/%H-%M-%S}")
     try:

@@ -2,7 +2,7 @@
 line `RESULT <json>`. A fresh process because Unsloth must be a process's first ML import (the parent sets
 RLFT_IMPORT_UNSLOTH=1, which rl/__init__.py reads), and an in-process vLLM engine is not torn down cleanly.
 
-Every job builds its roles from a resolved config as a run does (rl.config.resolve.from_overrides), on one GPU.
+Every job builds its roles from a resolved config as a run does (rl.resolve.from_overrides), on one GPU.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from rl.config.resolve import from_overrides  # the first ML-adjacent import: rl/__init__.py may import unsloth first
+from rl.resolve import from_overrides  # the first ML-adjacent import: rl/__init__.py may import unsloth first
 
 PROMPTS = [
     "What is 7 + 5? Give the final answer as a number at the end.",
@@ -76,9 +76,9 @@ def actor_vs_learner(model: str, lora_mode: str) -> dict:
     from transformers import AutoTokenizer
 
     from rl.learner import Learner
+    from rl.loop.probe import SyncProbe
     from rl.rollout.vllm import VLLMRollout
     from rl.runtime.groups import LocalGroup
-    from rl.runtime.probe import SyncProbe
     from rl.runtime.runtime import Runtime
     from rl.types import Sampling
 

@@ -311,7 +311,7 @@ def test_continuous_rollouts_with_unsloth_learner_and_vllm_actor_on_one_gpu(mode
 
 def test_a_teacher_beside_quantized_actors_serves_their_nf4_base(model, tmp_path):
     """algorithm=distill with `model.actor_base=quantized` and `teacher.path` null: the teacher engine serves the
-    actors' NF4 base (vLLM quantizes it as theirs, rl/config/resolve.py teacher_in_4bit). Before the first update the
+    actors' NF4 base (vLLM quantizes it as theirs, rl/resolve.py teacher_in_4bit). Before the first update the
     student is that base too, so step 1's teacher-student KL on the student's samples is about 0; the bf16 weights
     are about 0.6 nats per token away from it."""
     out = tmp_path / "run"

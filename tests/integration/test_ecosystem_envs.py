@@ -81,8 +81,8 @@ RUN += ["eval.size=2", "logger.rollouts_interval=1", "cluster.gpu_memory_utiliza
 
 SCRIPT = r"""
 import json, os, sys
-from rl.config.resolve import from_overrides
-from rl.data.prepare import prepare_samples
+from rl.resolve import from_overrides
+from rl.loop.prepare import prepare_samples
 from rl.rollout.episodes import build_env
 from rl.rollout.vllm import VLLMRollout, cpu_threads_env
 from rl.types import Sampling

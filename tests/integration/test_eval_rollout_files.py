@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from rl.evaluation import pass_at_k
+from rl.loop.evaluation import pass_at_k
 from tests.helpers import run_train, tiny_args
 
 pytestmark = pytest.mark.slow

@@ -104,9 +104,10 @@ def train_with(tiny_model, tmp_path, monkeypatch, actor_class: type | None, cfg,
     from transformers import AutoTokenizer
 
     import rl.rollout
-    from rl import app, driver
-    from rl.config.resolve import resolve
+    from rl import app
+    from rl.loop import driver
     from rl.metrics import MetricsLogger
+    from rl.resolve import resolve
 
     if actor_class is not None:
         monkeypatch.setattr(rl.rollout, "rollout_class", lambda cfg: actor_class)

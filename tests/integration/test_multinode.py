@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from rl import checkpoint
+from rl.loop import checkpoint
 from rl.rollout.vllm import VLLMRollout
 from tests.helpers import REPO, LengthReward, metric_rows, repo_env, run_train, sigkill_self_once, tiny_args
 
@@ -283,13 +283,14 @@ def killed_actor_run(address: str, model: str, run_dir: str) -> None:
     from transformers import AutoTokenizer
 
     import rl.rollout
-    from rl import app, driver
+    from rl import app
     from rl.config.choices import DType
     from rl.config.cluster import ClusterConfig
-    from rl.config.resolve import resolve
     from rl.config.schema import AlgorithmConfig, CheckpointConfig, EvalConfig, ModelConfig, RunConfig, TrainConfig
     from rl.data.prompts import PromptData
+    from rl.loop import driver
     from rl.metrics import MetricsLogger
+    from rl.resolve import resolve
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     cfg = TrainConfig(

@@ -17,7 +17,7 @@ import time
 import pytest
 from safetensors.torch import load_file
 
-from rl import checkpoint
+from rl.loop import checkpoint
 from tests.helpers import REPO, metric_rows, repo_env, run_train, tiny_args
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ import json, os, sys
 from rl.rollout.vllm import cpu_threads_env
 from rl.rollout.teacher import TeacherEngine
 from rl.types import Sampling
-from rl.config.resolve import from_overrides
+from rl.resolve import from_overrides
 
 if __name__ == "__main__":  # vLLM may spawn its engine process
     os.environ.update(cpu_threads_env(None))

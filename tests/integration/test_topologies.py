@@ -77,7 +77,7 @@ def test_two_actors_and_two_data_parallel_learners_train_two_steps(tiny_model, t
 
 def tiny_run(model: Path, loss_agg: str = "seq_mean_token_mean", run_dir: Path | None = None, **cluster):
     """The resolved config of a tiny run in this process (roles built by rl.app.build_runtime)."""
-    from rl.config.resolve import resolve
+    from rl.resolve import resolve
 
     return resolve(tiny_config(model, loss_agg, **cluster), run_dir or scratch_run_dir(), model_path=str(model))
 
@@ -151,7 +151,7 @@ def test_actor_left_on_an_old_adapter_version_stops_the_run(tiny_model, tmp_path
     from transformers import AutoTokenizer
 
     from rl.app import build_runtime
-    from rl.driver import train
+    from rl.loop.driver import train
     from rl.metrics import MetricsLogger
     from rl.runtime.sync import VersionMismatch
     from tests.helpers import LengthReward

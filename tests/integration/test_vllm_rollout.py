@@ -16,7 +16,7 @@ SCRIPT = r"""
 import json, os, sys
 from rl.rollout.vllm import VLLMRollout, cpu_threads_env
 from rl.types import Sampling
-from rl.config.resolve import from_overrides
+from rl.resolve import from_overrides
 
 if __name__ == "__main__":  # vLLM may spawn its engine process
     os.environ.update(cpu_threads_env(None))

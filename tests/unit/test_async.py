@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from rl.config import resolve as specs
+from rl import resolve as specs
 from rl.config.schema import ConfigError, TrainConfig
 from rl.data.prompts import PromptData
-from rl.data.sampler import Sampler
-from rl.driver import train
 from rl.errors import RunStopped
+from rl.loop.driver import train
+from rl.loop.sampler import Sampler
 from rl.metrics import MetricsLogger
 from rl.runtime.groups import LocalGroup, MemberDied
 from rl.runtime.runtime import Runtime
@@ -352,7 +352,7 @@ def test_sync_probe_is_checked_against_its_floor_before_training(tmp_path, capsy
 def test_actors_on_another_base_than_the_learner_stop_the_run_at_start(tmp_path):
     """A floor above run.probe_floor_limit (a 4-bit learner beside full-precision actors: 0.5-1.1 nats per token)
     stops the run before any step, in one line naming the keys; with the limit off the run trains."""
-    from rl.runtime.probe import BaseMismatch
+    from rl.loop.probe import BaseMismatch
 
     with pytest.raises(BaseMismatch) as e:
         run_loop(tmp_path / "a", fake_runtime([FakeActor()], OffsetLearner(floor=0.64, drift=0.0)), steps=2)
@@ -384,7 +384,7 @@ def test_data_the_settings_leave_empty_or_a_curriculum_the_env_lacks_fails_befor
     """rl/app.py loads the run's data before it starts Ray and the engines: prompts all longer than
     model.max_prompt_tokens, or curriculum=difficulty on an env without difficulty levels, is one line then."""
     from rl.config.errors import ConfigError
-    from rl.driver import load_data
+    from rl.loop.driver import load_data
 
     class LongPrompts:
         def __call__(self, text):

@@ -115,7 +115,7 @@ def test_e2e_trl_runs_the_demo_settings_which_fit(smollm2_shape, tmp_path):
 
 def test_e2e_trl_gpu_side_loads_as_a_config_padded_or_packed(smollm2_shape, tmp_path):
     from bench import e2e_trl
-    from rl.config.resolve import GPU_PACKED_TOKENS, from_overrides
+    from rl.resolve import GPU_PACKED_TOKENS, from_overrides
 
     for tokens, resolved in ((None, GPU_PACKED_TOKENS), (0, 0), (8192, 8192)):
         args = e2e_trl.ours_args(3, tmp_path / "out", None, e2e_trl.GPU, e2e_trl.Ours("peft", "ipc", tokens))

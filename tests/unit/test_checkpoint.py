@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from rl import checkpoint
-from rl.config.resolve import from_overrides
 from rl.config.schema import CheckpointConfig, ConfigError, RunConfig, TrainConfig
 from rl.data.prompts import PromptData
+from rl.loop import checkpoint
 from rl.metrics import MetricsLogger
+from rl.resolve import from_overrides
 from rl.types import Adapter, Sampling
 from tests.helpers import make_learner, make_samples, metric_rows
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from rl.config.cluster import ClusterConfig
-from rl.config.resolve import resolve
 from rl.config.schema import ConfigError
+from rl.resolve import resolve
 from rl.runtime.groups import LocalGroup
 from rl.runtime.placement import role_plans
 from rl.runtime.runtime import Runtime

@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rl.config import resolve as specs
+from rl import resolve as specs
 from rl.config.schema import ConfigError, TrainConfig, register_configs
 from tests.helpers import REPO, run_train
 
@@ -279,7 +279,7 @@ def test_native_lora_slots_take_a_rank_vllm_allows(tmp_path):
 
     from vllm.config.lora import MaxLoRARanks
 
-    from rl.config.resolve import VLLM_LORA_RANKS, lora_slot_rank
+    from rl.resolve import VLLM_LORA_RANKS, lora_slot_rank
     from rl.rollout.vllm import engine_kwargs
 
     assert VLLM_LORA_RANKS == tuple(sorted(typing.get_args(MaxLoRARanks)))  # the set plan=true uses is vLLM's

@@ -9,12 +9,12 @@ import pickle
 import pytest
 
 from envs.reasoning_gym import ReasoningGymEnv
-from rl import checkpoint
-from rl.config.resolve import from_overrides
 from rl.config.schema import ConfigError, CurriculumConfig, TrainConfig
 from rl.data.curriculum import DifficultyCurriculum, PassRateCurriculum, build_curriculum, histogram, pass_rates
 from rl.data.prompts import PromptData
-from rl.data.sampler import Sampler
+from rl.loop import checkpoint
+from rl.loop.sampler import Sampler
+from rl.resolve import from_overrides
 from rl.runtime.groups import LocalGroup
 from rl.runtime.runtime import Runtime
 from tests.unit.test_async import FakeActor, FakeLearner, NumberTokenizer

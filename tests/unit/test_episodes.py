@@ -11,10 +11,10 @@ import torch
 from envs.protocol import Episode
 from envs.retry import RetryEnv
 from rl import algorithms
-from rl.config.resolve import from_overrides
 from rl.config.schema import ConfigError
-from rl.data.prepare import episode_metrics, kl_reward_penalty, prepare_samples
-from rl.evaluation import mask_spans
+from rl.loop.evaluation import mask_spans
+from rl.loop.prepare import episode_metrics, kl_reward_penalty, prepare_samples
+from rl.resolve import from_overrides
 from rl.rollout.episodes import EnvTokens, run_episodes
 from rl.runtime.pipeline import _args
 from rl.seeds import turn_seed

@@ -1,5 +1,5 @@
 """`python -m rl.tools.eval` without an engine: its config (conf/eval.yaml), the four kinds of trained policy it reads
-(rl/checkpoint.py find_policy), its resolved config, its table and its choice of eval sets. The engine runs in
+(rl/loop/checkpoint.py find_policy), its resolved config, its table and its choice of eval sets. The engine runs in
 tests/integration/test_eval_command.py."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from rl import checkpoint
 from rl.config.schema import ConfigError
+from rl.loop import checkpoint
 from rl.tools.eval import compose, format_table, policy_config, resolve_eval, select_items
 from rl.types import Adapter, TrainedPolicy
 from tests.helpers import REPO

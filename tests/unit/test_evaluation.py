@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rl.config.schema import ConfigError, TrainConfig
-from rl.evaluation import atomic_jsonl, eval_metrics, pass_at_k, write_row
+from rl.loop.evaluation import atomic_jsonl, eval_metrics, pass_at_k, write_row
 from rl.metrics import MetricsLogger, progress_text
 
 
@@ -165,9 +165,9 @@ class EchoRuntime:
 
 
 def test_evaluation_keeps_its_reward_counters_out_of_the_next_training_step(tmp_path):
-    from rl.config.resolve import from_overrides
     from rl.data.prompts import PromptData
-    from rl.evaluation import evaluate
+    from rl.loop.evaluation import evaluate
+    from rl.resolve import from_overrides
     from tests.unit.test_async import NumberTokenizer
 
     keys = ("eval.size=3", "eval.n_samples=2", "model.max_prompt_tokens=8", "model.use_chat_template=false")

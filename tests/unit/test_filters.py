@@ -1,15 +1,15 @@
-"""Filters and reward shaping (rl/data/filters.py) and how a step applies them (rl/data/prepare.py, rl/data/sampler.py)."""
+"""Filters and reward shaping (rl/data/filters.py) and how a step applies them (rl/loop/prepare.py, rl/loop/sampler.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rl.config.resolve import from_overrides
 from rl.data import filters
-from rl.data.prepare import prepare_samples
 from rl.data.prompts import PromptData
-from rl.data.sampler import Sampler
+from rl.loop.prepare import prepare_samples
+from rl.loop.sampler import Sampler
+from rl.resolve import from_overrides
 from rl.types import Completion, PromptRollout
 
 

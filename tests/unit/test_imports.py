@@ -128,12 +128,20 @@ def test_every_import_form_is_resolved(tmp_path):
         "from rl import ConfigError_not_a_module\n"
         "from rl.types import Sampling\n"
         "from . import runs\n"
-        "from ..checkpoint import save\n"
+        "from ..loop.checkpoint import save\n"
         "def later():\n"
         "    from rewards import math\n"
     )
     found = [m for m, _ in imported_modules("rl.tools.fake", source)]
-    assert found == ["rl.tools.plot", "rl.config", "rl", "rl.types", "rl.tools.runs", "rl.checkpoint", "rewards.math"]
+    assert found == [
+        "rl.tools.plot",
+        "rl.config",
+        "rl",
+        "rl.types",
+        "rl.tools.runs",
+        "rl.loop.checkpoint",
+        "rewards.math",
+    ]
 
 
 def test_find_cycles_on_a_small_graph():
@@ -179,7 +187,13 @@ def test_the_training_loop_never_imports_preflight():
     """Preflight (the memory plan, start-up diagnosis, install check) stays out of the training path: the loop, the
     roles and the runtime reach none of it; rl/app.py asks it to explain a failed start, from outside the loop."""
     graph, _ = import_graph()
-    for start in ("rl.driver", "rl.learner.learner", "rl.rollout.vllm", "rl.runtime.runtime", "rl.runtime.placement"):
+    for start in (
+        "rl.loop.driver",
+        "rl.learner.learner",
+        "rl.rollout.vllm",
+        "rl.runtime.runtime",
+        "rl.runtime.placement",
+    ):
         reached = imported_by(start, graph)
         assert start in graph and reached, start
         assert not [m for m in reached if m.startswith("rl.preflight")], f"{start} reaches {sorted(reached)}"

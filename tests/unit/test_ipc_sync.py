@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl.config.resolve import from_overrides, resolve
 from rl.config.schema import ConfigError
 from rl.flat import pack, unpack
 from rl.learner.export import adapter_tensors
+from rl.resolve import from_overrides, resolve
 from rl.rollout.vllm_ext import lora_factors
 from rl.runtime.groups import LocalGroup
 from rl.runtime.runtime import Runtime

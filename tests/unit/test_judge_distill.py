@@ -23,7 +23,7 @@ from tests.helpers import typed_config
 class FakeJudge:
     """Stands for a judge model: grades the answer block against the reference its prompt shows, with the boxed
     checker, and is fooled as a small model is: an answer that says 'correct' or 'score' gets 10. Prompts longer
-    than `max_chars` are not sent (as rl/data/judge.py leaves out prompts past teacher.max_prompt_tokens)."""
+    than `max_chars` are not sent (as rl/rollout/judge.py leaves out prompts past teacher.max_prompt_tokens)."""
 
     def __init__(self, max_chars: int = 4000):
         from rewards.math import BoxedReward
@@ -244,7 +244,7 @@ def test_the_sampled_reverse_kl_sums_logp_differences_over_the_mask():
 
 
 def test_distillation_gives_each_token_minus_its_reverse_kl_as_advantage():
-    from rl.data.prepare import distill_advantages, prepare_samples
+    from rl.loop.prepare import distill_advantages, prepare_samples
 
     cfg = typed_config(
         **{
@@ -358,7 +358,7 @@ def test_the_teacher_engine_serves_the_teacher_model_with_room_for_prompt_and_co
 def test_a_teacher_on_the_students_model_serves_the_base_the_actors_serve(tmp_path):
     """teacher.path null: the student's model as the actors serve it. Beside a 4-bit learner that is its NF4 base
     dequantized, the base a teacher adapter from a run of the same config was trained on, not the bf16 weights."""
-    from rl.config.resolve import from_overrides
+    from rl.resolve import from_overrides
     from rl.rollout.teacher import teacher_engine_config
 
     model = tmp_path / "m"
@@ -382,9 +382,9 @@ def test_a_teacher_on_nf4_actors_serves_their_nf4_base_with_its_adapter_as_nativ
     model (teacher.path null) serves that same NF4 base, its adapter in a LoRA slot sized for the adapter's rank 4
     (vLLM's smallest allowed slot above it: 8; NF4 weights take no merge), and the plan counts that slot; a teacher on
     another model serves that model's weights."""
-    from rl.config.resolve import from_overrides
     from rl.preflight.plan import plan_for_config
     from rl.preflight.shapes import ModelShape
+    from rl.resolve import from_overrides
     from rl.rollout.teacher import teacher_engine_config
     from rl.rollout.vllm import engine_kwargs
 

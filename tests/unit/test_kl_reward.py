@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from rl.config.resolve import from_overrides
 from rl.config.schema import AlgorithmConfig, ConfigError, TrainConfig
-from rl.data.prepare import kl_reward_penalty
+from rl.loop.prepare import kl_reward_penalty
+from rl.resolve import from_overrides
 from rl.types import Completion, PromptRollout
 
 

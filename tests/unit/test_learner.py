@@ -11,8 +11,8 @@ import pytest
 import torch
 import transformers.integrations.sdpa_attention as sdpa_module
 
-from rl.config.resolve import from_overrides
 from rl.learner import Learner
+from rl.resolve import from_overrides
 from rl.types import Sampling, TrainSample
 from tests.helpers import LEARNER_TEST_OVERRIDES, make_learner, make_samples
 
@@ -311,7 +311,7 @@ def test_cpu_short_eager_attention_gives_the_sdpa_step(tiny_model, share, monkey
 def test_a_learner_started_from_an_adapter_trains_it_and_keeps_it_as_the_kl_reference(tiny_model, tmp_path):
     """model.init_adapter: the learner starts with the adapter's weights (its policy is the adapter's), and with a
     KL its reference is that starting policy, also after a step changed the adapter, not the base model."""
-    from rl.checkpoint import write_adapter
+    from rl.loop.checkpoint import write_adapter
     from tests.helpers import run_spec
 
     donor = make_learner(tiny_model)  # random lora_B: an adapter that changes logprobs

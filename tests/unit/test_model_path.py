@@ -28,8 +28,8 @@ def test_a_model_folder_appears_whole_and_a_failed_writer_leaves_nothing(tmp_pat
 
 
 def test_the_dequantized_base_folder_follows_the_weights_it_is_made_from(tmp_path):
-    from rl.config.resolve import from_overrides
     from rl.model_path import dequantized_folder
+    from rl.resolve import from_overrides
 
     model = tmp_path / "m"
     model.mkdir()

@@ -119,7 +119,7 @@ def test_auto_packs_on_cpu_and_falls_back_to_padded_where_the_model_refuses(tiny
     Unsloth and in deterministic GPU runs; where the model's attention would mix packed sequences, the learner trains
     padded with a warning, whether auto chose the budget or the config gave it (resolved, either is a number; Unsloth,
     whose attention would mix them, is refused packed rows at config load)."""
-    from rl.config.resolve import CPU_PACKED_TOKENS, GPU_PACKED_TOKENS, from_overrides
+    from rl.resolve import CPU_PACKED_TOKENS, GPU_PACKED_TOKENS, from_overrides
     from tests.helpers import LEARNER_TEST_OVERRIDES
 
     auto = make_learner(tiny_model)

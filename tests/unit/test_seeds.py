@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl.config.resolve import from_overrides
+from rl.resolve import from_overrides
 from rl.runtime.groups import LocalGroup
 from rl.runtime.runtime import Runtime
 from rl.seeds import SEED_BITS, prompt_seed

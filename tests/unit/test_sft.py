@@ -9,11 +9,11 @@ import re
 import pytest
 import torch
 
+from rl import resolve as specs
 from rl.algorithms import get_loss_agg, get_policy_loss
-from rl.config import resolve as specs
 from rl.config.schema import ConfigError
 from rl.data.demos import Demonstrations, read_demos, render_conversation
-from rl.evaluation import mask_spans
+from rl.loop.evaluation import mask_spans
 from rl.rollout.episodes import run_episodes
 from rl.tools.demos import demonstrations
 from rl.types import Completion, EpisodeSpec, PromptRollout, Sampling

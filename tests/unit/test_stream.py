@@ -1,4 +1,4 @@
-"""Continuous generation (cluster.rollout_mode=continuous, rl/runtime/stream.py and rl/data/continuous.py) with fake
+"""Continuous generation (cluster.rollout_mode=continuous, rl/runtime/stream.py and rl/loop/continuous.py) with fake
 roles, no Ray and no model: samples generated in segments continue across adapter loads with per-token versions,
 groups are taken in the order they finish, the per-sample staleness bound drops and counts, a dead actor's segment
 goes to a live one, and a resumed run trains every prompt once."""
@@ -9,12 +9,12 @@ import pickle
 
 import pytest
 
-from rl.config import resolve as specs
+from rl import resolve as specs
 from rl.config.schema import ConfigError
-from rl.data.continuous import ContinuousSampler
 from rl.data.prompts import PromptData
-from rl.driver import train
 from rl.errors import RunStopped
+from rl.loop.continuous import ContinuousSampler
+from rl.loop.driver import train
 from rl.metrics import MetricsLogger
 from rl.runtime.groups import LocalGroup, MemberDied
 from rl.runtime.runtime import Runtime

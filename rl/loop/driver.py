@@ -1,7 +1,7 @@
 """The training loop: sample, score, advantages, learn, sync, probe, log, checkpoint; evaluation before and after.
 
 Reads top to bottom like nanochat's chat_rl.py: each part of a step is a named call into its own module
-(rl/data/sampler.py, rl/data/prepare.py, rl/runtime/probe.py, rl/evaluation.py, rl/checkpoint.py). Departures from the GRPO paper
+(rl/loop/sampler.py, rl/loop/prepare.py, rl/loop/probe.py, rl/loop/evaluation.py, rl/loop/checkpoint.py). Departures from the GRPO paper
 (Shao et al. 2024), on purpose:
 - one optimizer step per rollout batch by default (`algorithm.updates_per_step`), so the clipped ratio only
   corrects the train-inference mismatch (behaviour logprobs come from the rollout engine, not the learner);
@@ -23,19 +23,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl import checkpoint, evaluation
 from rl.config.choices import ActorBase, RolloutMode
 from rl.config.schema import ConfigError, TrainConfig
-from rl.data.continuous import ContinuousSampler
 from rl.data.curriculum import Curriculum, build_curriculum
 from rl.data.demos import Demonstrations
-from rl.data.prepare import distill_advantages, kl_reward_penalty, prepare_samples, rollout_metrics
 from rl.data.prompts import PromptData
-from rl.data.sampler import Batch, RewardFn, Sampler
 from rl.errors import RunStopped
+from rl.loop import checkpoint, evaluation
+from rl.loop.continuous import ContinuousSampler
+from rl.loop.prepare import distill_advantages, kl_reward_penalty, prepare_samples, rollout_metrics
+from rl.loop.probe import SyncProbe
+from rl.loop.sampler import Batch, RewardFn, Sampler
 from rl.metrics import MetricsLogger
 from rl.runtime.groups import MemberDied, shard
-from rl.runtime.probe import SyncProbe
 from rl.runtime.runtime import Runtime
 from rl.types import TrainSample
 

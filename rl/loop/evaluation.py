@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 from rl.atomic import atomic_jsonl
-from rl.checkpoint import step_dir_name
 from rl.config.schema import TrainConfig
-from rl.data.prepare import episode_metrics, shape_rewards
 from rl.data.prompts import PromptData
-from rl.data.sampler import RewardFn, score
+from rl.loop.checkpoint import step_dir_name
+from rl.loop.prepare import episode_metrics, shape_rewards
+from rl.loop.sampler import RewardFn, score
 from rl.runtime.runtime import Runtime
 from rl.seeds import prompt_seed
 from rl.types import Completion, PromptRollout, Sampling, completions_of

@@ -135,11 +135,11 @@ def resolve_actor_path(cfg: TrainConfig) -> str:
 
 def resolve_init_adapter(cfg: TrainConfig) -> str | None:
     """`model.init_adapter` as the adapter folder it names (an adapter folder, a run directory or a checkpoint:
-    rl/checkpoint.py find_policy), checked against this run's LoRA shape, which the learner must match to load it."""
+    rl/loop/checkpoint.py find_policy), checked against this run's LoRA shape, which the learner must match to load it."""
     m = cfg.model
     if m.init_adapter is None:
         return None
-    from rl.checkpoint import find_policy
+    from rl.loop.checkpoint import find_policy
 
     policy = find_policy(m.init_adapter, key="model.init_adapter")
     if policy.adapter is None:
@@ -178,7 +178,7 @@ def lora_slot_rank(rank: int) -> int:
 
 def resolve_teacher(cfg: TrainConfig) -> TeacherConfig:
     """`teacher.path` as the folder its engines load and `teacher.adapter` as the adapter folder it names
-    (rl/checkpoint.py find_policy). Untouched when no judge/teacher engine runs (`cluster.num_teachers=0`).
+    (rl/loop/checkpoint.py find_policy). Untouched when no judge/teacher engine runs (`cluster.num_teachers=0`).
 
     A null `teacher.path` is the student's model as the actors serve it (`model.actor_path`, resolved first): beside
     a 4-bit learner that is its NF4 base dequantized, the base a `teacher.adapter` from a run of the same config was
@@ -192,7 +192,7 @@ def resolve_teacher(cfg: TrainConfig) -> TeacherConfig:
     path = cfg.model.actor_path if t.path is None else str(resolve_model_path(t.path, key="teacher.path"))
     adapter = None
     if t.adapter is not None:
-        from rl.checkpoint import find_policy
+        from rl.loop.checkpoint import find_policy
 
         policy = find_policy(t.adapter, key="teacher.adapter")
         if policy.adapter is None:

@@ -1,7 +1,7 @@
 """One step's scored batch under `cluster.rollout_mode=continuous`: the prompt groups that finished first, from a
 generation that never stops (rl/runtime/stream.py).
 
-The same contract as rl/data/sampler.py's `Sampler` (the driver cannot tell them apart): `next(step)` returns a
+The same contract as rl/loop/sampler.py's `Sampler` (the driver cannot tell them apart): `next(step)` returns a
 scored, filtered batch of `run.prompts_per_step` groups, `state_dict`/`load_state` the data position. What differs:
 - prompts are drawn one at a time, when the stream has room, in data order (with a curriculum: its choice), and
   each prompt's seed is its draw number's (rl/seeds.py), as in batch mode;
@@ -23,7 +23,7 @@ from typing import Any
 from rl.config.schema import TrainConfig
 from rl.data.curriculum import Curriculum, Sequential, pass_rates
 from rl.data.prompts import PromptData
-from rl.data.sampler import (
+from rl.loop.sampler import (
     Batch,
     RewardFn,
     assemble_batch,

@@ -24,7 +24,7 @@ Not restored, by design or because there is nothing to restore:
   run sampled (tests/integration/test_reproducible.py). The hf backend's generator (used for unseeded calls) is
   saved.
 - no LR scheduler exists (the learning rate is constant). With `cluster.staleness` > 0, generations still in
-  flight at a checkpoint are not saved: the data position saved is the one before them (rl/data/sampler.py), so a
+  flight at a checkpoint are not saved: the data position saved is the one before them (rl/loop/sampler.py), so a
   resumed run generates those prompts again with the checkpoint's adapter.
 
 The .pkl files are pickles of plain data (bytes, ints, lists): load checkpoints only from runs you trust.
@@ -169,7 +169,7 @@ def save_run(
     run_dir: Path, step: int, runtime: Runtime, data: Any, *, keep_last: int = 0, config: dict | None = None
 ) -> Path:
     """Checkpoint a run after `step`: learner 0's state (learners step together, so one is enough), the data
-    position (`data`: rl.data.sampler.Sampler or rl.data.prompts.PromptData), and every RNG the next step draws from: the
+    position (`data`: rl.loop.sampler.Sampler or rl.data.prompts.PromptData), and every RNG the next step draws from: the
     driver's and each rollout actor's (vLLM's cannot be read, see the module docstring)."""
     trainer_state = {
         "step": step,
