@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import REPO, median, repo_env, show_spread, spread
+from bench.common import REPO, append_result, median, repo_env, show_spread, spread
 
 MODES = {
     "sync": ["cluster.staleness=0"],
@@ -155,6 +155,7 @@ def main() -> None:
             results.append(run(mode, repeat, out, args))
             print(json.dumps(results[-1]), flush=True)
     print(table(results, modes))
+    append_result("async_modes", {"runs": results})
 
 
 if __name__ == "__main__":
