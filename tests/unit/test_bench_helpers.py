@@ -1,12 +1,19 @@
-"""The benchmark scripts' pure helpers: the random-model shape builder, the scaling projection and the writer of the
-results file."""
+"""The benchmark scripts' pure helpers: the random-model shape builder, the scaling projection, the writer of the
+results file, and the agreement of docs/benchmarks.md with that file and with the links into it."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
+
+from tests.helpers import REPO
+
+BENCHMARKS = REPO / "docs" / "benchmarks.md"
+ANCHOR = re.compile(r'<a id="([\w-]+)"></a>')
+COMMIT = re.compile(r"\b[0-9a-f]{7}\b")
 
 
 def test_shapes_match_published_parameter_counts():
@@ -121,3 +128,45 @@ def test_append_run_records_a_train_runs_summary_and_median_steps(tmp_path, monk
         "median_time/sync_s": 0.1,
         "steps_timed": 3,
     }
+
+
+def claim_sections() -> dict[str, str]:
+    """docs/benchmarks.md cut at each anchor: {anchor: its text up to the next anchor}."""
+    text = BENCHMARKS.read_text()
+    marks = list(ANCHOR.finditer(text))
+    ends = [m.start() for m in marks[1:]] + [len(text)]
+    return {m.group(1): text[m.end() : end] for m, end in zip(marks, ends)}
+
+
+def test_every_link_into_benchmarks_names_one_of_its_anchors():
+    sections = claim_sections()
+    files = [REPO / "README.md", *(REPO / "docs").glob("*.md")]
+    for folder in ("rl", "bench", "tests", "envs", "rewards", "conf"):
+        files += [p for p in (REPO / folder).rglob("*") if p.suffix in (".py", ".sh", ".yaml", ".md")]
+    broken = [
+        f"{path.relative_to(REPO)}: #{anchor}"
+        for path in files
+        for anchor in re.findall(r"benchmarks\.md#([\w-]+)", path.read_text())
+        if anchor not in sections
+    ]
+    assert not broken, "links to anchors docs/benchmarks.md lacks:\n" + "\n".join(broken)
+
+
+def test_the_results_file_backs_each_claim_of_benchmarks_md():
+    """Each line of bench/results.jsonl is a whole record; a line that names a claim names an anchor of
+    docs/benchmarks.md whose text quotes the line's commit, and every claim that quotes a commit has a line."""
+    sections = claim_sections()
+    lines = [json.loads(x) for x in (REPO / "bench" / "results.jsonl").read_text().splitlines()]
+    wrong = []
+    for i, line in enumerate(lines, 1):
+        if not {"bench", "date", "commit", "machine", "command", "arguments", "result"} <= set(line):
+            wrong.append(f"line {i}: missing {sorted({'bench', 'date', 'commit', 'result'} - set(line))}")
+        elif "claim" in line and line["claim"] not in sections:
+            wrong.append(f"line {i}: claim {line['claim']!r} is no anchor of docs/benchmarks.md")
+        elif "claim" in line and line["commit"] and line["commit"] not in sections[line["claim"]]:
+            wrong.append(f"line {i}: commit {line['commit']} is not quoted under #{line['claim']}")
+    claimed = {line.get("claim") for line in lines}
+    wrong += [
+        f"#{a} quotes commits but has no line" for a, t in sections.items() if COMMIT.search(t) and a not in claimed
+    ]
+    assert not wrong, "\n".join(wrong)
