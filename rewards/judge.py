@@ -147,7 +147,7 @@ class JudgeReward:
         return "{reference}" in self.template
 
     def bind_judge(self, judge: Judge) -> None:
-        """The run's judge engines (rl/runtime/judge.py JudgeClient), given once they have started."""
+        """The run's judge engines (rl/rollout/judge.py JudgeClient), given once they have started."""
         self.judge = judge
 
     def __call__(
