@@ -5,7 +5,7 @@ Why our own extraction in front of math-verify: on a whole completion math-verif
 several boxed answers as a set and falls back to the last number when nothing is boxed, both of which a policy
 can game. Here the answer is cut out first (balanced braces, rewards/extract.py), then only that string is parsed.
 
-Hardening against reward hacking (each exploit is in rewards/check.py):
+Hardening against reward hacking (each exploit is in rl/tools/reward_check.py):
 - several boxed answers that disagree score 0 (`multiple_boxed="reject"`), so listing candidates never pays;
 - an answer longer than `max_answer_chars` scores 0 without being parsed (adversarial strings can hang sympy);
 - an equation must be `name = value` or a true constant equation (`\\boxed{19 = 18}` is not 18);
