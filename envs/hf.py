@@ -1,7 +1,7 @@
 """Rows from Hugging Face datasets or local files, mapped to environment items.
 
 A source is a local file (.jsonl, .json, .parquet) or a Hub id (`openai/gsm8k`, loaded with `datasets`, imported
-only then). Field mapping: the prompt comes from `messages` (seed format), `problem`, `question` or `prompt`;
+only then). Field mapping: the prompt comes from `messages` (the chat format), `problem`, `question` or `prompt`;
 the ground truth from `gt_answer`, `answer` or `solution`; GSM8K's `#### N` and a solution's last `\\boxed{}`
 are reduced to the final answer.
 """

@@ -1,7 +1,7 @@
 """jsonl files, strictly read: a bad line fails with `file:line` and the reason (or, with strict=False, is
-skipped and counted), and the seed's training format is converted to environment items.
+skipped and counted), and the chat training format is converted to environment items.
 
-Seed format (ColossalChat): {"messages": {"role": "user", "content": ...} or [...], "gt_answer": ...}.
+Chat format: {"messages": {"role": "user", "content": ...} or [...], "gt_answer": ...}.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def read_jsonl(path: str | Path, strict: bool = True) -> tuple[list[tuple[int, d
 
 
 def seed_messages(row: dict[str, Any], where: str) -> list[dict[str, str]]:
-    """The `messages` of a seed-format row as a list of {role, content}; ValueError naming `where` otherwise."""
+    """The `messages` of a chat-format row as a list of {role, content}; ValueError naming `where` otherwise."""
     msgs = row["messages"]
     if isinstance(msgs, dict):
         msgs = [msgs]

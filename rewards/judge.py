@@ -120,7 +120,9 @@ class JudgeReward:
     `metadata.question`."""
 
     batched = True  # rewards.combine.WeightedSum calls it once per batch: one judge call for all completions
-    check_suite = "judge"  # python -m rewards.check: the judge's own exploits, with an engine (rewards/check_judge.py)
+    check_suite = (
+        "judge"  # python -m rewards.check: the judge's own exploits, with an engine (rl/tools/reward_check_judge.py)
+    )
     needs_judge = True  # the run starts a judge engine for it (rl/app.py refuses cluster.num_teachers=0)
 
     def __init__(
@@ -147,7 +149,7 @@ class JudgeReward:
         return "{reference}" in self.template
 
     def bind_judge(self, judge: Judge) -> None:
-        """The run's judge engines (rl/runtime/judge.py JudgeClient), given once they have started."""
+        """The run's judge engines (rl/rollout/judge.py JudgeClient), given once they have started."""
         self.judge = judge
 
     def __call__(

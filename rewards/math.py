@@ -1,11 +1,11 @@
 """Math answer rewards: the last `\\boxed{...}` or a `<think>...</think><answer>...</answer>` answer, checked
 against the ground truth with math-verify, with a normalised exact-match fallback.
 
-Why our own extraction in front of math-verify (shared/FACTS.md): on a whole completion math-verify treats
+Why our own extraction in front of math-verify: on a whole completion math-verify treats
 several boxed answers as a set and falls back to the last number when nothing is boxed, both of which a policy
 can game. Here the answer is cut out first (balanced braces, rewards/extract.py), then only that string is parsed.
 
-Hardening against reward hacking (each exploit is in rewards/check.py):
+Hardening against reward hacking (each exploit is in rl/tools/reward_check.py):
 - several boxed answers that disagree score 0 (`multiple_boxed="reject"`), so listing candidates never pays;
 - an answer longer than `max_answer_chars` scores 0 without being parsed (adversarial strings can hang sympy);
 - an equation must be `name = value` or a true constant equation (`\\boxed{19 = 18}` is not 18);
@@ -64,7 +64,7 @@ def _timeout_arg(timeout_s: float) -> int | None:
 
 
 def _strip_percent(s: str) -> str:
-    # "$10\%$" does not parse in math-verify 0.9; a trailing percent sign is a unit, like the seed treats it
+    # "$10\%$" does not parse in math-verify 0.9; a trailing percent sign is a unit: "10%" answers "10"
     s = s.strip()
     for suffix in ("\\%", "%"):
         if s.endswith(suffix):
@@ -150,8 +150,8 @@ class MathReward:
     score = correct_score  if the answer matches (and, when format_gate, the format is right)
             format_score   else if the format is right
             wrong_score    otherwise
-    Defaults give 1/0/0 (pure correctness). The seed's 10/5/0 scheme: correct_score=10, format_score=5,
-    format_gate=true (conf/reward/seed_10_5_0.yaml).
+    Defaults give 1/0/0 (pure correctness). The 10/5/0 scheme, which also pays for the format alone:
+    correct_score=10, format_score=5, format_gate=true (conf/reward/seed_10_5_0.yaml).
     timeout_s: math-verify's per-call limit (the hard per-sample limit is rewards/runner.py's).
     max_answer_chars: longer extracted answers score wrong without being parsed.
     """
@@ -213,7 +213,7 @@ class BoxedReward(MathReward):
     """The last `\\boxed{...}` of the completion against the ground truth.
 
     multiple_boxed: "reject" (default) scores 0 when boxed answers disagree (after normalisation), so listing
-    candidates never pays; "last" takes the last box, like the seed.
+    candidates never pays; "last" takes the last box (lenient: a completion may try several answers).
     """
 
     answer_style = "boxed"

@@ -1,6 +1,6 @@
 """reasoning-gym task scorers as rewards, with a configurable answer extraction in front of them.
 
-The default extraction (`final_number`) is hardened against reward hacking (every exploit of rewards/check.py;
+The default extraction (`final_number`) is hardened against reward hacking (every exploit of rl/tools/reward_check.py;
 `python -m rewards.check reward=reasoning_gym` exits 0). The scorers themselves are lenient (chain_sum's accepts
 any string that parses to the right number), so what must hold is that the extracted string is the one answer
 the completion states:

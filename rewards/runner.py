@@ -1,8 +1,13 @@
 """Run a reward safely: a hard per-sample timeout, scoring in worker processes, and error counting.
 
-Every reward config wraps its reward in `RewardRunner` (conf/reward/*.yaml), so no reward can crash or stall a
-run: an exception, a non-finite score or a sample past `timeout_s` scores 0 and is counted; the driver logs the
-counts as `reward/errors` and `reward/timeouts` (`pop_metrics`).
+The rule-based reward configs (conf/reward/: boxed, boxed_format, think_answer_tags, seed_10_5_0, callable, the
+boxed half of judge_boxed, and format_strict and format_soft with `workers: 0`) wrap their reward in `RewardRunner`,
+so that reward cannot crash a run, nor with workers stall it: an exception, a non-finite score or a sample past
+`timeout_s` scores 0 and is counted; the driver logs the counts as `reward/errors` and `reward/timeouts`
+(`pop_metrics`). The others are not wrapped:
+code_tests runs each program in the sandbox under its own limits (envs/sandbox.py), judge asks the judge engines
+(which a worker does not have), episode reads the terms the env computed, and reasoning_gym calls its task's scorer
+in the driver's process.
 
 Workers are spawned (not forked: the driver holds Ray and torch threads) on the first call and reused. A worker
 stuck on one sample (math-verify/sympy can hang on adversarial strings) is killed and replaced; the other

@@ -1,7 +1,7 @@
 """One step's scored batch: prompts drawn in order, generations sent ahead (bounded staleness), dynamic sampling.
 
-The sampler is the one owner of the data cursor and of the queue depth (`cluster.staleness`, ColossalChat's
-`n_behind`; the one-step overlap of AReaL/PipelineRL in its simplest form). With staleness k the prompts of step t
+The sampler is the one owner of the data cursor and of the queue depth (`cluster.staleness`, the steps sent
+ahead; the one-step overlap of AReaL/PipelineRL in its simplest form). With staleness k the prompts of step t
 are sent to the actors when step t-k starts, so while the learners train on step t the actors already generate
 steps t+1..t+k with the adapter of an earlier step (at most k syncs old; rl/runtime/sync.py enforces the bound and
 the loss's importance ratio uses the behaviour logprobs the actors return). Nothing here waits early: each actor runs

@@ -5,8 +5,9 @@ order whatever died on the way, and rollouts older than the staleness bound gene
 k steps of generation in flight while the learners train; `collect` waits for one. A prompt's seeds travel with
 it wherever it goes (a re-sent prompt's included), so its samples do not depend on the actor or batch it lands in.
 
-Learner generation (`cluster.learner_chunk_size`, DistRL-LLM): the first chunk of each generate call's prompts goes
-to the learners, which sample them with their own model concurrently with the actors.
+Learner generation (`cluster.learner_chunk_size`): the first chunk of each generate call's prompts goes to the
+learners, which sample them with their own model concurrently with the actors instead of idling until the rollouts
+arrive.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rewards.check import build_reward, run_check
 from rewards.reasoning_gym import ReasoningGymScore, extract_answer
+from rl.tools.reward_check import build_reward, run_check
 
 # a chain_sum item as envs/reasoning_gym.py builds it (metadata: the task's own, plus task and question)
 META = {
