@@ -16,6 +16,7 @@ from rl.errors import RoleStartFailed, StartupError, cause_of
 from rl.logs import LogFollower
 from rl.preflight.diagnose import explain
 from rl.runtime.groups import LocalGroup
+from rl.runtime.roles import R
 from rl.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ def prepare_actor_base(cfg: TrainConfig, *, remote: bool) -> None:
         raise RoleStartFailed("the 4-bit learner's base for the actors (model.actor_base=learner)", cause_of(e)) from e
 
 
-def start_role(role: str, cls: type, cfg: TrainConfig) -> Any:
+def start_role(role: str, cls: Callable[[TrainConfig], R], cfg: TrainConfig) -> R:
     """A role built in this process (cluster.mode=local); a failed constructor becomes RoleStartFailed, as a Ray
     actor's does in rl/runtime/placement.py."""
     try:

@@ -35,7 +35,13 @@ class PendingGeneration:
 
 class Pipeline:
     def __init__(
-        self, pool: ActorPool, learners: Group, versions: Versions, *, learner_chunk_size: int, episodes: bool
+        self,
+        pool: ActorPool[RolloutActor],
+        learners: Group[Learner],
+        versions: Versions,
+        *,
+        learner_chunk_size: int,
+        episodes: bool,
     ):
         self.pool, self.learners, self.versions = pool, learners, versions
         self.learner_chunk_size = learner_chunk_size  # prompts each learner generates per call (0: actors only)

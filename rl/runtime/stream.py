@@ -76,7 +76,7 @@ class StreamGroup:
 class _InFlight:
     call: Call
     units: list[tuple[StreamGroup, int]]  # (group, sample index); -1: the group's whole episodes (multi-turn)
-    method: Method
+    method: Method[RolloutActor, ..., list[PromptRollout]]
     args: tuple  # sent again to a live actor when this one dies
 
 
@@ -86,7 +86,7 @@ class Stream:
 
     def __init__(
         self,
-        pool: ActorPool,
+        pool: ActorPool[RolloutActor],
         versions: Versions,
         sampling: Sampling,
         *,
@@ -197,7 +197,7 @@ class Stream:
     def _send(self, actor: int, units: list[tuple[StreamGroup, int]]) -> None:
         if self.episodes:
             groups = [g for g, _ in units]
-            method: Method = RolloutActor.generate
+            method: Method[RolloutActor, ..., list[PromptRollout]] = RolloutActor.generate
             args: tuple = ([g.new.prompt for g in groups], self.sampling, [g.new.seed for g in groups],
                            [g.new.item for g in groups])  # fmt: skip
         else:

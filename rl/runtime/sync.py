@@ -61,7 +61,7 @@ class AdapterSync:
     """Publishes learner 0's policy to the actors: as bytes through the object store (any device) or as CUDA IPC
     handles (`cluster.weight_sync=ipc`, actors on learner 0's GPU)."""
 
-    def __init__(self, pool: ActorPool, learners: Group, versions: Versions, weight_sync: str):
+    def __init__(self, pool: ActorPool[RolloutActor], learners: Group[Learner], versions: Versions, weight_sync: str):
         self.pool, self.learners, self.versions, self.weight_sync = pool, learners, versions, weight_sync
         self.adapter_ref: Any = None  # the last published adapter (put once), re-sent to restarted actors
         self.loads: list[Call] = []  # adapter loads not yet collected (staleness > 0 does not wait for them)
