@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rewards.protocol import needs_judge
+
 # Problems: question, gold answer, wrong answers that look plausible (metadata.task for reasoning-gym scorers). The third one contains its answer's
 # ingredients (copying it into a box must not pay); the fifth states its answer in the question.
 PROBLEMS: list[dict[str, Any]] = [
@@ -214,7 +216,7 @@ def main(argv: list[str]) -> int:
         print(f"error: could not build the reward: {type(cause).__name__}: {str(cause).splitlines()[0]}")
         return 2
     close_judge = None
-    if getattr(reward, "needs_judge", False):  # a model judge: its engine, as a run would start it
+    if needs_judge(reward):  # a model judge: its engine, as a run would start it
         from rewards.check_judge import start_judge
         from rl.errors import UserFacingError
 

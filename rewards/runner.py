@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from rewards.combine import load_callable, score_sample
+from rewards.protocol import Judge, UsesJudge, needs_judge
 
 log = logging.getLogger(__name__)
 _MAX_LOGGED = 5  # errors logged with their message; later ones are only counted
@@ -118,11 +119,11 @@ class RewardRunner:
 
     @property
     def needs_judge(self) -> bool:
-        return bool(getattr(self.reward, "needs_judge", False))
+        return needs_judge(self.reward)
 
-    def bind_judge(self, judge: Any) -> None:
+    def bind_judge(self, judge: Judge) -> None:
         """A model judge cannot run here: the workers are separate processes without the run's judge engines."""
-        if hasattr(self.reward, "bind_judge"):
+        if isinstance(self.reward, UsesJudge):
             raise ValueError(
                 "a judge reward cannot run inside rewards.runner.RewardRunner (its workers have no judge engine): "
                 "put it beside the runner as a term of rewards.combine.WeightedSum (conf/reward/judge_boxed.yaml)"

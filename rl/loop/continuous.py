@@ -20,12 +20,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rewards.protocol import RewardFn
 from rl.config.schema import TrainConfig
 from rl.data.curriculum import Curriculum, Sequential, pass_rates
 from rl.data.prompts import PromptData
 from rl.loop.sampler import (
     Batch,
-    RewardFn,
     assemble_batch,
     choice_point,
     kept_groups,
