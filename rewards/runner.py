@@ -20,7 +20,7 @@ import multiprocessing as mp
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, cast
 
 from rewards.combine import load_callable, score_sample
 from rewards.protocol import Judge, UsesJudge, needs_judge
@@ -202,7 +202,7 @@ class RewardRunner:
             if not busy:
                 continue
             wait_s = max(0.0, min(w.deadline for w in busy.values()) - time.monotonic())
-            for conn in wait(list(busy), timeout=wait_s):
+            for conn in cast(list[Connection], wait(list(busy), timeout=wait_s)):
                 w = busy.pop(conn)
                 try:
                     i, score, kind, msg = conn.recv()

@@ -219,7 +219,7 @@ def prepare_actor_base(cfg: TrainConfig, *, remote: bool) -> None:
 
     m = cfg.model
     made_here = m.load_in_4bit and m.actor_path == str(dequantized_folder(cfg))  # not a folder the user gave
-    if not made_here or (Path(m.actor_path) / "config.json").is_file():
+    if not made_here or (Path(m.actor_path) / "config.json").is_file():  # type: ignore[arg-type]  # resolved
         return
     from rl.learner.quantized_base import dequantized_base
 

@@ -217,7 +217,7 @@ def prepare(
     samples, adv, metrics = prepare_samples(batch.rollouts, shaped, cfg, token_adv)
     every = cfg.logger.rollouts_interval
     if every and step % every == 0:
-        path = Path(cfg.logger.rollouts_dir) / f"{checkpoint.step_dir_name(step)}.jsonl"
+        path = Path(cfg.logger.rollouts_dir) / f"{checkpoint.step_dir_name(step)}.jsonl"  # type: ignore[arg-type]  # resolved
         rows = evaluation.save_rollouts(path, step, tokenizer, batch.rollouts, batch.rewards, shaped, adv, cfg)
         logger.log_table(step, "rollouts", rows)
     behind = [runtime.steps_behind(r.adapter_version) for r in batch.rollouts]

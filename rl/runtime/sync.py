@@ -11,7 +11,7 @@ actors' logprobs with learner 0's on the version just published.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from rl.runtime.groups import Group
 from rl.runtime.pool import ActorPool, Call
@@ -49,7 +49,7 @@ class Versions:
             return False
         self.mismatch(actor, version)
 
-    def mismatch(self, actor: int, version: int) -> None:
+    def mismatch(self, actor: int, version: int) -> NoReturn:
         expected = self.current if self.staleness == 0 else f"one of {self.allowed()}"
         raise VersionMismatch(
             f"rollout actor {actor} generated with adapter version {version}, expected {expected}: "
