@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
 from typing import Any
 
-# A judge: judge prompts (text) in, verdicts out; None where a prompt was not sent (too long for the judge).
-Judge = Callable[[list[str]], list[str | None]]
+from rewards.protocol import Judge
 
 OPEN, CLOSE = "<<<", ">>>"
 DEFAULT_TEMPLATE = (

@@ -25,9 +25,10 @@ import multiprocessing as mp
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, cast
 
 from rewards.combine import load_callable, score_sample
+from rewards.protocol import Judge, UsesJudge, needs_judge
 
 log = logging.getLogger(__name__)
 _MAX_LOGGED = 5  # errors logged with their message; later ones are only counted
@@ -123,11 +124,11 @@ class RewardRunner:
 
     @property
     def needs_judge(self) -> bool:
-        return bool(getattr(self.reward, "needs_judge", False))
+        return needs_judge(self.reward)
 
-    def bind_judge(self, judge: Any) -> None:
+    def bind_judge(self, judge: Judge) -> None:
         """A model judge cannot run here: the workers are separate processes without the run's judge engines."""
-        if hasattr(self.reward, "bind_judge"):
+        if isinstance(self.reward, UsesJudge):
             raise ValueError(
                 "a judge reward cannot run inside rewards.runner.RewardRunner (its workers have no judge engine): "
                 "put it beside the runner as a term of rewards.combine.WeightedSum (conf/reward/judge_boxed.yaml)"
@@ -206,7 +207,7 @@ class RewardRunner:
             if not busy:
                 continue
             wait_s = max(0.0, min(w.deadline for w in busy.values()) - time.monotonic())
-            for conn in wait(list(busy), timeout=wait_s):
+            for conn in cast(list[Connection], wait(list(busy), timeout=wait_s)):
                 w = busy.pop(conn)
                 try:
                     i, score, kind, msg = conn.recv()

@@ -130,6 +130,9 @@ class Demonstrations:
             "sft/env_tokens_mean": sum(len(s.completion_ids) - k for s, k in zip(batch, model_tokens)) / len(batch),
         }
 
+    def pump(self) -> None:
+        """Nothing generates while the learners step (rl/loop/source.py's BatchSource)."""
+
     def state_dict(self) -> dict:
         return self.data.state_dict()
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rewards.protocol import RewardFn
 from rl.config.choices import ActorBase, RolloutMode
 from rl.config.schema import ConfigError, TrainConfig
 from rl.data.curriculum import Curriculum, build_curriculum
@@ -33,7 +34,8 @@ from rl.loop import checkpoint, evaluation
 from rl.loop.continuous import ContinuousSampler
 from rl.loop.prepare import distill_advantages, kl_reward_penalty, prepare_samples, rollout_metrics
 from rl.loop.probe import SyncProbe
-from rl.loop.sampler import Batch, RewardFn, Sampler
+from rl.loop.sampler import Batch, Sampler
+from rl.loop.source import BatchSource, RolloutSource
 from rl.metrics import MetricsLogger
 from rl.runtime.groups import MemberDied, shard
 from rl.runtime.runtime import Runtime
@@ -57,12 +59,13 @@ def train(
     seed_everything(cfg.run.seed)
     d = run_data or load_data(cfg, tokenizer, env)
     train_data, eval_data, demos, curriculum = d.train, d.eval, d.demos, d.curriculum
-    if demos is None:
-        if cfg.cluster.rollout_mode == RolloutMode.continuous:
-            sampler = ContinuousSampler(runtime, train_data, reward_fn, cfg, steps, tokenizer, curriculum)
-        else:
-            sampler = Sampler(runtime, train_data, reward_fn, cfg, steps, curriculum)
-    data = demos or sampler
+    data: RolloutSource | Demonstrations
+    if demos is not None:
+        data = demos
+    elif cfg.cluster.rollout_mode == RolloutMode.continuous:
+        data = ContinuousSampler(runtime, train_data, reward_fn, cfg, steps, tokenizer, curriculum)
+    else:
+        data = Sampler(runtime, train_data, reward_fn, cfg, steps, curriculum)
     a = cfg.algorithm
     probe = SyncProbe(
         runtime,
@@ -70,7 +73,7 @@ def train(
         a.temperature,
         a.top_p,
         threshold=cfg.run.sync_probe_threshold,
-        deferred=demos is None and sampler.overlapped,
+        deferred=not isinstance(data, Demonstrations) and data.overlapped,
         seed=cfg.run.seed,
         floor_limit=None if full_precision_sampler(cfg) else cfg.run.probe_floor_limit,
     )
@@ -104,15 +107,15 @@ def train(
     try:
         for step in range(start, steps + 1):
             t_step = time.perf_counter()
-            if demos is not None:
-                samples, m = demos.next(cfg.run.prompts_per_step)
+            if isinstance(data, Demonstrations):
+                samples, m = data.next(cfg.run.prompts_per_step)
             else:
-                batch = sampler.next(step)  # generate (or collect what was sent ahead) + score + dynamic sampling
+                batch = data.next(step)  # generate (or collect what was sent ahead) + score + dynamic sampling
                 m = probe.collect()  # the previous sync's probe, when it was read late (staleness > 0)
                 samples, sm = prepare(cfg, runtime, tokenizer, batch, step, logger)  # shaping -> advantages -> masks
                 m |= sm
             # a continuous rollout keeps its actors fed while the learners step
-            m |= learn(runtime, samples, a.updates_per_step, getattr(data, "pump", None))
+            m |= learn(runtime, samples, a.updates_per_step, data.pump)
             nonfinite = count_nonfinite(m, nonfinite, step, cfg)
             m |= runtime.sync()
             m |= probe.after_sync(step, last=step == steps)
@@ -185,7 +188,7 @@ def load_data(cfg: TrainConfig, tokenizer: Any, env: Any) -> RunData:
     return RunData(train_data, eval_data, demos, curriculum)
 
 
-def resume(cfg: TrainConfig, runtime: Runtime, data: Sampler | Demonstrations, logger: MetricsLogger) -> int:
+def resume(cfg: TrainConfig, runtime: Runtime, data: BatchSource, logger: MetricsLogger) -> int:
     """The step a checkpoint ended (0 when starting fresh); its state is loaded into the roles and the data source
     (the sampler, or the demonstrations of algorithm=sft)."""
     ckpt = checkpoint.resolve_resume(cfg.run.resume, cfg.run_dir)
@@ -214,7 +217,7 @@ def prepare(
     samples, adv, metrics = prepare_samples(batch.rollouts, shaped, cfg, token_adv)
     every = cfg.logger.rollouts_interval
     if every and step % every == 0:
-        path = Path(cfg.logger.rollouts_dir) / f"{checkpoint.step_dir_name(step)}.jsonl"
+        path = Path(cfg.logger.rollouts_dir) / f"{checkpoint.step_dir_name(step)}.jsonl"  # type: ignore[arg-type]  # resolved
         rows = evaluation.save_rollouts(path, step, tokenizer, batch.rollouts, batch.rewards, shaped, adv, cfg)
         logger.log_table(step, "rollouts", rows)
     behind = [runtime.steps_behind(r.adapter_version) for r in batch.rollouts]

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from rewards.protocol import RewardFn, pop_metrics
 from rl.config.schema import TrainConfig
 from rl.data import filters
 from rl.data.curriculum import Curriculum, Sequential, pass_rates
@@ -42,8 +42,6 @@ from rl.runtime.pipeline import PendingGeneration
 from rl.runtime.runtime import Runtime
 from rl.seeds import prompt_seed
 from rl.types import PromptRollout, completions_of
-
-RewardFn = Callable[..., list[float]]
 
 
 def score(reward_fn: RewardFn, rollouts: list[PromptRollout], items: list[dict]) -> list[float]:
@@ -142,9 +140,7 @@ def assemble_batch(
         "data/generated_tokens": float(gen_tokens),
         "data/generated_groups": float(generated),
     }
-    stats |= curriculum.pop_metrics()
-    if hasattr(reward_fn, "pop_metrics"):
-        stats |= reward_fn.pop_metrics()
+    stats |= curriculum.pop_metrics() | pop_metrics(reward_fn)
     return Batch(kept[:n], kept_rewards[: n * G], stats)
 
 
@@ -236,6 +232,9 @@ class Sampler:
         if not self.overlapped:  # sent ahead, a batch was generated while the learners worked: its wait is no rate
             batch.stats["perf/rollout_tokens_per_s"] = gen_tokens / max(t_rollout, 1e-9)
         return batch
+
+    def pump(self) -> None:
+        """Nothing to do while the learners step: the batches in flight were sent whole."""
 
     def state_dict(self) -> dict:
         """The data position a checkpoint saves: before the oldest batch still in flight (see the module doc), with

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rewards.protocol import needs_judge
+
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 # Problems: question, gold answer, wrong answers that look plausible (metadata.task for reasoning-gym scorers). The third one contains its answer's
@@ -215,7 +217,7 @@ def main(argv: list[str]) -> int:
         print(f"error: could not build the reward: {type(cause).__name__}: {str(cause).splitlines()[0]}")
         return 2
     close_judge = None
-    if getattr(reward, "needs_judge", False):  # a model judge: its engine, as a run would start it
+    if needs_judge(reward):  # a model judge: its engine, as a run would start it
         from rl.errors import UserFacingError
         from rl.tools.reward_check_judge import start_judge
 
