@@ -67,7 +67,9 @@ def tiny_args(model: Path, *, in_process: bool = True) -> list[str]:
         "model.dtype=float32",
         "model.learner_dtype=float32",
         "reward._target_=tests.helpers.LengthReward",
-        "~reward.extract",
+        "~reward.workers",
+        "~reward.timeout_s",
+        "~reward.reward",
     ]
     return args + (["cluster=local", "cluster.rollout_backend=hf"] if in_process else [])
 
