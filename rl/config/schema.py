@@ -373,6 +373,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_fields_finite(self, "")
+        check_fields_finite(self.sandbox, "sandbox")  # envs/sandbox.py's group checks its ranges, not infinity
         m, a, c = self.model, self.algorithm, self.cluster
         check(
             self.plan_gpu_memory_gib is None or self.plan_gpu_memory_gib > 0,

@@ -132,3 +132,20 @@ def test_the_default_reward_scores_in_workers_with_a_per_sample_timeout():
         assert reward.pop_metrics() == {"reward/errors": 0.0, "reward/timeouts": 0.0}
     finally:
         reward.close()
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "<answer>" * 200_000,  # a lazy tag regex scans to the end from each of them: about 10^11 steps
+        "<answer>1</answer>" + "<answer>" * 200_000,
+        "1" + " " * 1_000_000 + "x2",  # blanks fullmatched from both sides of the gap between two numbers
+        "\\boxed{1" + " " * 1_000_000 + "x}",
+        "1, " * 300_000 + "x 2",
+    ],
+    ids=["open-tags", "closed-then-open", "gap-blanks", "boxed-blanks", "long-list"],
+)
+def test_extraction_is_linear_on_a_megabyte_of_adversarial_text(completion):
+    """Sizes at which a quadratic scan would not finish within any test run."""
+    assert score([completion]) == [0.0]
+    assert extract_answer(completion, "answer_tag", META) in (None, "1")
