@@ -65,7 +65,9 @@ def train_args(layout: str, model: str, prompts: Path, out: Path, steps: int, ov
         "env=jsonl",
         f"env.train={prompts}",
         "reward._target_=tests.helpers.LengthReward",
-        "~reward.extract",
+        "~reward.workers",
+        "~reward.timeout_s",
+        "~reward.reward",
         "+reward.scale=2000",
         "cluster.enforce_eager=false",
         # random weights, 4-bit learner against a bf16 engine: at 7B their logprobs differ by about 1.07 nats a token

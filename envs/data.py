@@ -43,6 +43,8 @@ class DataEnv:
     ):
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"env.shard_index={shard_index} must be in [0, env.num_shards={num_shards})")
+        if eval_holdout < 0:
+            raise ValueError(f"env.eval_holdout must be >= 0 training items moved to eval (got {eval_holdout})")
         self.template = PromptTemplate(template, system_prompt=system_prompt, user=user_template)
         self.strict = strict
         self.skipped = 0
@@ -70,7 +72,6 @@ class DataEnv:
 
     def _load(self, src: Source, key: str) -> list[dict[str, Any]]:
         rows, skipped = load_rows(src, strict=self.strict)
-        self.skipped += skipped
         items = []
         for where, row in rows:
             try:
@@ -78,9 +79,11 @@ class DataEnv:
             except ValueError:
                 if self.strict:
                     raise
-                self.skipped += 1
+                skipped += 1
+        self.skipped += skipped
         if not items:
-            raise ValueError(f"{key}: {src.path} has no usable rows")
+            why = f" ({skipped} skipped as unreadable: env.strict=true names the first)" if skipped else ""
+            raise ValueError(f"{key}: {src.path} has no usable rows{why}")
         return items
 
     def train_items(self) -> list[dict[str, Any]]:

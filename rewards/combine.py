@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -47,7 +48,10 @@ class WeightedSum:
         for i, t in enumerate(terms):
             if "reward" not in t:
                 raise ValueError(f"reward.terms[{i}] has no 'reward' key")
-            self.terms.append((load_callable(t["reward"]), float(t.get("weight", 1.0))))
+            weight = float(t.get("weight", 1.0))
+            if not math.isfinite(weight):
+                raise ValueError(f"reward.terms[{i}].weight must be a finite number (got {weight})")
+            self.terms.append((load_callable(t["reward"]), weight))
 
     def score_one(self, completion: str, answer: Any, metadata: dict | None = None) -> float:
         return sum(w * score_sample(r, completion, answer, {"metadata": metadata}) for r, w in self.terms)

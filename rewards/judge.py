@@ -16,6 +16,7 @@ than `teacher.max_prompt_tokens` scores 0 unasked (`judge/too_long`).
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from typing import Any
@@ -135,8 +136,10 @@ class JudgeReward:
         check_template(template)
         if with_reference and "{reference}" not in template:
             raise ValueError("reward.with_reference=true but reward.template has no {reference} field: add one")
-        if not labels and not low < high:
-            raise ValueError(f"reward.low={low} must be < reward.high={high}")
+        if not labels and not -math.inf < low < high < math.inf:
+            raise ValueError(f"reward.low={low} must be < reward.high={high}, both finite")
+        if labels and not all(isinstance(v, int | float) and 0 <= v <= 1 for v in labels.values()):
+            raise ValueError(f"reward.labels must map each label to a reward in [0, 1] (got {labels})")
         self.template, self.low, self.high, self.labels = template, low, high, labels or None
         self.judge: Judge | None = None
         self._counts = {"judge/parse_failures": 0.0, "judge/blocked": 0.0, "judge/too_long": 0.0, "judge/calls": 0.0}

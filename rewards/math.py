@@ -131,12 +131,13 @@ def answers_match(pred: str, gold: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
-def _boxes_agree(boxes: list[str], timeout_s: float, max_distinct: int = 4) -> bool:
-    """True when every boxed answer is the same answer as the last one (`18` and `18.0` agree)."""
+def _boxes_agree(boxes: list[str], timeout_s: float, max_chars: int, max_distinct: int = 4) -> bool:
+    """True when every boxed answer is the same answer as the last one (`18` and `18.0` agree). Boxes that differ
+    and are longer than `max_chars` disagree unparsed, as an over-long answer scores wrong unparsed."""
     distinct = list(dict.fromkeys(normalize_answer(b) for b in boxes))
     if len(distinct) <= 1:
         return True
-    if len(distinct) > max_distinct:  # a list of candidates: no need to parse them all
+    if len(distinct) > max_distinct or any(len(b) > max_chars for b in boxes):  # no need to parse them
         return False
     return all(answers_match(b, boxes[-1], timeout_s) for b in boxes[:-1])
 
@@ -168,6 +169,17 @@ class MathReward:
         timeout_s: float = 5.0,
         max_answer_chars: int = 300,
     ):
+        for key, value in (
+            ("correct_score", correct_score),
+            ("format_score", format_score),
+            ("wrong_score", wrong_score),
+        ):
+            if not math.isfinite(value):
+                raise ValueError(f"reward.{key} must be a finite number (got {value})")
+        if not timeout_s > 0:
+            raise ValueError(f"reward.timeout_s must be > 0 seconds (got {timeout_s})")
+        if not max_answer_chars >= 1:
+            raise ValueError(f"reward.max_answer_chars must be >= 1 (got {max_answer_chars})")
         self.correct_score, self.format_score, self.wrong_score = correct_score, format_score, wrong_score
         self.format_gate = format_gate
         self.format = FormatReward(style=self.answer_style, mode=format_mode)
@@ -228,7 +240,7 @@ class BoxedReward(MathReward):
         found = boxed_contents(completion)
         if not found:
             return None
-        if self.multiple_boxed == "reject" and not _boxes_agree(found, self.timeout_s):
+        if self.multiple_boxed == "reject" and not _boxes_agree(found, self.timeout_s, self.max_answer_chars):
             return None
         return found[-1]
 
@@ -252,6 +264,6 @@ class ThinkAnswerReward(MathReward):
         if content is None:
             return None
         boxes = boxed_contents(content)
-        if not _boxes_agree(boxes, self.timeout_s):
+        if not _boxes_agree(boxes, self.timeout_s, self.max_answer_chars):
             return None
         return boxes[-1] if boxes else content.strip()

@@ -96,8 +96,8 @@ class RewardRunner:
     def __init__(self, reward: Any, workers: int = 2, timeout_s: float = 10.0, start_method: str = "spawn"):
         if workers < 0:
             raise ValueError(f"reward.workers must be >= 0 (got {workers}); 0 scores in the driver process")
-        if timeout_s <= 0:
-            raise ValueError(f"reward.timeout_s must be > 0 (got {timeout_s})")
+        if not 0 < timeout_s < math.inf:  # NaN or infinity would leave a stuck sample stuck
+            raise ValueError(f"reward.timeout_s must be a number of seconds > 0 (got {timeout_s})")
         self.reward = load_callable(reward)
         self.workers, self.timeout_s, self.start_method = workers, timeout_s, start_method
         self.errors = self.timeouts = 0

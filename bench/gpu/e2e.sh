@@ -11,6 +11,6 @@ out=${1:?output dir}; shift
 python -m bench.shapes qwen2.5-0.5b /tmp/shapes/qwen2.5-0.5b-v32000 >/dev/null
 python -c "from bench.colocate import write_arith_prompts; write_arith_prompts('/tmp/arith.jsonl')"
 python train.py +experiment=gpu_shared_qwen0.5b model.path=/tmp/shapes/qwen2.5-0.5b-v32000 env=jsonl \
-  env.train=/tmp/arith.jsonl reward._target_=tests.helpers.LengthReward '~reward.extract' \
+  env.train=/tmp/arith.jsonl reward._target_=tests.helpers.LengthReward '~reward.workers' '~reward.timeout_s' '~reward.reward' \
   run.output_dir="$out" "$@"
 python -m bench.common append-run gpu/e2e.sh "$out" "$out" "$@"

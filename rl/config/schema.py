@@ -36,7 +36,7 @@ from rl.config.choices import (
     WeightSync,
 )
 from rl.config.cluster import STREAM_DEPTH, ClusterConfig
-from rl.config.errors import ConfigError, check
+from rl.config.errors import ConfigError, check, check_fields_finite
 from rl.config.teacher import TeacherConfig
 from rl.types import EpisodeSpec, Sampling
 
@@ -73,7 +73,9 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "model")
         check(self.lora_rank > 0, f"model.lora_rank must be > 0 (got {self.lora_rank})")
+        check(self.lora_alpha > 0, f"model.lora_alpha must be > 0, the LoRA scale's numerator (got {self.lora_alpha})")
         check(bool(self.lora_targets), "model.lora_targets is empty: name at least one module, e.g. [q_proj,v_proj]")
         check(self.max_new_tokens > 0, f"model.max_new_tokens must be > 0 (got {self.max_new_tokens})")
         check(self.max_prompt_tokens > 0, f"model.max_prompt_tokens must be > 0 (got {self.max_prompt_tokens})")
@@ -102,6 +104,7 @@ class PolicyLossKnobs:
     mismatch_mask: float = 0.0  # zero the loss of tokens whose pi_learner/pi_actor is outside [1/x, x] (IcePop; 0 off)
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "algorithm")
         check(self.clip_low >= 0 and self.clip_high >= 0, "algorithm.clip_low/clip_high must be >= 0")
         check(
             self.dual_clip == 0 or self.dual_clip > 1,
@@ -193,6 +196,9 @@ class AlgorithmConfig(PolicyLossKnobs):
         check(self.temperature > 0, f"algorithm.temperature must be > 0 (got {self.temperature})")
         check(0 < self.top_p <= 1, f"algorithm.top_p must be in (0, 1] (got {self.top_p})")
         check(self.distill_coef >= 0, f"algorithm.distill_coef must be >= 0 (0: off; got {self.distill_coef})")
+        for key in ("task_reward_coef", "weight_decay", "overlong_penalty_factor"):
+            check(getattr(self, key) >= 0, f"algorithm.{key} must be >= 0 (got {getattr(self, key)})")
+        check(self.adv_eps > 0, f"algorithm.adv_eps must be > 0: equal rewards divide by it (got {self.adv_eps})")
 
     @property
     def loss_kl_coef(self) -> float:
@@ -217,6 +223,7 @@ class CurriculumConfig:
     max_level: int | None = None  # difficulty: the highest level to raise to (null: the task curriculum's last)
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "curriculum")
         check(
             0.0 <= self.hopeless < self.solved <= 1.0,
             f"curriculum.hopeless={self.hopeless} and curriculum.solved={self.solved} need 0 <= hopeless < solved <= 1",
@@ -241,6 +248,7 @@ class LoggerConfig:
     rollouts_dir: str | None = None  # where those step_N.jsonl go (null: <run dir>/rollouts)
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "logger")
         check(self.console_every >= 1, "logger.console_every must be >= 1")
         check(
             self.rollouts_interval >= 0,
@@ -266,9 +274,13 @@ class RunConfig:
     )
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "run")
+        check(0 <= self.seed < 2**32, f"run.seed must be in [0, 2**32) (numpy's seed range; got {self.seed})")
         check(self.steps >= 0, f"run.steps must be >= 0 (got {self.steps})")
         check(self.prompts_per_step >= 1, f"run.prompts_per_step must be >= 1 (got {self.prompts_per_step})")
         check(self.max_nonfinite_steps >= 1, f"run.max_nonfinite_steps must be >= 1 (got {self.max_nonfinite_steps})")
+        check(self.sync_probe_threshold > 0, f"run.sync_probe_threshold must be > 0 (got {self.sync_probe_threshold})")
+        check(self.probe_floor_limit is None or self.probe_floor_limit > 0, "run.probe_floor_limit must be > 0 or null")
         check(
             self.resume != "auto" or self.output_dir is not None,
             "run.resume=auto looks for checkpoints in run.output_dir: set run.output_dir=<the run directory to "
@@ -287,6 +299,7 @@ class LearnerConfig:
     share_prompt_prefix: bool = True  # learner runs each prompt once per group (packed row; padded: KV cache, CPU only)
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "learner")
         check(self.micro_batch_size >= 1, f"learner.micro_batch_size must be >= 1 (got {self.micro_batch_size})")
         check(
             self.micro_batch_tokens is None or self.micro_batch_tokens >= 0,
@@ -308,6 +321,7 @@ class EvalConfig:
     save_dir: str | None = None  # per-sample eval jsonl, one step_N.jsonl per evaluation (null: <run dir>/eval)
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "eval")
         check(self.size >= 0, f"eval.size must be >= 0 (got {self.size})")
         check(self.interval >= 0, f"eval.interval must be >= 0 (0: only before and after; got {self.interval})")
         check(self.n_samples >= 0, f"eval.n_samples must be >= 0 (0: greedy only; got {self.n_samples})")
@@ -326,6 +340,7 @@ class CheckpointConfig:
     keep_last: int = 2  # checkpoints kept; older ones are deleted after each save (0: keep all)
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "checkpoint")
         check(self.interval >= 0, f"checkpoint.interval must be >= 0 (0: no checkpoints; got {self.interval})")
         check(
             self.keep_last >= 0, f"checkpoint.keep_last must be >= 0 (0: keep every checkpoint; got {self.keep_last})"
@@ -357,6 +372,8 @@ class TrainConfig:
     episodes: EpisodeSpec | None = None  # not a setting: filled from `env` by the resolve step (multi-turn envs)
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "")
+        check_fields_finite(self.sandbox, "sandbox")  # envs/sandbox.py's group checks its ranges, not infinity
         m, a, c = self.model, self.algorithm, self.cluster
         check(
             self.plan_gpu_memory_gib is None or self.plan_gpu_memory_gib > 0,
