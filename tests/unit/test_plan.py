@@ -258,7 +258,7 @@ def test_cli_plan_gpu_7b_prints_map_and_warns_when_it_does_not_fit(tmp_path):
 
 
 def test_cli_plan_cpu_mode_imports_no_ray_vllm_or_transformers(tmp_path):
-    """The plan starts nothing; it imports torch only for the algorithm registries (rl/algorithms.py), whose names it
+    """The plan starts nothing; it imports torch only for the algorithm registries (rl/algorithms/), whose names it
     checks as a run would before it starts."""
     model = model_dir(tmp_path, QWEN_05B)
     code = (
