@@ -92,8 +92,8 @@ class ModelConfig:
 
 @dataclass
 class PolicyLossKnobs:
-    """The policy losses' knobs (keys of `algorithm`). The learner hands a copy of them to the loss function, which
-    reads the ones it uses (rl/algorithms.py): a new knob is a field here, its value in YAML, and its use there."""
+    """The policy losses' knobs (keys of `algorithm`). The learner hands the algorithm config to the loss function,
+    which reads the ones it uses (rl/algorithms/losses.py): a new knob is a field here and its use there."""
 
     clip_low: float = 0.2  # ratio lower clip: 1 - clip_low
     clip_high: float = 0.2  # ratio upper clip: 1 + clip_high (DAPO clip-higher uses 0.28)
@@ -122,16 +122,29 @@ class PolicyLossKnobs:
 
 
 @dataclass
-class AlgorithmConfig(PolicyLossKnobs):
-    name: str = "grpo"  # label for logs and sweep reports
-    advantage: str = "grpo"  # advantage estimator, by registry name (rl/algorithms.py)
-    policy_loss: str = "clipped"  # policy loss, by registry name
-    loss_agg: str = "seq_mean_token_mean"  # token -> scalar aggregation, by registry name
-    group_size: int = 8  # G: completions sampled per prompt
+class AdvantageKnobs:
+    """The advantage estimators' knobs (keys of `algorithm`). The batch preparation hands the algorithm config to the
+    estimator, which reads the ones it uses (rl/algorithms/advantages.py): a new knob is a field here and its use
+    there."""
+
     std_normalize: bool = True  # grpo: divide group-centred rewards by the group std
     std_unbiased: bool = True  # grpo: sample std (n-1, as TRL/verl) if true, population std (n) if false
     pg_baseline: PgBaseline = PgBaseline.none  # pg advantage baseline: none (plain REINFORCE) | group_mean
     adv_eps: float = 1e-6  # grpo: added to the std before dividing; reinforce_pp: added to the batch variance
+    adv_clip: float = 0.0  # every estimator: clip each advantage to [-adv_clip, adv_clip] (0 off)
+
+    def __post_init__(self) -> None:
+        check(self.adv_eps >= 0, f"algorithm.adv_eps must be >= 0 (got {self.adv_eps})")
+        check(self.adv_clip >= 0, f"algorithm.adv_clip must be >= 0 (0: off; got {self.adv_clip})")
+
+
+@dataclass
+class AlgorithmConfig(PolicyLossKnobs, AdvantageKnobs):
+    name: str = "grpo"  # label for logs and sweep reports
+    advantage: str = "grpo"  # advantage estimator, by registry name (rl/algorithms/)
+    policy_loss: str = "clipped"  # policy loss, by registry name
+    loss_agg: str = "seq_mean_token_mean"  # token -> scalar aggregation, by registry name
+    group_size: int = 8  # G: completions sampled per prompt
     loss_agg_norm_length: int | None = None  # seq_mean_token_sum_norm divisor in tokens (null: model.max_new_tokens)
     entropy_coef: float = 0.0  # entropy bonus weight: loss -= entropy_coef * agg(token entropy) (0 off; costs memory)
     kl_coef: float = 0.01  # weight of the KL penalty to the reference policy (0 disables; adapter off = reference)
@@ -158,7 +171,8 @@ class AlgorithmConfig(PolicyLossKnobs):
     task_reward_coef: float = 1.0  # weight of the task reward beside the distillation term (distill: 0, pure KL)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        PolicyLossKnobs.__post_init__(self)
+        AdvantageKnobs.__post_init__(self)
         check(self.group_size >= 2, f"algorithm.group_size must be >= 2 for group baselines (got {self.group_size})")
         check(self.lr is None or self.lr > 0, f"algorithm.lr must be > 0 (got {self.lr})")
         check(self.updates_per_step >= 1, f"algorithm.updates_per_step must be >= 1 (got {self.updates_per_step})")

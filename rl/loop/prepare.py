@@ -1,9 +1,9 @@
 """From a scored batch to the learner's samples: reward shaping -> advantages -> loss masks -> top-k.
 
 Functions over plain data (no Ray) that read their knobs from the resolved `TrainConfig` (`algorithm.*` and the
-completion budget `cfg.completion_tokens`), where they are declared once. Knobs the chosen advantage estimator does
-not use are ignored by it (rl/algorithms.py). `algorithm.kl_in_reward` needs the reference logprobs, which the
-learner computes: the driver passes a function that returns them.
+completion budget `cfg.completion_tokens`), where they are declared once. The advantage estimator gets the algorithm
+config as its knobs and reads those it uses (rl/algorithms/advantages.py). `algorithm.kl_in_reward` needs the
+reference logprobs, which the learner computes: the driver passes a function that returns them.
 """
 
 from __future__ import annotations
@@ -40,15 +40,8 @@ def prepare_samples(
         if a.filter_truncated_response
         else [True] * len(completions)
     )
-    adv = algorithms.get_advantage(a.advantage)(
-        shaped,
-        a.group_size,
-        std_normalize=a.std_normalize,
-        std_unbiased=a.std_unbiased,
-        pg_baseline=a.pg_baseline.value,
-        eps=a.adv_eps,
-        lengths=lengths * torch.tensor(in_loss, dtype=torch.float32),
-    )
+    estimator = algorithms.get_advantage(a.advantage)
+    adv = estimator(shaped, a.group_size, knobs=a, lengths=lengths * torch.tensor(in_loss, dtype=torch.float32))
     samples = [
         TrainSample(
             r.prompt_ids,
@@ -118,7 +111,7 @@ def distill_advantages(
 ) -> tuple[list[list[float]] | None, dict[str, float]]:
     """On-policy distillation (algorithm=distill): each sampled token's advantage gains
     -distill_coef * (log pi(y_t) - log pi_T(y_t)), minus the sampled reverse KL to the teacher at that token
-    (rl/algorithms.py distill_reverse_kl), with the behaviour logprobs as the student's and the judge/teacher
+    (rl/algorithms/kl.py distill_reverse_kl), with the behaviour logprobs as the student's and the judge/teacher
     engines' logprobs of the same token ids as the teacher's; 0 on environment tokens. The term is per token and
     undiscounted (each token answers for its own KL, not the rest of the sequence's): lower variance than the
     sequence's sum as a reward, and what makes a few steps enough. None (and no metrics) without
