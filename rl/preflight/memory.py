@@ -280,7 +280,10 @@ def plan_for_config(
     a context for a judge prompt or a student's prompt + completion. Keys that may not exist yet are read with their
     defaults."""
     m, c = cfg.model, cfg.cluster
-    value = lambda v: getattr(v, "value", v)  # noqa: E731 - str Enums to their names
+
+    def value(v: Any) -> str:  # str Enums to their names
+        return str(getattr(v, "value", v))
+
     vllm = value(c.rollout_backend) == "vllm"
     samples = cfg.run.prompts_per_step * cfg.algorithm.group_size
     roles = estimate_memory(
