@@ -4,8 +4,8 @@
 budget, the loss normaliser, the overlong buffer, the output folders, `model.path` (an embedded model converted
 once), the weights the actors load (`model.actor_path`: beside a 4-bit learner its NF4 base dequantized) and the
 multi-turn episode limits (`episodes`, from `env`); it checks the registry names (advantage, policy loss,
-aggregation) and that a new run does not write into another run's directory. It returns a new `TrainConfig`
-(`dataclasses.replace`), and that object is what every role takes: a setting is declared once, in
+aggregation) and that a run writes only into a folder of its own (check_run_dir_is_new). It returns a new
+`TrainConfig` (`dataclasses.replace`), and that object is what every role takes: a setting is declared once, in
 rl/config/schema.py, and read where it is used.
 
 Import-light at module level (no torch, no vllm, no ray): the preflight plan resolves with it too.
@@ -226,23 +226,44 @@ def resolve_demos(cfg: TrainConfig) -> str | None:
     return str(path.resolve())
 
 
+# What a run's folder holds before its first metrics row: Hydra's own files (a sweep job's directory, or hydra.run.dir
+# given as the run.output_dir) and the driver's log. A folder holding anything else that is not a run (no RUN_MARKS)
+# is someone's own: a run would write into it, and its export would replace an `adapter/` or `model/` there.
+RUN_START = (".hydra", "train.log", "logs")
+RUN_MARKS = ("metrics.jsonl", "checkpoints", "summary.json")  # a run has written here (metrics.jsonl comes first)
+
+
 def check_run_dir_is_new(cfg: TrainConfig, run_dir: Path) -> None:
-    """A run that does not resume must not write into another run's directory: its metrics would be appended to
-    that run's metrics.jsonl and its checkpoints mixed with that run's."""
-    if cfg.run.resume is not None:
+    """The run writes only into a folder of its own: a new or empty one (a sweep job's own directory too), or, with
+    run.resume=auto, the run it continues (run.resume=<checkpoint>: that checkpoint's run). Another run's directory is
+    refused (its metrics.jsonl and checkpoints would be mixed with this run's), and so is a folder of someone's own
+    files (an `adapter/` in it would be replaced at export)."""
+    resume = cfg.run.resume
+    own_run = resume == "auto" or (
+        resume is not None and Path(resume).resolve().parent.parent == Path(run_dir).resolve()
+    )
+    entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    held = [name for name in RUN_MARKS if name in entries]
+    if held and own_run:
         return
-    held = [name for name in ("metrics.jsonl", "checkpoints") if (run_dir / name).exists()]
     if held:
+        fix = "give run.resume=auto to continue it" if resume is None else "run.resume=<a checkpoint> starts a new run"
         raise ConfigError(
-            f"run.output_dir={run_dir} already holds a run ({', '.join(held)}): give run.resume=auto to continue it, "
-            "or another run.output_dir"
+            f"run.output_dir={run_dir} already holds a run ({', '.join(held)}): {fix}, or another run.output_dir"
+        )
+    others = [name for name in entries if name not in RUN_START]
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise ConfigError(
+            f"run.output_dir={run_dir} holds files that are not a run's ({shown}): a run writes only into a new or empty "
+            "folder, or its own; give another run.output_dir"
         )
 
 
 def resolve(cfg: TrainConfig, run_dir: Path | str, *, model_path: str | None = None, new_run: bool = True):
     """`cfg` with every auto filled (same class). `model_path` defaults to resolving `model.path` (converts an
-    embedded model once); `new_run`: `run_dir` is a training run's directory (another run's is refused unless it
-    resumes)."""
+    embedded model once); `new_run`: `run_dir` is a training run's directory (one not its own is refused:
+    check_run_dir_is_new)."""
     from rl.data.filters import default_overlong_buffer
 
     run_dir = Path(run_dir)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -115,8 +114,10 @@ def job_row(job_dir: Path) -> dict[str, Any]:
     run_dir = run_dir_of(job_dir)
     rows = read_metrics(run_dir / "metrics.jsonl")
     steps = [r for r in rows if "train/loss" in r or "time/step_s" in r]
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    try:
+        summary = runs.read_summary(run_dir / "summary.json") or {}
+    except runs.DamagedFile:  # a row all the same, its job counted as not finished
+        summary = {}
     before = [r["eval/accuracy"] for r in rows if r.get("step") == 0 and "eval/accuracy" in r]
     actor_idle, learner_idle = idle_fractions(steps)
     rewards = _col(steps, "reward/mean")

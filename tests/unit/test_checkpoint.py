@@ -53,6 +53,9 @@ def test_half_written_checkpoints_are_never_listed_and_keep_last_prunes(tmp_path
     assert trainer == {"step": 10, "data": {"cursor": 20}}
     assert learner["adapter"] == fake_learner_state(10)["adapter"] and learner["optimizer"] == b"opt"
     meta = json.loads((checkpoint.latest(tmp_path) / "meta.json").read_text())
+    assert meta.pop("files") == {
+        name: (checkpoint.latest(tmp_path) / name).stat().st_size for name in checkpoint.FILES
+    }  # written last, the size of every other file: what makes the folder count as whole
     assert meta == {"step": 10, "adapter_version": 10, "data_cursor": 20}
 
 

@@ -46,10 +46,11 @@ def test_every_config_option_composes_into_the_typed_schema_and_its_specs(group,
         cfg.cluster.use_gpu = True  # a GPU-only model file: the config check asks for GPUs (tested below)
     typed = OmegaConf.to_object(cfg)
     assert isinstance(typed, TrainConfig)
-    run = specs.resolve(typed, tmp_path, model_path="/fake/model")  # registry names resolve, autos are filled
+    run_dir = tmp_path / "run"  # beside the demonstrations file: a run writes only into a folder of its own
+    run = specs.resolve(typed, run_dir, model_path="/fake/model")  # registry names resolve, autos are filled
     assert run.cluster.lora_mode in ("merged", "native") and run.model.learner_backend in ("peft", "unsloth")
     assert run.model.learner_dtype != "auto" and run.learner.micro_batch_tokens is not None
-    assert run.eval.save_dir == str(tmp_path / "eval") and run.run.output_dir == str(tmp_path)
+    assert run.eval.save_dir == str(run_dir / "eval") and run.run.output_dir == str(run_dir)
 
 
 @pytest.mark.parametrize("option", sorted(f.stem for f in (CONF / "cluster").glob("*.yaml") if f.stem != "local"))
