@@ -182,11 +182,12 @@ def finished_summary(resume: str | None, run_dir: Path, steps: int) -> dict | No
     if summary is None:
         return None
     if resume != "auto":  # a given checkpoint continues this run only when it holds its last step
-        m = _STEP_DIR.match(ckpt.name)
+        m = _STEP_DIR.match(ckpt.name) if ckpt is not None else None
         return summary if m is not None and int(m.group(1)) >= steps else None
     done = summary.get(STEPS_DONE)
     if not isinstance(done, int):  # a summary without the count: the finished run's last checkpoint or logged step
-        saved = int(_STEP_DIR.match(ckpt.name).group(1)) if ckpt is not None else 0
+        m = _STEP_DIR.match(ckpt.name) if ckpt is not None else None
+        saved = int(m.group(1)) if m is not None else 0
         done = max(saved, last_logged_step(Path(run_dir) / "metrics.jsonl"))
     if done >= steps:
         return summary
