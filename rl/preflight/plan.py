@@ -44,12 +44,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl.config.schema import ConfigError
+from rl.model_path import adapter_lora, lora_slot_rank
 from rl.preflight.machine import detect_gpus, numa_node_memory, ram_bytes
 from rl.preflight.shapes import DTYPE_BYTES, ModelShape, load_shape
 from rl.resolve import (
-    adapter_lora,
     check_registry_names,
-    lora_slot_rank,
     resolve_init_adapter,
     resolve_lora_mode,
     resolve_micro_batch_tokens,

@@ -1,16 +1,15 @@
 """Rollout engines behind one interface (generate, load_adapter, close): vLLM (vllm.py, with its worker extension
 vllm_ext.py) and transformers `generate` (hf.py, for debugging). `rollout_class` picks the one that
-`cluster.rollout_backend` names; each engine takes the resolved `TrainConfig`."""
+`cluster.rollout_backend` names; each engine takes the groups and values it uses (rl/app.py wires them)."""
 
 from __future__ import annotations
 
 from rl.config.choices import RolloutBackend
-from rl.config.schema import TrainConfig
 
 
-def rollout_class(cfg: TrainConfig) -> type:
+def rollout_class(backend: RolloutBackend) -> type:
     """The engine class `cluster.rollout_backend` names (imports no engine library: each imports its own lazily)."""
-    if cfg.cluster.rollout_backend == RolloutBackend.hf:
+    if backend == RolloutBackend.hf:
         from rl.rollout.hf import HFRollout
 
         return HFRollout
