@@ -29,7 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import REPO, median, repo_env, show_spread, spread
+from bench.common import REPO, median, show_spread, spread
+from tests.helpers import repo_env
 
 MODES = {
     "sync": ["cluster.staleness=0"],

@@ -29,7 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import REPO, repo_env, show_spread, spread
+from bench.common import REPO, show_spread, spread
+from tests.helpers import repo_env
 
 # each layout's train.py overrides on top of the experiment; the shares are those of the 0.5B measurement in
 # docs/benchmarks.md (vLLM 30% of the GPU beside the learner's half, 60% when it has the GPU to itself)

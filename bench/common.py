@@ -218,13 +218,6 @@ def show_spread(s: dict, unit: str = "", digits: int = 0) -> str:
     return f"{f.format(s['median'])}{unit} ({lo}-{hi}, n={s['n']})"
 
 
-def repo_env(**extra: str) -> dict[str, str]:
-    """This process's environment for a child that imports the repo: the repo first on PYTHONPATH, the caller's
-    entries kept behind it (packages installed with `pip --target`, as on the GPU machine), plus `extra`."""
-    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, PYTHONPATH=pythonpath, **extra)
-
-
 def run_side_process(module: str, side: str, argv: list[str], flag: str = "--sides") -> dict:
     """Run `python -m module <argv without flag> --side side` in a fresh process; its last JSON line."""
     import json

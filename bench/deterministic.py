@@ -24,7 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import REPO, repo_env, show_spread, spread
+from bench.common import REPO, show_spread, spread
+from tests.helpers import repo_env
 
 
 def train_args(deterministic: bool, run_dir: Path, args: argparse.Namespace) -> list[str]:

@@ -44,11 +44,11 @@ from bench.common import (
     add_threads_arg,
     machine,
     machine_label,
-    repo_env,
     set_threads,
     show_spread,
     spread,
 )
+from tests.helpers import repo_env
 
 RANK, LR, KL = 16, 2e-4, 0.01
 

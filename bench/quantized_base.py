@@ -28,7 +28,8 @@ import subprocess
 import sys
 import time
 
-from bench.common import REPO, add_model_args, model_path, repo_env, show_spread, spread
+from bench.common import REPO, add_model_args, model_path, show_spread, spread
+from tests.helpers import repo_env
 
 SIDES = ("learner", "quantized", "original")
 KINDS = {"unsloth": "model.learner_backend=unsloth", "peft": "model.learner_backend=peft"}

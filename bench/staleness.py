@@ -21,7 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import REPO, repo_env
+from bench.common import REPO
+from tests.helpers import repo_env
 
 
 def train_args(staleness: int, model: Path, run_dir: Path, args: argparse.Namespace) -> list[str]:

@@ -1,8 +1,8 @@
 """Run model-written Python in a confined child process: the code reward (rewards/code_tests.py) and the Python tool
 run every program through `run_python` (threat model, layers and limits: docs/sandbox.md).
 
-Each program gets a launcher process, fresh namespaces and an init. The launcher (trusted code, run as
-`python -I -S`) reads the program from its stdin, then:
+Each program gets a launcher process, fresh namespaces and an init. The launcher (trusted code in
+envs/sandbox_launcher.py, run as `python -I -S`) reads the program from its stdin, then:
 - enters new user, mount, PID, IPC, UTS, network and cgroup namespaces; a short-lived helper forked before that
   maps the program's user: uid 1000 inside, the unprivileged host uid 65534 when the trainer is root (else the
   trainer's own uid, which is not root), so host files only root may read or change stay out of reach;
@@ -27,9 +27,9 @@ The parent feeds stdin, reads stdout + stderr with a byte cap and kills the laun
 deadline (the program dies with it: PDEATHSIG, then its namespace). Stdlib only, no preexec_fn (unsafe in the
 threaded trainer): the syscalls are made through ctypes in the launcher, after exec.
 
-Past 400 lines because every confinement layer above is written out here (the launcher's namespaces, mounts and
-Landlock rules, the seccomp program, the bounded output reader), so that the whole threat surface is reviewed in
-one file.
+Past 400 lines because the parent's side of every layer is written out here (the limits and their checks, the
+seccomp program, the probe of what the interpreter maps, the bounded output reader), so that with the launcher the
+whole threat surface is reviewed in two files.
 """
 
 from __future__ import annotations
@@ -46,10 +46,16 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+
+from envs import sandbox_launcher
+
+# The trusted launcher's source, run as `python -I -S -c _LAUNCHER <cfg>` before any model-written code (a file's
+# text, not an import: the launcher runs isolated, without this repository on its path)
+_LAUNCHER = Path(sandbox_launcher.__file__).read_text()
 
 log = logging.getLogger(__name__)
 
-SANDBOX_EXIT = 71  # the launcher could not confine the program (EX_OSERR): nothing of it ran
 PROGRAM_UID = 1000  # the program's uid and gid inside its user namespace
 HOST_UID_FOR_ROOT = 65534  # the host uid (nobody) a root trainer's programs run as
 FILE_LIMIT_MB = 16  # RLIMIT_FSIZE: the largest single file a program may write
@@ -100,235 +106,6 @@ class SandboxResult:
     def ok(self) -> bool:
         return self.exit_code == 0 and self.error is None
 
-
-# The trusted launcher. It runs as `python -I -S -c _LAUNCHER <cfg>` before any model-written code: it reads the
-# program, builds its namespaces and root, forks an init and the program under it, and waits.
-_LAUNCHER = r"""
-import ctypes, json, os, resource, signal, struct, sys
-cfg = json.loads(sys.argv[1])
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-def fail(msg):
-    os.write(2, ("sandbox: " + msg + "\n").encode()); os._exit(71)
-def check(ret, what):
-    if ret < 0:
-        fail(what + " failed: " + os.strerror(ctypes.get_errno()))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-# the program's source comes first on stdin: its length in bytes on one line, then the bytes
-head = b""
-while not head.endswith(b"\n"):
-    c = os.read(0, 1)
-    if not c or len(head) > 20:
-        fail("no program on stdin")
-    head += c
-left, parts = int(head), []
-while left:
-    chunk = os.read(0, min(left, 1 << 20))
-    if not chunk:
-        fail("program cut short on stdin")
-    parts.append(chunk); left -= len(chunk)
-source = b"".join(parts)
-# --- namespaces. Only a process outside the new user namespace may map a uid other than its own, so a helper
-# forked first writes the maps: a root trainer's program becomes host uid 65534, anyone else's keeps its uid.
-IN = cfg["uid"]
-euid, egid = os.geteuid(), os.getegid()
-if euid == 0:
-    os.setgroups([])  # no supplementary groups (root's group 0 among them)
-    uid_map = "0 0 1\n%d %d 1\n" % (IN, cfg["root_maps_to"])
-    gid_map = "0 0 1\n%d %d 1\n" % (IN, cfg["root_maps_to"])
-else:
-    uid_map, gid_map = "%d %d 1\n" % (IN, euid), "%d %d 1\n" % (IN, egid)
-ready_r, ready_w = os.pipe(); done_r, done_w = os.pipe()
-helper = os.fork()
-if helper == 0:
-    os.close(ready_w); os.close(done_r)
-    try:
-        if os.read(ready_r, 1) == b"u":
-            for name, text in (("setgroups", "deny"), ("uid_map", uid_map), ("gid_map", gid_map)):
-                with open("/proc/%d/%s" % (os.getppid(), name), "w") as f:
-                    f.write(text)
-            os.write(done_w, b"k")
-    except OSError as e:
-        os.write(2, ("sandbox: writing the user namespace's id maps failed: %s\n" % e).encode())
-    os._exit(0)
-os.close(ready_r); os.close(done_w)
-NS = 0x10000000 | 0x20000 | 0x20000000 | 0x08000000 | 0x04000000 | 0x40000000 | 0x02000000
-if libc.unshare(NS):
-    fail("new user/mount/pid/ipc/uts/net/cgroup namespaces refused (" + os.strerror(ctypes.get_errno())
-         + "): allow user namespaces (user.max_user_namespaces > 0; kernel.unprivileged_userns_clone=1; Ubuntu: "
-         "kernel.apparmor_restrict_unprivileged_userns=0; in Docker: --security-opt seccomp=unconfined)")
-os.write(ready_w, b"u")
-mapped = os.read(done_r, 1) == b"k"
-os.waitpid(helper, 0)
-os.close(ready_w); os.close(done_r)
-if not mapped:
-    fail("the user namespace's id maps could not be written")
-# --- the new root: a tmpfs with read-only binds of what the interpreter needs, a tmpfs /tmp, four devices
-RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
-def mount(src, dst, fstype, flags, data=None):
-    e = lambda s: None if s is None else s.encode()
-    check(libc.mount(e(src), e(dst), e(fstype), flags, e(data)), "mount " + dst)
-def keep_flags(path):  # a remount must repeat the flags the kernel locked on the source mount
-    f = os.statvfs(path).f_flag
-    atime = 1024 if f & 1024 else (1 << 21) if f & 4096 else (1 << 24)  # noatime, relatime, strictatime
-    return (f & (NOSUID | NODEV | NOEXEC)) | (2048 if f & 2048 else 0) | atime
-def read_only(path):
-    mount(None, path, None, REMOUNT | BIND | RDONLY | NOSUID | NODEV | keep_flags(path))
-if libc.mount(None, b"/", None, REC | PRIVATE, None):
-    fail("mounts in the new namespaces refused (" + os.strerror(ctypes.get_errno()) + "): Ubuntu 24.04 gives "
-         "unprivileged user namespaces no capabilities unless kernel.apparmor_restrict_unprivileged_userns=0")
-mount("tmpfs", "/tmp", "tmpfs", NOSUID | NODEV, "mode=0755,size=64k,nr_inodes=64")
-os.mkdir("/tmp/old"); os.mkdir("/tmp/new")
-check(libc.syscall(cfg["pivot_root"], b"/tmp", b"/tmp/old"), "pivot_root")  # the host's tree is now /old
-os.chdir("/")
-mount("tmpfs", "/new", "tmpfs", NOSUID | NODEV, "mode=0755,size=256k,nr_inodes=4096")
-for path in cfg["binds"]:
-    os.makedirs("/new" + path, exist_ok=True)
-    mount("/old" + path, "/new" + path, None, BIND)
-    read_only("/new" + path)
-for path in cfg["hide"]:  # site-packages and the like inside a bind: an empty, read-only tmpfs over them
-    mount("tmpfs", "/new" + path, "tmpfs", RDONLY | NOSUID | NODEV | NOEXEC, "mode=0555,size=4k,nr_inodes=1")
-os.makedirs("/new/dev"); os.makedirs("/new/etc")
-for path in ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/etc/ld.so.cache"):
-    if os.path.exists("/old" + path):
-        os.close(os.open("/new" + path, os.O_CREAT | os.O_WRONLY, 0o644))
-        mount("/old" + path, "/new" + path, None, BIND)
-        if path.startswith("/etc"):
-            read_only("/new" + path)
-os.mkdir("/new/tmp")
-mount("tmpfs", "/new/tmp", "tmpfs", NOSUID | NODEV, "mode=0700,uid=%d,gid=%d,size=%dm,nr_inodes=%d"
-      % (IN, IN, cfg["disk_mb"], cfg["inodes"]))
-fd = os.open("/new/tmp/main.py", os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644)
-os.write(fd, source); os.fchown(fd, IN, IN); os.close(fd)
-os.chdir("/new")
-check(libc.syscall(cfg["pivot_root"], b".", b"."), "pivot_root")  # the old root now sits on top: detach it
-check(libc.umount2(b".", 2), "umount of the host's tree")  # MNT_DETACH
-os.chdir("/")
-read_only("/")
-libc.sethostname(b"sandbox", 7)
-os.chdir("/tmp")
-# --- an init (PID 1 of the namespace: when it exits the kernel kills everything left there) that dies with this
-# launcher, and under it the program (PID 2: as init it would ignore its own signals, SIGXCPU among them)
-alive_r, alive_w = os.pipe()
-status_r, status_w = os.pipe()
-import gc
-gc.freeze()  # the collector in the forks below then leaves the launcher's objects (and their shared pages) alone
-init = os.fork()
-if init:
-    os.close(alive_r); os.close(status_w)
-    for fd in (0, 1, 2):
-        os.close(fd)
-    raw = b""
-    while len(raw) < 4:
-        chunk = os.read(status_r, 4 - len(raw))
-        if not chunk:
-            break
-        raw += chunk
-    os.waitpid(init, 0)
-    status = int.from_bytes(raw, "little") if len(raw) == 4 else 9  # no report: the init was killed
-    if os.WIFSIGNALED(status):  # end the way the program ended, so the parent reads the same status
-        sig = os.WTERMSIG(status)
-        try:
-            signal.signal(sig, signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass
-        os.kill(os.getpid(), sig)
-        os._exit(128 + sig)
-    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 70)
-os.close(alive_w); os.close(status_r)
-libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: SIGKILL when the launcher dies
-os.set_blocking(alive_r, False)
-try:
-    if os.read(alive_r, 1) == b"":  # the launcher died before the line above: stop
-        os._exit(71)
-except BlockingIOError:
-    pass
-os.close(alive_r)
-program = os.fork()
-if program:
-    for fd in (0, 1, 2):
-        os.close(fd)
-    while True:  # reap orphans until the program itself ends, then report how
-        pid, status = os.wait()
-        if pid == program:
-            os.write(status_w, status.to_bytes(4, "little"))
-            os._exit(0)
-os.close(status_w)
-os.setpgid(0, 0)  # its own process group: a signal it sends to its group reaches only itself and its children
-for cap in range(64):
-    libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP, while CAP_SETPCAP is still held
-libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
-os.setresgid(IN, IN, IN); os.setresuid(IN, IN, IN)
-if libc.capset(struct.pack("Ii", 0x20080522, 0), bytes(24)):  # _LINUX_CAPABILITY_VERSION_3, two zeroed sets
-    fail("capset failed: " + os.strerror(ctypes.get_errno()))
-mb = cfg["memory_mb"] << 20
-cpu = max(1, int(-(-cfg["cpu_s"] // 1)))
-for lim, val in (
-    (resource.RLIMIT_AS, (mb, mb)), (resource.RLIMIT_FSIZE, (cfg["file_mb"] << 20,) * 2),
-    (resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_NOFILE, (cfg["max_open_files"],) * 2),
-    (resource.RLIMIT_NPROC, (cfg["tasks"],) * 2), (resource.RLIMIT_MEMLOCK, (0, 0)),
-    (resource.RLIMIT_MSGQUEUE, (0, 0)),
-):
-    resource.setrlimit(lim, val)
-if libc.prctl(38, 1, 0, 0, 0):  # PR_SET_NO_NEW_PRIVS: required by Landlock and unprivileged seccomp
-    fail("prctl(PR_SET_NO_NEW_PRIVS) failed")
-abi = libc.syscall(444, None, 0, 1) if cfg["landlock"] else -1  # LANDLOCK_CREATE_RULESET_VERSION
-if abi > 0:
-    fs = (1 << 13) - 1 | (abi >= 2) << 13 | (abi >= 3) << 14 | (abi >= 5) << 15
-    attr = struct.pack("QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)[: 8 if abi < 4 else 16 if abi < 6 else 24]
-    rs = libc.syscall(444, attr, len(attr), 0)
-    check(rs, "landlock_create_ruleset")
-    def allow(path, rights):
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        if not os.path.isdir(path):
-            rights &= 1 | 2 | 4 | ((abi >= 3) << 14)  # execute, write, read (+ truncate)
-        check(libc.syscall(445, rs, 1, struct.pack("=Qi", rights, fd), 0), "landlock_add_rule(" + path + ")")
-        os.close(fd)
-    allow("/", 1 | 4 | 8)  # execute, read file, read dir: the new root holds only what was bound into it
-    allow("/dev/null", 2 | 4)
-    allow("/tmp", fs)
-    check(libc.syscall(446, rs, 0), "landlock_restrict_self")
-prog = bytes.fromhex(cfg["seccomp"]).replace(bytes.fromhex(cfg["pid_mark"]), os.getpid().to_bytes(4, sys.byteorder))
-pbuf = ctypes.create_string_buffer(prog, len(prog))
-fprog = struct.pack("HxxxxxxP", len(prog) // 8, ctypes.addressof(pbuf))
-buf = ctypes.create_string_buffer(fprog, len(fprog))
-if libc.prctl(22, 2, buf, 0, 0):  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
-    fail("seccomp filter refused: " + os.strerror(ctypes.get_errno()))
-del ctypes, libc, buf, pbuf, prog, fprog, source, cfg
-sys.argv = ["main.py"]
-g = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
-with open("main.py", encoding="utf-8", errors="replace") as f:
-    src = f.read()
-# Run it, then end the way the interpreter would (exit code, traceback, non-daemon threads, atexit, flushed output)
-# but through os._exit: a forked interpreter tearing itself down writes to every page it shares with the
-# launcher, which costs more than many programs take to run.
-status = 0
-try:
-    exec(compile(src, "main.py", "exec"), g)
-except SystemExit as e:
-    if e.code is None or isinstance(e.code, int):
-        status = (e.code or 0) & 0xFF
-    else:
-        print(e.code, file=sys.stderr)
-        status = 1
-except BaseException:
-    sys.excepthook(*sys.exc_info())
-    status = 1
-try:
-    if "threading" in sys.modules:
-        sys.modules["threading"]._shutdown()
-    import atexit
-    atexit._run_exitfuncs()
-except BaseException:
-    sys.excepthook(*sys.exc_info())
-for stream in (sys.stdout, sys.stderr):
-    try:
-        stream.flush()
-    except BaseException:
-        pass
-os._exit(status)
-"""
 
 # ---------------------------------------------------------------------------------------------------- seccomp
 # Classic BPF over struct seccomp_data {int nr; u32 arch; u64 ip; u64 args[6]}.
@@ -605,7 +382,7 @@ def run_many(
 
 def _error(returncode: int, stderr: str, limits: SandboxLimits) -> str | None:
     tail = stderr[-2000:]
-    if returncode == SANDBOX_EXIT and stderr.startswith("sandbox: "):
+    if returncode == sandbox_launcher.SANDBOX_EXIT and stderr.startswith("sandbox: "):
         return stderr.splitlines()[0]
     if returncode == -signal.SIGXCPU:
         return f"cpu time limit ({limits.cpu_s:g} s)"

@@ -1,16 +1,41 @@
-"""Test-only building blocks: a tiny random model with the real SmolLM2 tokenizer, and simple rewards."""
+"""Test-only building blocks: a tiny random model with the real SmolLM2 tokenizer, simple rewards, the environment
+a child process that imports the repo needs, configs composed as a run composes them, and checks of finished runs.
+The benchmark scripts use some of them too (the tiny model, the child environment); nothing here imports bench/."""
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import repo_env  # noqa: F401 - the tests start children with it too
-
 REPO = Path(__file__).resolve().parent.parent
+CONF = REPO / "conf"
+
+# config.json fields of Qwen/Qwen2.5-0.5B-Instruct (written by hand from the hub file): a real shape for the memory
+# plan and the start-up diagnosis, without the weights
+QWEN_05B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_attention_heads": 14,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+
+
+def repo_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child that imports the repo: the repo first on PYTHONPATH, the caller's
+    entries kept behind it (packages installed with `pip --target`, as on the GPU machine), plus `extra`."""
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=pythonpath, **extra)
 
 
 def build_tiny_model(out: Path, seed: int = 0) -> Path:
@@ -72,6 +97,46 @@ def tiny_args(model: Path, *, in_process: bool = True) -> list[str]:
     return args + (["cluster=local", "cluster.rollout_backend=hf"] if in_process else [])
 
 
+# a two-step run's overrides (2 prompts x 4 samples of 16 tokens, 4 eval prompts, the length reward, fp32); with
+# check_trained, the end-to-end tests' common check that training happened and the actor followed the learner
+TINY_RUN = [
+    "run.steps=2",
+    "run.prompts_per_step=2",
+    "algorithm.group_size=4",
+    "eval.size=4",
+    "model.max_new_tokens=16",
+    "learner.micro_batch_size=8",
+    "reward._target_=tests.helpers.LengthReward",
+    "~reward.extract",
+    "model.dtype=float32",
+    "model.learner_dtype=float32",
+    "run.sync_probe_threshold=0.01",
+]
+
+
+def check_trained(run_dir: Path) -> list[dict]:
+    """A TINY_RUN in `run_dir` trained: two steps, the second sampled with the adapter published after the first,
+    the actor's logprobs the learner's on the probe, the saved adapter changed. The steps' rows."""
+    from safetensors.torch import load_file
+
+    rows = metric_rows(run_dir, timings=True)
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    # step 1 samples came from the base model (version 0), step 2 from the adapter published after step 1
+    assert [r["actor/adapter_version"] for r in steps] == [0.0, 1.0]
+    assert [r["sync/version"] for r in steps] == [1.0, 2.0]
+    # the actor runs the learner's adapter: learner and actor logprobs agree on the probe
+    assert all(r["sync/logprob_abs_diff"] < 0.01 for r in steps)
+    # the adapter changed: PEFT initialises lora_B to zero, training made it non-zero
+    weights = load_file(str(run_dir / "adapter" / "adapter_model.safetensors"))
+    lora_b = [t for k, t in weights.items() if "lora_B" in k]
+    assert lora_b and any(float(t.abs().max()) > 0 for t in lora_b)
+    assert json.loads((run_dir / "adapter" / "adapter_config.json").read_text())["r"] == 16
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "eval/accuracy_before" in summary and "eval/accuracy_after" in summary
+    return steps
+
+
 def make_samples(groups: int = 3, group_size: int = 4, seed: int = 0, old_logprob: float = -2.0) -> list:
     """Random TrainSamples: `groups` prompts of 5-11 tokens, `group_size` completions of 2-8 tokens each."""
     import random
@@ -108,6 +173,19 @@ def actor_engine_kwargs(cfg) -> dict:
     return engine_kwargs(cfg.model, cfg.cluster, max_seq_length=cfg.max_seq_length, seed=cfg.run.seed)
 
 
+def env_and_reward(*overrides: str):
+    """The env and the reward conf/train.yaml builds with these overrides (and eval.size=8), as a run builds them."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from rl.config.schema import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["eval.size=8", *overrides])
+    return instantiate(cfg.env, _convert_="all"), instantiate(cfg.reward, _convert_="all")
+
+
 def run_train(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     """Run train.py as a user would; returns the finished process (stdout and stderr captured)."""
     env = repo_env(HYDRA_FULL_ERROR="0")
@@ -121,13 +199,15 @@ def run_train(args: list[str], timeout: float = 600) -> subprocess.CompletedProc
     )
 
 
-_SCRATCH = tempfile.TemporaryDirectory(prefix="rlft-tests-")  # removed when the test process exits
+@functools.cache
+def _scratch() -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix="rlft-tests-")  # removed when the test process exits
 
 
 def scratch_run_dir() -> Path:
     """A fresh run directory for a config resolved outside a run: roles write their logs under it, so it must be writable
     and must not be shared with another test."""
-    return Path(tempfile.mkdtemp(prefix="run-", dir=_SCRATCH.name))
+    return Path(tempfile.mkdtemp(prefix="run-", dir=_scratch().name))
 
 
 def run_spec(model: Path | str, *overrides: str, run_dir: Path | str | None = None):

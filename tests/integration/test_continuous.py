@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import assert_continuous_run, run_train
-from tests.integration.test_train_ray import TINY_RUN
+from tests.helpers import TINY_RUN, assert_continuous_run, run_train
 
 pytestmark = pytest.mark.slow
 

@@ -12,13 +12,12 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, metric_rows, run_train
-from tests.integration.test_train_ray import TINY_RUN, check_trained
+from tests.helpers import REPO, TINY_RUN, check_trained, metric_rows, run_train
 
 vf = pytest.importorskip("verifiers.v1", reason="env=verifiers needs `make install-envs`")
 pytest.importorskip("openenv.core", reason="env=openenv needs `make install-envs`")
 
-from tests.unit.test_openenv_env import GuessAction, GuessEnv  # noqa: E402
+from tests.fakes import GuessAction, GuessEnv  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.tier2]
 

@@ -9,8 +9,7 @@ import json
 
 import pytest
 
-from tests.helpers import metric_rows, run_train
-from tests.integration.test_train_ray import TINY_RUN, check_trained
+from tests.helpers import TINY_RUN, check_trained, metric_rows, run_train
 
 pytestmark = pytest.mark.slow
 

@@ -2,48 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
-from safetensors.torch import load_file
 
-from tests.helpers import metric_rows, run_train
+from tests.helpers import TINY_RUN, check_trained, metric_rows, run_train
 
 pytestmark = pytest.mark.slow
-
-TINY_RUN = [
-    "run.steps=2",
-    "run.prompts_per_step=2",
-    "algorithm.group_size=4",
-    "eval.size=4",
-    "model.max_new_tokens=16",
-    "learner.micro_batch_size=8",
-    "reward._target_=tests.helpers.LengthReward",
-    "~reward.extract",
-    "model.dtype=float32",
-    "model.learner_dtype=float32",
-    "run.sync_probe_threshold=0.01",
-]
-
-
-def check_trained(run_dir: Path) -> list[dict]:
-    rows = metric_rows(run_dir, timings=True)
-    steps = [r for r in rows if "reward/mean" in r]
-    assert [r["step"] for r in steps] == [1, 2]
-    # step 1 samples came from the base model (version 0), step 2 from the adapter published after step 1
-    assert [r["actor/adapter_version"] for r in steps] == [0.0, 1.0]
-    assert [r["sync/version"] for r in steps] == [1.0, 2.0]
-    # the actor runs the learner's adapter: learner and actor logprobs agree on the probe
-    assert all(r["sync/logprob_abs_diff"] < 0.01 for r in steps)
-    # the adapter changed: PEFT initialises lora_B to zero, training made it non-zero
-    weights = load_file(str(run_dir / "adapter" / "adapter_model.safetensors"))
-    lora_b = [t for k, t in weights.items() if "lora_B" in k]
-    assert lora_b and any(float(t.abs().max()) > 0 for t in lora_b)
-    assert json.loads((run_dir / "adapter" / "adapter_config.json").read_text())["r"] == 16
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert "eval/accuracy_before" in summary and "eval/accuracy_after" in summary
-    return steps
 
 
 def test_two_steps_on_ray_with_vllm(tiny_model, tmp_path):

@@ -15,7 +15,7 @@ from envs.tools import get_tool  # noqa: E402
 from rl.rollout.agents import run_agent_episodes  # noqa: E402
 from rl.rollout.episodes import EnvTokens  # noqa: E402
 from rl.types import EpisodeSpec, Sampling  # noqa: E402
-from tests.unit.test_episodes import ScriptedEngine  # noqa: E402
+from tests.fakes import ScriptedEngine  # noqa: E402
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>'
 

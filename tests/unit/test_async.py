@@ -3,143 +3,26 @@ actor's prompts going to a live one, batches sent ahead, and the driver loop's s
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
-from rl import resolve as specs
 from rl.config.schema import ConfigError, TrainConfig
 from rl.errors import RunStopped
-from rl.loop.driver import make_sampler, prompt_data, train
-from rl.metrics import MetricsLogger
-from rl.runtime.groups import LocalGroup, MemberDied
+from rl.loop.driver import make_sampler, prompt_data
+from rl.runtime.groups import LocalGroup
 from rl.runtime.runtime import Runtime
 from rl.runtime.sync import VersionMismatch
-from rl.types import Adapter, Completion, PromptRollout, Sampling
-from tests.helpers import metric_rows, typed_config
-
-
-class FakeActor:
-    """Generates one completion per sample with logprob -1 and its adapter version; `die_on` call numbers raise
-    MemberDied as a killed Ray actor would, and come back as a restarted actor does (__init__ again: version 0)."""
-
-    def __init__(self, index: int = 0, die_on: tuple[int, ...] = ()):
-        self.index, self.version, self.calls, self.die_on = index, 0, 0, die_on
-        self.prompts: list[list[int]] = []
-
-    def generate(self, prompts, sampling, seeds=None):
-        self.calls += 1
-        if self.calls in self.die_on:
-            self.version = 0
-            raise MemberDied("rollout actor", self.index, "ActorDiedError: SIGKILL")
-        self.prompts.extend(prompts)
-        return [
-            PromptRollout(
-                p,
-                [Completion([7] * (1 + k), [-1.0] * (1 + k), "stop", "x" * k) for k in range(sampling.n)],
-                self.version,
-            )
-            for p in prompts
-        ]
-
-    def load_adapter(self, adapter):
-        self.version = adapter.version
-        return {"seconds": 0.0}
-
-    def state_dict(self):
-        return {}  # as VLLMRollout's: every prompt carries its own seed
-
-    def load_state(self, state):
-        pass
-
-
-class FakeLearner:
-    """Returns scripted losses (NaN/inf ones are reported skipped, as Learner does) and records the prompts
-    it trained on; `die_at` raises MemberDied on that train_step call."""
-
-    def __init__(self, losses=None, die_at: int | None = None):
-        self.version, self.losses, self.die_at = 0, list(losses or []), die_at
-        self.trained: list[list[int]] = []  # prompt ids of each step's prompt groups
-        self.calls, self.die_on, self.prompts = 0, (), []  # generate() is the fake actor's
-
-    def train_step(self, samples):
-        if self.die_at == len(self.trained) + 1:
-            raise MemberDied("learner", 0, "ActorDiedError: out of memory")
-        self.trained.append(list(dict.fromkeys(s.prompt_ids[0] for s in samples)))
-        self.version += 1
-        loss = self.losses.pop(0) if self.losses else 0.5
-        return {"train/loss": loss, "train/skipped_nonfinite": float(not math.isfinite(loss)), "time/learn_s": 0.0}
-
-    def get_adapter(self, for_sync=False):
-        return Adapter(self.version, {}, b"")
-
-    def state_dict(self):
-        return {"adapter": self.get_adapter(), "optimizer": b""}
-
-    def load_state(self, state):
-        self.version = state["adapter"].version
-
-    def generate(self, prompts, sampling, seeds=None):
-        return FakeActor.generate(self, prompts, sampling, seeds)
-
-    def sequence_logprobs(self, prompt_ids, completion_ids, reference=False):
-        return [[-1.0] * len(c) for c in completion_ids]
-
-
-class NumberTokenizer:
-    def __call__(self, text):
-        return {"input_ids": [int(text[1:])]}  # "q7" -> [7]: the prompt id is the prompt's index
-
-
-class Env:
-    def __init__(self, n: int):
-        self.n = n
-
-    def train_items(self):
-        return [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": ""} for i in range(self.n)]
-
-    def eval_items(self):
-        return []
-
-
-def length_reward(texts, *, answer, **_):
-    return [float(len(t)) for t in texts]
-
-
-# the fakes' config: 2 prompts x 2 samples, prompts "q<i>" read without a chat template, seed 3
-FAKE = ("run.prompts_per_step=2", "algorithm.group_size=2", "model.use_chat_template=false", "run.seed=3")
-
-
-def fake_config(*overrides: str) -> TrainConfig:
-    return specs.from_overrides("/fake/model", "model.max_prompt_tokens=9", *FAKE, *overrides)
-
-
-def fake_runtime(actors, learner, staleness=0, restarts=0) -> Runtime:
-    cfg = fake_config(f"cluster.staleness={staleness}", f"cluster.actor_max_restarts={restarts}")
-    return Runtime(LocalGroup(actors), LocalGroup([learner]), cfg.cluster)
-
-
-def run_loop(
-    tmp_path, runtime, *, steps=4, staleness=0, max_nonfinite_steps=3, save_interval=0, resume=None, floor_limit=0.3
-):
-    dotted = dict(x.split("=", 1) for x in FAKE) | {"run.probe_floor_limit": floor_limit if floor_limit else "null"}
-    cfg = typed_config(
-        **dotted,
-        **{"run.steps": steps, "eval.size": 0, "checkpoint.interval": save_interval, "run.output_dir": str(tmp_path)},
-        **{
-            "run.resume": resume or "null",
-            "cluster.staleness": staleness,
-            "run.max_nonfinite_steps": max_nonfinite_steps,
-        },
-        **{"run.sync_probe_threshold": 0.1},
-    )
-    cfg = specs.resolve(cfg, tmp_path, model_path="/fake/model")  # a new run: another run's directory is refused
-    logger = MetricsLogger(tmp_path, kind="none", total_steps=steps)
-    try:
-        train(cfg, runtime, NumberTokenizer(), Env(5), length_reward, logger, resolved={})
-    finally:
-        logger.close()
-    return metric_rows(tmp_path, timings=True)
+from rl.types import Completion, PromptRollout, Sampling
+from tests.fakes import (
+    Env,
+    FakeActor,
+    FakeLearner,
+    NumberTokenizer,
+    fake_config,
+    fake_runtime,
+    length_reward,
+    run_loop,
+)
+from tests.helpers import metric_rows
 
 
 def expected_batches(steps: int) -> list[list[int]]:

@@ -16,17 +16,13 @@ from rl.loop.driver import prompt_data
 from rl.metrics import MetricsLogger
 from rl.resolve import from_overrides
 from rl.types import Adapter, Sampling
+from tests.fakes import FakeLearner, fake_learner_state
 from tests.helpers import make_learner, make_samples, metric_rows
 
 
 def data_config(seed: int) -> TrainConfig:
     """Prompts of at most 10 tokens, without a chat template, in the order of run.seed=`seed`."""
     return from_overrides("/m", "model.max_prompt_tokens=10", "model.use_chat_template=false", f"run.seed={seed}")
-
-
-def fake_learner_state(version: int) -> dict:
-    adapter = Adapter(version=version, config={"r": 4}, weights=b"weights-%d" % version)
-    return {"adapter": adapter, "optimizer": b"opt", "torch_rng": b""}
 
 
 def save_fake(run_dir, step: int, keep_last: int = 0):
@@ -179,20 +175,6 @@ def test_metrics_rows_after_the_checkpoint_are_dropped(tmp_path):
     logger.log(0, {"eval/accuracy": 0.25})
     assert logger.value_at(0, "eval/accuracy") == 0.25 and logger.value_at(1, "eval/accuracy") is None
     logger.close()
-
-
-class FakeLearner:
-    def __init__(self, version: int = 0):
-        self.version, self.loaded = version, None
-
-    def state_dict(self) -> dict:
-        return fake_learner_state(self.version)
-
-    def load_state(self, state: dict) -> None:
-        self.loaded, self.version = state, state["adapter"].version
-
-    def get_adapter(self, for_sync: bool = False) -> Adapter:
-        return fake_learner_state(self.version)["adapter"]
 
 
 class EngineWithoutRngState:

@@ -12,9 +12,8 @@ from omegaconf import OmegaConf
 
 from rl import resolve as specs
 from rl.config.schema import ConfigError, TrainConfig, register_configs
-from tests.helpers import REPO, run_train
+from tests.helpers import CONF, REPO, run_train
 
-CONF = REPO / "conf"
 register_configs()
 
 

@@ -16,7 +16,7 @@ from rl.loop.driver import make_sampler, prompt_data
 from rl.resolve import from_overrides
 from rl.runtime.groups import LocalGroup
 from rl.runtime.runtime import Runtime
-from tests.unit.test_async import FakeActor, FakeLearner, NumberTokenizer
+from tests.fakes import FakeActor, FakeLearner, NumberTokenizer
 
 G = 2  # FakeActor's k-th sample is "x" * k: with KindReward, a "mixed" prompt gets one right of two
 

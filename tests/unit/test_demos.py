@@ -10,20 +10,10 @@ import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
 
 from envs.protocol import is_multi_turn
-from rl.config.schema import register_configs
-from rl.tools.demos import CONF_DIR, demonstrate, demonstrations
-from tests.helpers import REPO
-
-
-def env_and_reward(*overrides: str):
-    register_configs()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=["eval.size=8", *overrides])
-    return instantiate(cfg.env, _convert_="all"), instantiate(cfg.reward, _convert_="all")
+from rl.tools.demos import demonstrate, demonstrations
+from tests.helpers import REPO, env_and_reward
 
 
 def _item(env, row: dict) -> dict:

@@ -14,8 +14,7 @@ import pytest
 from rl import errors
 from rl.preflight import diagnose, plan
 from rl.runtime import placement
-from tests.helpers import REPO, run_spec
-from tests.unit.test_plan import QWEN_05B  # the shapes of Qwen/Qwen2.5-0.5B-Instruct's config.json
+from tests.helpers import QWEN_05B, REPO, run_spec
 
 GiB = 2**30
 P = "(Worker pid=3955) ERROR 12-01 05:38:53 [multiproc_executor.py:1063] "

@@ -19,6 +19,7 @@ from rl.rollout.episodes import EnvTokens, run_episodes
 from rl.runtime.pipeline import _args
 from rl.seeds import turn_seed
 from rl.types import Completion, EpisodeInfo, EpisodeSpec, PromptRollout, Sampling, TrainSample
+from tests.fakes import ScriptedEngine
 from tests.helpers import make_learner
 
 
@@ -51,33 +52,6 @@ def test_env_tokens_continue_the_chat_template_exactly(tok):
     assert cut[0] == tok.eos_token_id and cut[1:] == env.encode(feedback, model_ids[-1])
     plain = EnvTokens(tok, use_chat_template=False).encode(feedback, None)
     assert tok.decode(plain) == "\nThat is not correct, try again.\n"
-
-
-class ScriptedEngine:
-    """A fake engine: sample j of each prompt answers script[turn][j % len] (turn = the call's index), ending with
-    EOS unless its cap cuts it; records each call's size, n and caps."""
-
-    def __init__(self, tok, script: list[list[str]]):
-        self.tok, self.script, self.calls, self.seeds = tok, script, [], []
-
-    def __call__(self, prompts, sampling, max_tokens, seeds=None):
-        turn = len(self.calls)
-        self.calls.append((len(prompts), sampling.n, max_tokens))
-        self.seeds.append(seeds)
-        out, k = [], 0
-        for i, p in enumerate(prompts):
-            comps = []
-            for _ in range(sampling.n):
-                answers = self.script[min(turn, len(self.script) - 1)]
-                text = answers[k % len(answers)]
-                ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
-                cap = sampling.max_tokens if max_tokens is None else max_tokens[i]
-                reason = "length" if len(ids) > cap else "stop"
-                ids = ids[:cap]
-                comps.append(Completion(ids, [-0.5 - 0.01 * t for t in range(len(ids))], reason, text))
-                k += 1
-            out.append(PromptRollout(list(p), comps, 3))
-        return out
 
 
 def exact(completions, *, answer, **_):

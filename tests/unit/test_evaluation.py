@@ -168,7 +168,7 @@ def test_evaluation_keeps_its_reward_counters_out_of_the_next_training_step(tmp_
     from rl.loop.driver import prompt_data
     from rl.loop.evaluation import evaluate
     from rl.resolve import from_overrides
-    from tests.unit.test_async import NumberTokenizer
+    from tests.fakes import NumberTokenizer
 
     keys = ("eval.size=3", "eval.n_samples=2", "model.max_prompt_tokens=8", "model.use_chat_template=false")
     cfg = from_overrides("/m", *keys, run_dir=tmp_path)

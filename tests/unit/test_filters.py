@@ -10,6 +10,7 @@ from rl.loop.driver import make_sampler, prompt_data
 from rl.loop.prepare import prepare_samples
 from rl.resolve import from_overrides
 from rl.types import Completion, PromptRollout
+from tests.fakes import ConstantTokenizer, ScriptedRuntime
 
 
 def test_overlong_penalty_follows_dapo_eq13():
@@ -78,38 +79,12 @@ def test_prepare_samples_shapes_rewards_masks_truncated_and_selects_top_k():
     assert samples[2].loss_mask == [0] * 8 and samples[0].loss_mask == []
 
 
-class FakeTokenizer:
-    def __call__(self, text):
-        return {"input_ids": [1, 2, 3]}
-
-
-class FakeRuntime:
-    """Returns scripted groups: each call hands out the next batch of per-prompt completion texts."""
-
-    def __init__(self, batches):
-        self.batches, self.calls = list(batches), 0
-
-    def submit_generate(self, prompts, sampling, items=None, seeds=None):
-        return prompts, sampling, seeds
-
-    def collect(self, sent):
-        return self.generate(*sent)
-
-    def generate(self, prompts, sampling, seeds=None):
-        texts = self.batches[self.calls]
-        self.calls += 1
-        assert len(texts) == len(prompts)
-        return [
-            PromptRollout(p, [Completion([5], [-0.1], "stop", t) for t in group], 0) for p, group in zip(prompts, texts)
-        ]
-
-
 def test_dynamic_sampling_generates_until_the_batch_is_full():
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": "yes"} for i in range(4)]
     cfg = from_overrides("/m", "model.max_prompt_tokens=10", "model.use_chat_template=false")
-    data = prompt_data(items, FakeTokenizer(), cfg)
+    data = prompt_data(items, ConstantTokenizer(), cfg)
     right, wrong = ["yes", "yes"], ["no", "no"]
-    runtime = FakeRuntime([[right, ["yes", "no"]], [wrong, ["no", "yes"]], [right, right]])
+    runtime = ScriptedRuntime([[right, ["yes", "no"]], [wrong, ["no", "yes"]], [right, right]])
 
     def reward(texts, *, answer, **_):
         return [float(t == a) for t, a in zip(texts, answer)]
@@ -129,5 +104,5 @@ def test_dynamic_sampling_generates_until_the_batch_is_full():
     assert runtime.calls == 2  # the second batch filled the two slots
     assert batch.rewards == [1.0, 0.0, 0.0, 1.0]
     assert batch.stats["data/sample_utilization"] == 0.5 and batch.stats["data/kept_groups"] == 2
-    batch = sample(FakeRuntime([[right, right]]), max_rounds=1)
+    batch = sample(ScriptedRuntime([[right, right]]), max_rounds=1)
     assert len(batch.rollouts) == 2 and batch.stats["data/sample_utilization"] == 0.0  # trains on the last batch

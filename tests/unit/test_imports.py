@@ -7,7 +7,8 @@ x` is the module rl.x when rl/x.py or rl/x/ exists, else the package rl; relativ
 importing module's package. A cycle is reported as `a -> b -> a`, with the file and line of each import.
 
 Read the same way: every module (bench/ too) says at its top why it exists, past 400 lines why it is that big, and
-none is over 500 lines.
+none is over 500 lines; and no test module imports another (shared test code is in tests/helpers.py and
+tests/fakes.py, which do not import bench/).
 """
 
 from __future__ import annotations
@@ -323,5 +324,62 @@ def test_envs_do_not_import_rewards():
         if a.startswith("envs")
         for b in graph[a]
         if b.startswith("rewards")
+    ]
+    assert not up, up
+
+
+def modules_named(path: Path) -> list[tuple[str, int]]:
+    """(dotted name, line) of every absolute import in the file, function-level ones too; `from pkg import x` names
+    pkg.x (a module or a name in pkg: either way, what is imported comes from pkg)."""
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found += [(f"{node.module}.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def test_modules_named(tmp_path):
+    """The scan below, on a test file with every form of import of another test module and of the shared helpers."""
+    source = tmp_path / "test_fake.py"
+    source.write_text(
+        "from tests.unit.test_async import run_loop\n"
+        "import tests.integration.test_train_ray\n"
+        "from tests.unit import test_plan, verl_reference\n"
+        "from tests.helpers import REPO\n"
+        "def later():\n"
+        "    from tests.fakes import FakeActor\n"
+    )
+    assert modules_named(source) == [
+        ("tests.unit.test_async.run_loop", 1),
+        ("tests.integration.test_train_ray", 2),
+        ("tests.unit.test_plan", 3),
+        ("tests.unit.verl_reference", 3),
+        ("tests.helpers.REPO", 4),
+        ("tests.fakes.FakeActor", 6),
+    ]
+
+
+def test_no_test_module_imports_another_test_module():
+    """Shared test code lives in tests/helpers.py, tests/fakes.py and conftest.py: a test module that imports
+    another runs that module's imports (and skips) and ties the two together."""
+    crossing = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in sorted((ROOT / "tests").rglob("test_*.py"))
+        for name, line in modules_named(path)
+        if name.startswith("tests.") and any(part.startswith("test_") for part in name.split("."))
+    ]
+    assert not crossing, "move what is shared to tests/helpers.py or tests/fakes.py:\n" + "\n".join(crossing)
+
+
+def test_the_shared_test_helpers_do_not_import_benchmarks():
+    """The benchmarks may use the test helpers (the tiny model, the child environment), not the other way round."""
+    shared = [ROOT / "tests" / name for name in ("helpers.py", "fakes.py", "conftest.py")]
+    up = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in shared
+        for name, line in modules_named(path)
+        if name == "bench" or name.startswith("bench.")
     ]
     assert not up, up

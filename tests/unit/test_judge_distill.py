@@ -17,34 +17,8 @@ from rewards.judge import CLOSE, OPEN, JudgeReward, blocked, parse_verdict, rend
 from rl import algorithms
 from rl.config.errors import ConfigError
 from rl.types import Completion, PromptRollout
+from tests.fakes import FakeJudge, FakeTeacher
 from tests.helpers import typed_config
-
-
-class FakeJudge:
-    """Stands for a judge model: grades the answer block against the reference its prompt shows, with the boxed
-    checker, and is fooled as a small model is: an answer that says 'correct' or 'score' gets 10. Prompts longer
-    than `max_chars` are not sent (as rl/rollout/judge.py leaves out prompts past teacher.max_prompt_tokens)."""
-
-    def __init__(self, max_chars: int = 4000):
-        from rewards.math import BoxedReward
-
-        self.boxed, self.max_chars, self.prompts = BoxedReward(), max_chars, []
-
-    def __call__(self, prompts: list[str]) -> list[str | None]:
-        out: list[str | None] = []
-        for p in prompts:
-            self.prompts.append(p)
-            if len(p) > self.max_chars:
-                out.append(None)
-                continue
-            answer = p.split(OPEN + "\n", 1)[1].rsplit("\n" + CLOSE, 1)[0]
-            reference = p.split("Reference answer:\n", 1)[1].split("\n\n", 1)[0] if "Reference answer" in p else ""
-            if "correct" in answer.lower() or "score" in answer.lower():
-                out.append("Score: 10")
-            else:
-                right = reference and self.boxed([answer], answer=[reference])[0] >= 1
-                out.append("Score: 10" if right else "Score: 2")
-        return out
 
 
 @pytest.mark.parametrize(
@@ -432,29 +406,13 @@ def test_teachers_get_their_own_bundles_beside_colocated_pairs():
     assert bundles[1] == {"CPU": 1.0, "GPU": 0.5}
 
 
-class _FakeTeacher:
-    """A teacher engine's protocol (rl/runtime/roles.py Teacher) without an engine: logprob -1 per token."""
-
-    def __init__(self, index: int):
-        self.index = index
-
-    def generate(self, prompts, sampling, seeds=None, items=None):
-        return [PromptRollout(p, [Completion([], [], "stop", f"Score: {self.index}")], 0) for p in prompts]
-
-    def token_logprobs(self, prompts, completions):
-        return [[-1.0 - self.index] * len(c) for c in completions]
-
-    def close(self):
-        pass
-
-
 def test_the_runtime_shards_teacher_calls_and_keeps_their_order():
     from rl.runtime.groups import LocalGroup
     from rl.runtime.runtime import Runtime
     from rl.types import Sampling
 
     cfg = typed_config(**{"cluster.num_teachers": 1})
-    runtime = Runtime(LocalGroup([]), LocalGroup([]), cfg.cluster, LocalGroup([_FakeTeacher(0), _FakeTeacher(1)]))
+    runtime = Runtime(LocalGroup([]), LocalGroup([]), cfg.cluster, LocalGroup([FakeTeacher(0), FakeTeacher(1)]))
     verdicts = runtime.teacher_generate([[1], [2], [3]], Sampling())
     assert [r.prompt_ids for r in verdicts] == [[1], [2], [3]]
     assert [r.completions[0].text for r in verdicts] == ["Score: 0", "Score: 0", "Score: 1"]
@@ -491,7 +449,7 @@ def test_the_judges_documented_keys_compose_into_the_reward(overrides):
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from tests.unit.test_config import CONF
+    from tests.helpers import CONF
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="train", overrides=["reward=judge", *overrides])

@@ -13,49 +13,8 @@ openenv = pytest.importorskip("openenv.core", reason="env=openenv needs `make in
 
 from rl.rollout.episodes import run_episodes  # noqa: E402
 from rl.types import EpisodeSpec, Sampling  # noqa: E402
+from tests.fakes import GuessAction, GuessEnv, GuessObservation, ScriptedEngine  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
-from tests.unit.test_episodes import ScriptedEngine  # noqa: E402
-
-
-class GuessAction(openenv.Action):
-    guess: str
-
-
-class GuessObservation(openenv.Observation):
-    text: str
-
-
-class GuessEnv(openenv.Environment):
-    """Guess a number in 0..9 (the seed's last digit) in 3 tries; "higher"/"lower" after each wrong one."""
-
-    SUPPORTS_CONCURRENT_SESSIONS = True  # each instance keeps its own episode (a server may run several)
-    instances = 0
-    closed = 0
-
-    def __init__(self, tries: int = 3):
-        super().__init__()
-        self.tries = tries
-        GuessEnv.instances += 1
-
-    def reset(self, seed=None, episode_id=None, **kwargs):
-        self.target, self.left, self._state = (seed or 0) % 10, self.tries, openenv.State(episode_id=episode_id)
-        return GuessObservation(text="Guess a number between 0 and 9.")
-
-    def step(self, action: GuessAction, timeout_s=None, **kwargs):
-        self.left -= 1
-        self._state.step_count += 1
-        digits = [c for c in action.guess if c.isdigit()]
-        if digits and int(digits[0]) == self.target:
-            return GuessObservation(text="Right.", done=True, reward=1.0)
-        hint = "not a number" if not digits else ("higher" if int(digits[0]) < self.target else "lower")
-        return GuessObservation(text=hint, done=self.left == 0, reward=-0.1)
-
-    @property
-    def state(self):
-        return self._state
-
-    def close(self):
-        GuessEnv.closed += 1
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +27,7 @@ def tok(tiny_model):
 def make_env(**kw):
     from envs.openenv_env import OpenEnvEnv
 
-    return OpenEnvEnv("tests.unit.test_openenv_env:GuessEnv", **kw)
+    return OpenEnvEnv("tests.fakes:GuessEnv", **kw)
 
 
 def test_seeds_become_prompts_and_the_held_out_seeds_follow():
@@ -118,7 +77,7 @@ def test_without_the_package_the_module_imports_and_building_the_env_fails_with_
     """The resolve step reads the class without the package (its limits); building it says what to install."""
     code = (
         "import sys; sys.modules['openenv'] = None; sys.modules['openenv.core'] = None; "
-        "from envs.openenv_env import OpenEnvEnv; print('imported'); OpenEnvEnv('tests.unit.test_openenv_env:GuessEnv')"
+        "from envs.openenv_env import OpenEnvEnv; print('imported'); OpenEnvEnv('tests.fakes:GuessEnv')"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode != 0 and proc.stdout.strip() == "imported"

@@ -12,21 +12,9 @@ import pytest
 
 from rl.config.schema import ConfigError, TrainConfig
 from rl.preflight import plan
-from tests.helpers import REPO, run_train
+from tests.helpers import QWEN_05B, REPO, run_train
 
-# config.json fields of Qwen/Qwen2.5-0.5B-Instruct and Qwen/Qwen2.5-7B-Instruct (written by hand from the hub files)
-QWEN_05B = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_attention_heads": 14,
-    "num_hidden_layers": 24,
-    "num_key_value_heads": 2,
-    "vocab_size": 151936,
-    "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
-}
+# config.json fields of Qwen/Qwen2.5-7B-Instruct (written by hand from the hub file; QWEN_05B is the 0.5B's)
 QWEN_7B = {
     **QWEN_05B,
     "hidden_size": 3584,

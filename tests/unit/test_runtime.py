@@ -10,7 +10,8 @@ from rl.config.schema import ConfigError, TrainConfig
 from rl.runtime.groups import LocalGroup, merge_learner_metrics, shard_groups
 from rl.runtime.runtime import Runtime
 from rl.runtime.sync import VersionMismatch
-from rl.types import Completion, PromptRollout, Sampling, TrainSample
+from rl.types import Sampling, TrainSample
+from tests.fakes import FakeActor, FakeLearner
 
 
 def groups_of(sizes: list[int]) -> list[TrainSample]:
@@ -53,29 +54,9 @@ def test_learner_metrics_merge():
     assert merged == {"train/loss": 0.5, "time/learn_s": 3.0, "perf/learner_tokens_per_s": 40.0}
 
 
-class FakeLearner:
-    def __init__(self, checksum: float):
-        self.checksum, self.seen = checksum, []
-
-    def train_step(self, samples):
-        self.seen.append(samples)
-        return {"train/loss": 1.0, "time/learn_s": float(len(samples)), "perf/learner_tokens_per_s": 1.0}
-
-    def adapter_checksum(self):
-        return self.checksum
-
-
-class FakeActor:
-    def __init__(self, version: int):
-        self.version = version
-
-    def generate(self, prompts, sampling, seeds=None):
-        return [PromptRollout(p, [Completion([1], [-1.0], "stop", "x")], self.version) for p in prompts]
-
-
 def test_train_step_shards_over_learners_and_reports_checksum_spread():
-    learners = [FakeLearner(1.0), FakeLearner(1.25)]
-    runtime = Runtime(LocalGroup([FakeActor(0)]), LocalGroup(learners))
+    learners = [FakeLearner(checksum=1.0, learn_s_per_sample=1.0), FakeLearner(checksum=1.25, learn_s_per_sample=1.0)]
+    runtime = Runtime(LocalGroup([FakeActor()]), LocalGroup(learners))
     metrics = runtime.train_step(groups_of([4, 4]))
     assert [prompts(learner.seen[0]) for learner in learners] == [[0] * 4, [1] * 4]
     assert metrics["learner/checksum_spread"] == 0.25  # non-zero: the learners disagree
@@ -83,8 +64,8 @@ def test_train_step_shards_over_learners_and_reports_checksum_spread():
 
 
 def test_single_learner_gets_the_whole_batch():
-    learner = FakeLearner(1.0)
-    runtime = Runtime(LocalGroup([FakeActor(0)]), LocalGroup([learner]))
+    learner = FakeLearner()
+    runtime = Runtime(LocalGroup([FakeActor()]), LocalGroup([learner]))
     samples = groups_of([4, 4])
     runtime.train_step(samples)
     assert learner.seen == [samples]
@@ -92,7 +73,7 @@ def test_single_learner_gets_the_whole_batch():
 
 @pytest.mark.parametrize("method", ["generate", "probe"])
 def test_an_actor_on_an_old_version_is_named(method):
-    runtime = Runtime(LocalGroup([FakeActor(3), FakeActor(2)]), LocalGroup([FakeLearner(1.0)]))
+    runtime = Runtime(LocalGroup([FakeActor(version=3), FakeActor(version=2)]), LocalGroup([FakeLearner()]))
     runtime.version = 3
     with pytest.raises(VersionMismatch, match=r"rollout actor 1 generated with adapter version 2, expected 3"):
         call = {"generate": runtime.generate, "probe": lambda p, s: runtime.probe_finish(runtime.probe_submit(p, s))}

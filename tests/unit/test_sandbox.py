@@ -30,6 +30,19 @@ def test_machine_gives_every_required_layer_and_reports_what_it_binds():
     assert not any(b.startswith(sys.prefix) for b in info["binds"] if sys.prefix != sys.base_prefix)  # no venv
 
 
+def test_the_launcher_is_a_module_that_runs_only_as_the_main_program():
+    """Imported, the launcher does nothing; run as the sandbox runs it but given no program, it stops before any
+    namespace with its own exit code and one line."""
+    import json
+
+    from envs import sandbox, sandbox_launcher
+
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", sandbox._LAUNCHER, json.dumps({})], input=b"", capture_output=True
+    )
+    assert (proc.returncode, proc.stderr) == (sandbox_launcher.SANDBOX_EXIT, b"sandbox: no program on stdin\n")
+
+
 def test_runs_a_program_with_stdin_and_reports_its_exit():
     r = run("import sys\nname = input()\nprint('hello', name)\nprint('warn', file=sys.stderr)", stdin="ada\n")
     assert (r.stdout, r.stderr, r.exit_code, r.timed_out, r.error) == ("hello ada\n", "warn\n", 0, False, None)

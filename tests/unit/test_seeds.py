@@ -12,7 +12,7 @@ from rl.runtime.groups import LocalGroup
 from rl.runtime.runtime import Runtime
 from rl.seeds import SEED_BITS, prompt_seed
 from rl.types import Sampling
-from tests.unit.test_async import FakeActor, FakeLearner, run_loop
+from tests.fakes import FakeActor, FakeLearner, run_loop
 
 
 class SeedActor(FakeActor):

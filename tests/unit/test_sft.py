@@ -17,7 +17,7 @@ from rl.loop.evaluation import mask_spans
 from rl.rollout.episodes import run_episodes
 from rl.tools.demos import demonstrations
 from rl.types import Completion, EpisodeSpec, PromptRollout, Sampling
-from tests.unit.test_demos import env_and_reward
+from tests.helpers import env_and_reward
 
 
 def composed(model, tmp_path, *overrides: str):

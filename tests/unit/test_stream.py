@@ -19,8 +19,8 @@ from rl.runtime.groups import LocalGroup, MemberDied
 from rl.runtime.runtime import Runtime
 from rl.runtime.stream import NewGroup, Stream
 from rl.types import Adapter, Completion, PromptRollout, Sampling
+from tests.fakes import FAKE, Env, FakeLearner, NumberTokenizer, length_reward
 from tests.helpers import metric_rows, typed_config
-from tests.unit.test_async import FAKE, Env, FakeLearner, NumberTokenizer, length_reward
 
 CONTINUOUS = ("cluster.rollout_mode=continuous", "cluster.staleness=1", "algorithm.tis_cap=2.0")
 

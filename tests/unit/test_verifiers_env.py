@@ -14,8 +14,8 @@ vf = pytest.importorskip("verifiers.v1", reason="env=verifiers needs `make insta
 
 from rl.rollout.episodes import run_episodes  # noqa: E402
 from rl.types import EpisodeSpec, Sampling  # noqa: E402
+from tests.fakes import ScriptedEngine  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
-from tests.unit.test_episodes import ScriptedEngine  # noqa: E402
 
 TASKSET = "tests.unit.test_verifiers_env:SumTaskset"
 TOOLS_TASKSET = "tests.unit.test_verifiers_env:SumToolsTaskset"
