@@ -61,16 +61,17 @@ test-gpu:  ## GPU tests (pytest -m gpu, one CUDA GPU; K="expr" runs one part); w
 		$(TEST_PY) -m pytest -q -m gpu -rP tests/gpu tests/unit $(if $(K),-k "$(K)"); \
 	else echo "make test-gpu: no CUDA GPU here, nothing run (the gpu tests run on a GPU machine: docs/gpus-and-clusters.md)"; fi
 
-lint:  ## ruff lint + format check
+lint:  ## ruff lint + format check, mypy over rl/ and rewards/ (the protocols held; settings in pyproject.toml)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 format:  ## ruff format + autofix
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
 clean:  ## remove run outputs and caches (keeps .venv and the converted model cache)
-	rm -rf outputs multirun .pytest_cache .ruff_cache
+	rm -rf outputs multirun .pytest_cache .ruff_cache .mypy_cache
 	find . -name __pycache__ -type d -not -path "./$(VENV)/*" -exec rm -rf {} +
 
 .PHONY: plot

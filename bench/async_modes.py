@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import REPO, median, show_spread, spread
+from bench.common import REPO, append_result, median, show_spread, spread
 from tests.helpers import repo_env
 
 MODES = {
@@ -156,6 +156,7 @@ def main() -> None:
             results.append(run(mode, repeat, out, args))
             print(json.dumps(results[-1]), flush=True)
     print(table(results, modes))
+    append_result("async_modes", {"runs": results})
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import argparse
 import os
 import time
 
-from bench.common import add_model_args, demo_prompts, model_path
+from bench.common import add_model_args, append_result, demo_prompts, model_path
 
 
 def main() -> None:
@@ -56,12 +56,15 @@ def main() -> None:
     halves = generate(list(range(4))) | generate(list(range(4, 8)))
     single = {i: generate([i])[i] for i in range(8)}
     mp = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    differing = {"same_call": differ(first, again), "two_calls_of_4": differ(first, halves)}
+    differing["one_call_per_prompt"] = differ(first, single)
     print(
         f"{path} {args.dtype}, VLLM_ENABLE_V1_MULTIPROCESSING={mp}: samples of 64 that differ from one call of 8: "
-        f"the same call again {differ(first, again)}, two calls of 4 {differ(first, halves)}, one call per prompt "
-        f"{differ(first, single)} ({time.perf_counter() - t0:.0f} s)",
+        f"the same call again {differing['same_call']}, two calls of 4 {differing['two_calls_of_4']}, one call per "
+        f"prompt {differing['one_call_per_prompt']} ({time.perf_counter() - t0:.0f} s)",
         flush=True,
     )
+    append_result("batch_dependence", {"engine_core_multiprocessing": mp, "samples_differing_of_64": differing})
 
 
 if __name__ == "__main__":  # vLLM spawns processes: keep this guard

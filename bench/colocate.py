@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import REPO, show_spread, spread
+from bench.common import REPO, append_result, show_spread, spread
 from tests.helpers import repo_env
 
 # each layout's train.py overrides on top of the experiment; the shares are those of the 0.5B measurement in
@@ -65,7 +65,9 @@ def train_args(layout: str, model: str, prompts: Path, out: Path, steps: int, ov
         "env=jsonl",
         f"env.train={prompts}",
         "reward._target_=tests.helpers.LengthReward",
-        "~reward.extract",
+        "~reward.workers",
+        "~reward.timeout_s",
+        "~reward.reward",
         "+reward.scale=2000",
         "cluster.enforce_eager=false",
         # random weights, 4-bit learner against a bf16 engine: at 7B their logprobs differ by about 1.07 nats a token
@@ -145,8 +147,9 @@ def show(s: dict | None, digits: int = 2) -> str:
     return show_spread(s, "", digits) if s else "-"
 
 
-def report(out: Path, shape: str) -> None:
-    """The markdown rows of every layout with a row in `out`, and colocated over split where both are there."""
+def report(out: Path, shape: str) -> dict:
+    """The markdown rows of every layout with a row in `out`, and colocated over split where both are there (also
+    returned)."""
     rows = {
         name: json.loads((out / f"{name}.json").read_text()) for name in LAYOUTS if (out / f"{name}.json").is_file()
     }
@@ -166,6 +169,8 @@ def report(out: Path, shape: str) -> None:
         if split["kv_cache_tokens"] and coloc["kv_cache_tokens"]:
             ratios["colocated_kv_over_split_kv"] = round(coloc["kv_cache_tokens"] / split["kv_cache_tokens"], 2)
         print(json.dumps({"bench": "colocate", "shape": shape, "ratios": ratios}), flush=True)
+        return ratios
+    return {}
 
 
 def main() -> None:
@@ -188,10 +193,14 @@ def main() -> None:
     build = [sys.executable, "-m", "bench.shapes", args.shape, model, "--device", "cuda"]
     subprocess.run(build, cwd=REPO, env=repo_env(), check=True, stdout=subprocess.DEVNULL)
     prompts = write_arith_prompts(out / "arith.jsonl")
+    rows = {}
     for layout in layouts:
-        row = run_layout(layout, model, prompts, out, args.steps, args.override)
-        print(json.dumps(row), flush=True)
-    report(out, args.shape)
+        rows[layout] = run_layout(layout, model, prompts, out, args.steps, args.override)
+        print(json.dumps(rows[layout]), flush=True)
+    ratios = report(out, args.shape)
+    append_result(
+        "colocate", {"shape": args.shape, "layouts": rows, "ratios": ratios}, info=rows[layouts[0]]["machine"]
+    )
 
 
 if __name__ == "__main__":

@@ -1,16 +1,25 @@
-"""Small pieces the benchmark scripts share: the model to run, demo-like prompts, a random adapter, machine facts."""
+"""Small pieces the benchmark scripts share: the model to run, demo-like prompts, a random adapter, machine facts,
+and the one writer of bench/results.jsonl, the history every bench run appends to (docs/benchmarks.md quotes its
+latest line per claim).
+
+`python -m bench.common append-run NAME RUN_DIR [ARG...]` appends a train.py run's result (its summary.json and the
+median step times) for the shell scripts of bench/gpu/."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+RESULTS_ENV = "RLFT_BENCH_RESULTS"  # where results go instead of bench/results.jsonl (a test's tmp_path)
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -121,14 +130,17 @@ def random_adapter(path: str, rank: int = 16, *, dtype: str = "float32", seed: i
     return adapter
 
 
+def git(*args: str) -> str:
+    """A git command's output in the repository; empty where git or the repository's .git is missing."""
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:  # noqa: BLE001 - a missing git only loses the commit fields
+        return ""
+
+
 def machine() -> dict:
     """Where and when: host, cores, load averages (the machine may be shared), date, git commit."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-    except Exception:  # noqa: BLE001 - a missing git only loses the commit field
-        commit = ""
+    commit = git("rev-parse", "--short", "HEAD")
     info = {
         "host": platform.node(),
         "cpus": os.cpu_count(),
@@ -149,6 +161,54 @@ def machine() -> dict:
 def machine_label(info: dict) -> str:
     where = info.get("gpu") or f"{info['cpus']}-core CPU"
     return f"{where}, load {info['load_avg'][0]:.1f}, {info['date']}"
+
+
+def results_path() -> Path:
+    """The results file: $RLFT_BENCH_RESULTS when set, else bench/results.jsonl in the repository."""
+    return Path(os.environ.get(RESULTS_ENV) or REPO / "bench" / "results.jsonl")
+
+
+def append_result(bench: str, result: dict, argv: list[str] | None = None, *, command: str = "", info=None) -> dict:
+    """Append one JSON line to `results_path()`: the bench, date, commit (and whether tracked files differed from it:
+    the commit alone does not name what ran), machine, command, arguments and result; returns the line's object.
+    `argv` defaults to this process's arguments, `command` to `python -m bench.<bench> <argv>`, `info` to machine()
+    now (pass the one taken at the start of a long run to keep its date)."""
+    argv = sys.argv[1:] if argv is None else argv
+    info = info or machine()
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results.jsonl")
+    record = {
+        "bench": bench,
+        "date": info["date"],
+        "commit": info["commit"],
+        "dirty": bool(changed),
+        "machine": {k: info[k] for k in ("host", "cpus", "gpu", "load_avg") if k in info},
+        "command": command or shlex.join(["python", "-m", f"bench.{bench}", *argv]),
+        "arguments": argv,
+        "result": result,
+    }
+    path = results_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(record, default=str) + "\n")
+    print(f"result appended to {path}", file=sys.stderr, flush=True)
+    return record
+
+
+def run_result(run_dir: Path) -> dict:
+    """A train.py run's result: its summary.json, and the median over steps 2..N (step 1 compiles) of each
+    `time/*_s` part of a step in its metrics.jsonl."""
+    run_dir = Path(run_dir)
+    summary = run_dir / "summary.json"
+    result = json.loads(summary.read_text()) if summary.is_file() else {}
+    metrics = run_dir / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.is_file() else []
+    steps = [r for r in rows if "time/step_s" in r and r.get("step", 0) >= 2]
+    for key in ("time/step_s", "time/rollout_s", "time/learn_s", "time/sync_s"):
+        values = [r[key] for r in steps if key in r]
+        if values:
+            result[f"median_{key}"] = round(statistics.median(values), 3)
+    result["steps_timed"] = len(steps)
+    return result
 
 
 def timed_generations(generate, prompts: list[list[int]], sampling, repeats: int, warmup: int | None = None):
@@ -242,3 +302,23 @@ def lora_deltas(config: dict, weights: dict) -> dict:
 
     factors, scale = lora_factors(config, weights)
     return {m: (b.float() @ a.float()) * scale for m, (b, a) in factors.items()}
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="append a train.py run's result to the bench results file")
+    sub = ap.add_subparsers(dest="what", required=True)
+    run = sub.add_parser("append-run", help="NAME RUN_DIR [ARG...]: the run's summary and median step times")
+    run.add_argument("name", help="the script that made the run, e.g. gpu/e2e.sh")
+    run.add_argument("run_dir")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments, recorded as given")
+    args = ap.parse_args()
+    result = run_result(Path(args.run_dir))
+    if not result.get("steps_timed") and len(result) == 1:
+        raise SystemExit(f"{args.run_dir}: no summary.json or metrics.jsonl to record")
+    append_result(args.name, result, args.args, command=shlex.join(["bash", f"bench/{args.name}", *args.args]))
+
+
+if __name__ == "__main__":
+    main()

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import REPO, show_spread, spread
+from bench.common import REPO, append_result, show_spread, spread
 from tests.helpers import repo_env
 
 
@@ -90,7 +90,12 @@ def main() -> None:
             f"run.deterministic={name}: step {show_spread(sides[d], ' s', 2)}, rollout {parts['rollout']:.2f} s, "
             f"learn {parts['learn']:.2f} s"
         )
-    print(f"on / off: {sides[True]['median'] / sides[False]['median']:.2f}x the step time (medians)")
+    ratio = sides[True]["median"] / sides[False]["median"]
+    print(f"on / off: {ratio:.2f}x the step time (medians)")
+    append_result(
+        "deterministic",
+        {"on_over_off": round(ratio, 3), "step_s": {str(d).lower(): sides[d] for d in sides}, "runs": rows},
+    )
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from bench.common import (
     LORA_TARGETS,
     REPO,
     add_threads_arg,
+    append_result,
     machine,
     machine_label,
     set_threads,
@@ -337,6 +338,9 @@ def main() -> None:
         )
     else:
         print(json.dumps(summary))
+    append_result(
+        "e2e_trl", {k: v for k, v in summary.items() if k not in ("bench", "machine")} | {"runs": rows}, info=info
+    )
 
 
 if __name__ == "__main__":

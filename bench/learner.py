@@ -38,6 +38,7 @@ import time
 from bench.common import (
     LORA_TARGETS,
     add_model_args,
+    append_result,
     learner_config,
     machine,
     machine_label,
@@ -266,6 +267,7 @@ def compare(args) -> None:
     ratios = {k: round(tok[a] / tok[b], 2) for k, (a, b) in pairs.items() if a in tok and b in tok}
     first = next(iter(rows.values()))
     print(json.dumps({"bench": "learner", "median_tokens_per_s": tok, "ratios": ratios}), flush=True)
+    append_result("learner", {"median_tokens_per_s": tok, "ratios": ratios, "sides": rows}, info=first["machine"])
     lo, hi = first["completion_len"]
     cells = "; ".join(f"{side} {show_spread(row['tokens_per_s'], ' tok/s')}" for side, row in rows.items())
     shown = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())

@@ -38,7 +38,7 @@ import sys
 import time
 
 from bench.common import LORA_TARGETS as TARGETS
-from bench.common import peak_gib, profiled_step, run_side_process
+from bench.common import append_result, peak_gib, profiled_step, run_side_process
 
 
 def timed_steps(step, steps: int, warmup: int, cuda: bool) -> float:
@@ -266,7 +266,11 @@ def compare(args) -> None:
     med = {side: statistics.median(r["tokens_per_s"] for r in rs) for side, rs in runs.items()}
     peak = {side: max(r["peak_gib"] for r in rs) for side, rs in runs.items()}
     first = runs["raw"][0]
-    print(json.dumps({"median_tokens_per_s": med, "ratio_ours_over_raw": round(med["ours"] / med["raw"], 3)}))
+    ratio = round(med["ours"] / med["raw"], 3)
+    print(json.dumps({"median_tokens_per_s": med, "ratio_ours_over_raw": ratio}))
+    append_result(
+        "learner_backends", {"median_tokens_per_s": med, "ratio_ours_over_raw": ratio, "peak_gib": peak, "runs": runs}
+    )
     print(
         f"| learner {args.backend} | {first['device']} | {first['shape']}, {args.micro_batches} x batch {args.batch} x "
         f"seq {args.seq}, "

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from bench.common import REPO, add_model_args, model_path, show_spread, spread
+from bench.common import REPO, add_model_args, append_result, model_path, show_spread, spread
 from tests.helpers import repo_env
 
 SIDES = ("learner", "quantized", "original")
@@ -224,6 +224,8 @@ def main() -> None:
             f"| {r['side']} | {r['mismatch']:.4f} ({r['mismatch_tokens']} tokens) | {r['actor_weights_gib']:.2f} GiB "
             f"| {r['learner_gib']:.2f} GiB | {show_spread(r['rollout_tok_s'])} | {same} |"
         )
+    if rows:
+        append_result("quantized_base", {"sides": rows})
 
 
 if __name__ == "__main__":  # vLLM may spawn processes

@@ -33,6 +33,7 @@ import time
 
 from bench.common import (
     add_model_args,
+    append_result,
     demo_prompts,
     machine,
     machine_label,
@@ -317,6 +318,8 @@ def compare(args) -> None:
         flush=True,
     )
     first = next(iter(rows.values()))
+    summary = {"tokens_per_s": rate, "ratios": ratios, "ratio_bounds": bounds, "ratio_per_round": per_round}
+    append_result("rollout", summary | {"sides": rows}, info=first["machine"])
     names = {
         "hf": "HF generate",
         "raw": "raw vLLM",

@@ -13,7 +13,7 @@ import argparse
 import json
 import os
 
-from bench.common import random_adapter, timed_generations
+from bench.common import append_result, random_adapter, timed_generations
 
 
 def run_mode(mode: str, path: str, prompts: list[list[int]], adapter, args) -> dict:
@@ -71,6 +71,7 @@ def main() -> None:
         f"| LoRA native {n} tok/s | LoRA merged {m} tok/s | merged/native {m / n:.2f}x | "
         f"load native {rows['native']['adapter_load_s']} s, merged {rows['merged']['adapter_load_s']} s |"
     )
+    append_result("rollout_lora_mode", {"modes": rows, "merged_over_native": round(m / n, 2)})
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
+from bench.common import append_result
+
 
 def load(run: Path) -> dict:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -45,6 +47,7 @@ def main() -> None:
         "| run | steps | generated tokens | held-out acc. (final) | acc. at budget (step) | prompts skipped | wall s |"
     )
     print("|---|---|---|---|---|---|---|")
+    result = {"budget_tokens": budget, "runs": {}}
     for p, r in runs.items():
         steps = max(r["tokens"])
         step, acc = at_budget(r, budget)
@@ -54,6 +57,16 @@ def main() -> None:
             f"| {Path(p).name} | {steps} | {r['total']:.0f} | {final:.3f} | {acc:.3f} ({step}) | {r['skipped']:.0f} | "
             f"{wall:.0f} |"
         )
+        result["runs"][str(p)] = {
+            "steps": steps,
+            "generated_tokens": r["total"],
+            "accuracy_final": final,
+            "accuracy_at_budget": acc,
+            "at_step": step,
+            "prompts_skipped": r["skipped"],
+            "wall_s": wall,
+        }
+    append_result("sampling_budget", result)
 
 
 if __name__ == "__main__":

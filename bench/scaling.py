@@ -28,7 +28,15 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
-from bench.common import demo_prompts, machine, machine_label, model_path, timed_generations, vllm_memory_fraction
+from bench.common import (
+    append_result,
+    demo_prompts,
+    machine,
+    machine_label,
+    model_path,
+    timed_generations,
+    vllm_memory_fraction,
+)
 
 
 @dataclass
@@ -204,6 +212,7 @@ def main() -> None:
         print(
             f"| rollout vs actors ({args.shape or args.model}, {args.prompts} x {args.n}) | {cells} | {machine_label(info)} |"
         )
+        append_result("scaling", {"measured": measured}, info=info)  # a projection alone is a model, not a result
     best, base = splits[0], step_time(1, 1, **kw)
     print(
         f"| projection, {args.gpus} GPUs ({rollout:.0f} / {learner:.0f} tok/s per actor / learner) "

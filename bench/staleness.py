@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import REPO
+from bench.common import REPO, append_result
 from tests.helpers import repo_env
 
 
@@ -49,7 +49,9 @@ def train_args(staleness: int, model: Path, run_dir: Path, args: argparse.Namesp
         "model.dtype=float32",
         "model.learner_dtype=float32",
         "reward._target_=tests.helpers.LengthReward",
-        "~reward.extract",
+        "~reward.workers",
+        "~reward.timeout_s",
+        "~reward.reward",
         "eval.size=0",
         "checkpoint.interval=0",
         "logger=none",
@@ -119,6 +121,8 @@ def main() -> None:
         f"idle actor/learner: k=0 {a['actor_idle_frac']}/{a['learner_idle_frac']}, "
         f"k=1 {b['actor_idle_frac']}/{b['learner_idle_frac']} |"
     )
+    speedup = round(a["step_s_mean"] / b["step_s_mean"], 2)
+    append_result("staleness", {"staleness_0": a, "staleness_1": b, "step_speedup_1_over_0": speedup})
 
 
 if __name__ == "__main__":

@@ -34,7 +34,15 @@ import json
 import statistics
 import time
 
-from bench.common import add_threads_arg, demo_prompts, learner_config, machine, machine_label, vllm_memory_fraction
+from bench.common import (
+    add_threads_arg,
+    append_result,
+    demo_prompts,
+    learner_config,
+    machine,
+    machine_label,
+    vllm_memory_fraction,
+)
 from rl.learner import Learner
 from rl.resolve import from_overrides
 from rl.rollout.vllm import VLLMRollout
@@ -366,6 +374,7 @@ def main() -> None:
             f"| actor merge arithmetic, unfused fp32 -> fused fp32 addmm -> addmm in the weights' dtype (the actor's) "
             f"| {cells} | {machine_label(machine())} |"
         )
+        append_result("sync", {"merge_math": micro})
         return
     prompts = demo_prompts(AutoTokenizer.from_pretrained(path), 8)
     before = machine()
@@ -440,6 +449,9 @@ def main() -> None:
     if from_metrics:
         step += f"; run {from_metrics['metrics']}: {100 * from_metrics['sync_share']:.1f}%"
     print(f"| adapter sync (SmolLM2, all 7 projections) | {cells} | {step} | {machine_label(info)} |")
+    append_result(
+        "sync", {"merge_math": micro, "syncs": results, "demo_step": share, "from_metrics": from_metrics}, info=info
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Dataset environments: training prompts from one source, eval sets as a dict name -> source.
 
-Sources are local jsonl/json/parquet files (the seed format or any rows with a prompt and an answer field) or
+Sources are local jsonl/json/parquet files (the chat format of envs/jsonl.py or any rows with a prompt and an answer field) or
 Hugging Face Hub datasets (envs/hf.py). Shuffling and sharding are deterministic by seed. Prompts longer than
 model.max_prompt_tokens are dropped and counted (rl/data/prompts.py PromptData), never truncated.
 """
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 class DataEnv:
     """train: a source (path, Hub id, or {path, split, name, prompt_field, answer_field, answer_format, limit}).
-    eval_sets: {name: source}, like the seed's `--eval-dataset '{"eval_1": "/path/eval_1.jsonl"}'`; eval items
+    eval_sets: {name: source}, e.g. `'+env.eval_sets={eval_1: /path/eval_1.jsonl}'`; eval items
     carry metadata.eval_set and are interleaved across sets, so a cap on the total keeps every set.
     eval_holdout: move the first N shuffled training items into an eval set named `holdout`.
     template / system_prompt / user_template: see envs/templates.py. strict: a bad jsonl line fails the run
@@ -43,6 +43,8 @@ class DataEnv:
     ):
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"env.shard_index={shard_index} must be in [0, env.num_shards={num_shards})")
+        if eval_holdout < 0:
+            raise ValueError(f"env.eval_holdout must be >= 0 training items moved to eval (got {eval_holdout})")
         self.template = PromptTemplate(template, system_prompt=system_prompt, user=user_template)
         self.strict = strict
         self.skipped = 0
@@ -70,7 +72,6 @@ class DataEnv:
 
     def _load(self, src: Source, key: str) -> list[dict[str, Any]]:
         rows, skipped = load_rows(src, strict=self.strict)
-        self.skipped += skipped
         items = []
         for where, row in rows:
             try:
@@ -78,9 +79,11 @@ class DataEnv:
             except ValueError:
                 if self.strict:
                     raise
-                self.skipped += 1
+                skipped += 1
+        self.skipped += skipped
         if not items:
-            raise ValueError(f"{key}: {src.path} has no usable rows")
+            why = f" ({skipped} skipped as unreadable: env.strict=true names the first)" if skipped else ""
+            raise ValueError(f"{key}: {src.path} has no usable rows{why}")
         return items
 
     def train_items(self) -> list[dict[str, Any]]:

@@ -1,19 +1,20 @@
 """Rows from Hugging Face datasets or local files, mapped to environment items.
 
 A source is a local file (.jsonl, .json, .parquet) or a Hub id (`openai/gsm8k`, loaded with `datasets`, imported
-only then). Field mapping: the prompt comes from `messages` (seed format), `problem`, `question` or `prompt`;
+only then). Field mapping: the prompt comes from `messages` (the chat format), `problem`, `question` or `prompt`;
 the ground truth from `gt_answer`, `answer` or `solution`; GSM8K's `#### N` and a solution's last `\\boxed{}`
 are reduced to the final answer.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.jsonl import read_jsonl, seed_messages
+from envs.jsonl import foreign_encoding, json_problem, parse_json, read_jsonl, seed_messages, undecodable
 from envs.templates import PromptTemplate
 
 PROMPT_FIELDS = ("messages", "problem", "question", "prompt")
@@ -51,6 +52,8 @@ class Source:
             raise ValueError(
                 f"{where}.answer_format={src.answer_format!r} is not known; valid: auto, gsm8k, boxed, raw"
             )
+        if src.limit is not None and not (isinstance(src.limit, int) and src.limit >= 1):
+            raise ValueError(f"{where}.limit must be a number of rows >= 1, or null for all (got {src.limit!r})")
         return src
 
     @property
@@ -60,24 +63,24 @@ class Source:
 
 
 def load_rows(src: Source, strict: bool = True) -> tuple[list[tuple[str, dict[str, Any]]], int]:
-    """([(where, row)], skipped) where `where` names the file and line (or Hub row) for error messages."""
+    """([(where, row)], skipped) where `where` names the file and line (or Hub row) for error messages. A local file
+    that cannot be read as a whole (another encoding, a broken .json document or parquet file) fails with one line
+    naming it, or with strict=False is skipped and counted as one."""
     if src.is_local:
         path = Path(src.path)
         if not path.is_file():
             raise ValueError(f"{path}: no such file")
-        if path.suffix == ".parquet":
-            try:
-                import pyarrow.parquet as pq
-            except ImportError:
-                raise ValueError(
-                    f"{path}: reading parquet needs pyarrow (pip install pyarrow), or convert it to jsonl"
-                ) from None
-            rows = [(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
-            return rows[: src.limit], 0
-        if path.suffix == ".json":
-            whole = json_document(path)
-            if isinstance(whole, list):
-                return json_array_rows(path, whole[: src.limit], strict)
+        try:
+            if path.suffix == ".parquet":
+                rows = [(f"{path} row {i}", r) for i, r in enumerate(parquet_rows(path))]
+                return rows[: src.limit], 0
+            whole = json_document(path) if path.suffix == ".json" else None
+        except ValueError:
+            if strict:
+                raise
+            return [], 1
+        if isinstance(whole, list):
+            return json_array_rows(path, whole[: src.limit], strict)
         rows, skipped = read_jsonl(path, strict=strict)
         return [(f"{path}:{n}", r) for n, r in rows][: src.limit], skipped
     try:
@@ -101,15 +104,42 @@ def load_rows(src: Source, strict: bool = True) -> tuple[list[tuple[str, dict[st
     return [(f"{src.path}[{src.split}] row {i}", dict(r)) for i, r in enumerate(ds)], 0
 
 
+def parquet_rows(path: Path) -> list[dict[str, Any]]:
+    """A parquet file's rows; ValueError naming the file when pyarrow is missing or cannot read it."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError(
+            f"{path}: reading parquet needs pyarrow (pip install pyarrow), or convert it to jsonl"
+        ) from None
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as e:  # noqa: BLE001 - pyarrow's errors (ArrowInvalid, OSError, ...) share no base class
+        first = (str(e).splitlines() or [""])[0]
+        raise ValueError(f"{path}: not a parquet file pyarrow can read ({type(e).__name__}: {first})") from None
+
+
 def json_document(path: Path) -> Any:
     """A .json file's content when the whole file is one JSON document spread over lines (a list of rows, or an
-    object that is not rows); None when it is one object per line (jsonl under a .json name), read line by line."""
-    text = path.read_text(encoding="utf-8-sig")
+    object that is not rows); None when it is one object per line (jsonl under a .json name), read line by line
+    (envs/jsonl.py, which names an undecodable line). A document that is not UTF-8 JSON fails naming its line."""
+    data = path.read_bytes()
+    why = foreign_encoding(data[:4])
+    if why:
+        raise ValueError(f"{path}:1: {why}")
+    data = data.removeprefix(codecs.BOM_UTF8)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if not data.lstrip().startswith(b"["):
+            return None
+        start, line = data.rfind(b"\n", 0, e.start) + 1, data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path}:{line}: {undecodable(data[start:], e.start - start)}") from None
     if not text.lstrip().startswith("["):
         if len([ln for ln in text.splitlines() if ln.strip()]) < 2:
             return None
         try:
-            whole = json.loads(text)
+            whole = parse_json(text)
         except ValueError:
             return None  # several lines that are not one document: jsonl, whose reader names the bad line
         if isinstance(whole, dict):
@@ -119,7 +149,9 @@ def json_document(path: Path) -> Any:
             )
         return whole
     try:
-        return json.loads(text)
+        return parse_json(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: not JSON: {e.msg} at column {e.colno}") from None
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
 
@@ -128,13 +160,13 @@ def json_array_rows(path: Path, data: list, strict: bool) -> tuple[list[tuple[st
     """([(where, row)], skipped) of a .json list: each item must be an object, as a jsonl line must be."""
     rows, skipped = [], 0
     for i, r in enumerate(data):
-        if isinstance(r, dict):
+        why = json_problem(r) or (
+            None if isinstance(r, dict) else f"a row must be a JSON object, got {type(r).__name__}"
+        )
+        if why is None:
             rows.append((f"{path} item {i}", r))
         elif strict:
-            raise ValueError(
-                f"{path} item {i}: a row must be a JSON object, got {type(r).__name__} "
-                "(set env.strict=false to skip bad rows)"
-            )
+            raise ValueError(f"{path} item {i}: {why} (set env.strict=false to skip bad rows)")
         else:
             skipped += 1
     return rows, skipped

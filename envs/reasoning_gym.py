@@ -32,6 +32,8 @@ class ReasoningGymEnv:
     ):
         import reasoning_gym
 
+        if not size >= 1 or not eval_size >= 0:
+            raise ValueError(f"env.size must be >= 1 and env.eval_size >= 0 (got {size} and {eval_size})")
         self.task, self.size, self.seed = task, size, seed
         self.instruction = instruction
         self.system_prompt = system_prompt

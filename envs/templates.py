@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# The seed's default system prompt (ColossalChat GRPO), for the `boxed` reward.
+# The system prompt for the `boxed` reward: it asks for the one final answer that reward reads.
 BOXED_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 THINK_ANSWER_SYSTEM_PROMPT = (
     "You are a helpful assistant. First think about the reasoning process, then give the answer. Put the "

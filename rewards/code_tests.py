@@ -142,7 +142,7 @@ class CodeTestsReward:
     and `reasons` says why, per completion of the last call; nothing a program prints can raise here.
     """
 
-    check_suite = "code"  # rewards/check.py judges it with the code suite (rewards/check_code.py)
+    check_suite = "code"  # python -m rewards.check judges it with the code suite (rl/tools/reward_check_code.py)
 
     def __init__(self, limits: dict[str, Any] | SandboxLimits | None = None):
         self.limits = limits if isinstance(limits, SandboxLimits) else SandboxLimits(**dict(limits or {}))

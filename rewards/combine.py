@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from typing import Any
+
+from rewards.protocol import Judge, UsesJudge, needs_judge, pop_metrics
 
 
 def load_callable(spec: str | Callable) -> Callable:
@@ -45,7 +48,10 @@ class WeightedSum:
         for i, t in enumerate(terms):
             if "reward" not in t:
                 raise ValueError(f"reward.terms[{i}] has no 'reward' key")
-            self.terms.append((load_callable(t["reward"]), float(t.get("weight", 1.0))))
+            weight = float(t.get("weight", 1.0))
+            if not math.isfinite(weight):
+                raise ValueError(f"reward.terms[{i}].weight must be a finite number (got {weight})")
+            self.terms.append((load_callable(t["reward"]), weight))
 
     def score_one(self, completion: str, answer: Any, metadata: dict | None = None) -> float:
         return sum(w * score_sample(r, completion, answer, {"metadata": metadata}) for r, w in self.terms)
@@ -67,19 +73,19 @@ class WeightedSum:
 
     @property
     def needs_judge(self) -> bool:
-        return any(getattr(r, "needs_judge", False) for r, _ in self.terms)
+        return any(needs_judge(r) for r, _ in self.terms)
 
-    def bind_judge(self, judge: Any) -> None:
-        """Hand the run's judge to every term that asks for one (rewards/judge.py)."""
+    def bind_judge(self, judge: Judge) -> None:
+        """Hand the run's judge to every term that may use one (rewards/judge.py)."""
         for r, _ in self.terms:
-            if hasattr(r, "bind_judge"):
+            if isinstance(r, UsesJudge):
                 r.bind_judge(judge)
 
     def pop_metrics(self) -> dict[str, float]:
         """The terms' own counts (reward/errors, judge/parse_failures, ...), summed where two terms share a key."""
         out: dict[str, float] = {}
         for r, _ in self.terms:
-            for k, v in (r.pop_metrics() if hasattr(r, "pop_metrics") else {}).items():
+            for k, v in pop_metrics(r).items():
                 out[k] = out.get(k, 0.0) + v
         return out
 

@@ -6,6 +6,7 @@ weighted term beside a correctness reward (conf/reward/boxed_format.yaml) or as 
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -35,6 +36,8 @@ class FormatReward:
             raise ValueError(f"reward.style={style!r} is not known; valid: boxed, think_answer")
         if mode not in ("strict", "soft"):
             raise ValueError(f"reward.mode={mode!r} is not known; valid: strict, soft")
+        if not math.isfinite(score):
+            raise ValueError(f"reward.score must be a finite number (got {score})")
         self.style, self.mode, self.think_in_prompt, self.score = style, mode, think_in_prompt, score
 
     def ok(self, completion: str) -> bool:
@@ -51,14 +54,12 @@ class FormatReward:
             return False
         if self.mode == "soft":
             return True
+        if _count(completion, "</think>") != 1 or _count(completion, "<think>") != (0 if self.think_in_prompt else 1):
+            return False
+        # each tag once (counted above), so the lazy groups below cannot backtrack over repeated tags
         opening = "" if self.think_in_prompt else r"<think>"
         m = re.fullmatch(rf"\s*{opening}(.*?)</think>\s*<answer>(.*?)</answer>\s*", completion, flags=re.DOTALL)
-        return (
-            m is not None
-            and bool(m.group(1).strip())
-            and _count(completion, "</think>") == 1
-            and _count(completion, "<think>") == (0 if self.think_in_prompt else 1)
-        )
+        return m is not None and bool(m.group(1).strip())
 
     def score_one(self, completion: str, answer: Any = None, metadata: dict | None = None) -> float:
         if not isinstance(completion, str):

@@ -16,13 +16,12 @@ than `teacher.max_prompt_tokens` scores 0 unasked (`judge/too_long`).
 
 from __future__ import annotations
 
+import math
 import re
 import time
-from collections.abc import Callable
 from typing import Any
 
-# A judge: judge prompts (text) in, verdicts out; None where a prompt was not sent (too long for the judge).
-Judge = Callable[[list[str]], list[str | None]]
+from rewards.protocol import Judge
 
 OPEN, CLOSE = "<<<", ">>>"
 DEFAULT_TEMPLATE = (
@@ -120,7 +119,9 @@ class JudgeReward:
     `metadata.question`."""
 
     batched = True  # rewards.combine.WeightedSum calls it once per batch: one judge call for all completions
-    check_suite = "judge"  # python -m rewards.check: the judge's own exploits, with an engine (rewards/check_judge.py)
+    check_suite = (
+        "judge"  # python -m rewards.check: the judge's own exploits, with an engine (rl/tools/reward_check_judge.py)
+    )
     needs_judge = True  # the run starts a judge engine for it (rl/app.py refuses cluster.num_teachers=0)
 
     def __init__(
@@ -135,8 +136,10 @@ class JudgeReward:
         check_template(template)
         if with_reference and "{reference}" not in template:
             raise ValueError("reward.with_reference=true but reward.template has no {reference} field: add one")
-        if not labels and not low < high:
-            raise ValueError(f"reward.low={low} must be < reward.high={high}")
+        if not labels and not -math.inf < low < high < math.inf:
+            raise ValueError(f"reward.low={low} must be < reward.high={high}, both finite")
+        if labels and not all(isinstance(v, int | float) and 0 <= v <= 1 for v in labels.values()):
+            raise ValueError(f"reward.labels must map each label to a reward in [0, 1] (got {labels})")
         self.template, self.low, self.high, self.labels = template, low, high, labels or None
         self.judge: Judge | None = None
         self._counts = {"judge/parse_failures": 0.0, "judge/blocked": 0.0, "judge/too_long": 0.0, "judge/calls": 0.0}
@@ -147,7 +150,7 @@ class JudgeReward:
         return "{reference}" in self.template
 
     def bind_judge(self, judge: Judge) -> None:
-        """The run's judge engines (rl/runtime/judge.py JudgeClient), given once they have started."""
+        """The run's judge engines (rl/rollout/judge.py JudgeClient), given once they have started."""
         self.judge = judge
 
     def __call__(

@@ -1,11 +1,11 @@
 """Math answer rewards: the last `\\boxed{...}` or a `<think>...</think><answer>...</answer>` answer, checked
 against the ground truth with math-verify, with a normalised exact-match fallback.
 
-Why our own extraction in front of math-verify (shared/FACTS.md): on a whole completion math-verify treats
+Why our own extraction in front of math-verify: on a whole completion math-verify treats
 several boxed answers as a set and falls back to the last number when nothing is boxed, both of which a policy
 can game. Here the answer is cut out first (balanced braces, rewards/extract.py), then only that string is parsed.
 
-Hardening against reward hacking (each exploit is in rewards/check.py):
+Hardening against reward hacking (each exploit is in rl/tools/reward_check.py):
 - several boxed answers that disagree score 0 (`multiple_boxed="reject"`), so listing candidates never pays;
 - an answer longer than `max_answer_chars` scores 0 without being parsed (adversarial strings can hang sympy);
 - an equation must be `name = value` or a true constant equation (`\\boxed{19 = 18}` is not 18);
@@ -64,7 +64,7 @@ def _timeout_arg(timeout_s: float) -> int | None:
 
 
 def _strip_percent(s: str) -> str:
-    # "$10\%$" does not parse in math-verify 0.9; a trailing percent sign is a unit, like the seed treats it
+    # "$10\%$" does not parse in math-verify 0.9; a trailing percent sign is a unit: "10%" answers "10"
     s = s.strip()
     for suffix in ("\\%", "%"):
         if s.endswith(suffix):
@@ -131,12 +131,13 @@ def answers_match(pred: str, gold: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
-def _boxes_agree(boxes: list[str], timeout_s: float, max_distinct: int = 4) -> bool:
-    """True when every boxed answer is the same answer as the last one (`18` and `18.0` agree)."""
+def _boxes_agree(boxes: list[str], timeout_s: float, max_chars: int, max_distinct: int = 4) -> bool:
+    """True when every boxed answer is the same answer as the last one (`18` and `18.0` agree). Boxes that differ
+    and are longer than `max_chars` disagree unparsed, as an over-long answer scores wrong unparsed."""
     distinct = list(dict.fromkeys(normalize_answer(b) for b in boxes))
     if len(distinct) <= 1:
         return True
-    if len(distinct) > max_distinct:  # a list of candidates: no need to parse them all
+    if len(distinct) > max_distinct or any(len(b) > max_chars for b in boxes):  # no need to parse them
         return False
     return all(answers_match(b, boxes[-1], timeout_s) for b in boxes[:-1])
 
@@ -150,8 +151,8 @@ class MathReward:
     score = correct_score  if the answer matches (and, when format_gate, the format is right)
             format_score   else if the format is right
             wrong_score    otherwise
-    Defaults give 1/0/0 (pure correctness). The seed's 10/5/0 scheme: correct_score=10, format_score=5,
-    format_gate=true (conf/reward/seed_10_5_0.yaml).
+    Defaults give 1/0/0 (pure correctness). The 10/5/0 scheme, which also pays for the format alone:
+    correct_score=10, format_score=5, format_gate=true (conf/reward/seed_10_5_0.yaml).
     timeout_s: math-verify's per-call limit (the hard per-sample limit is rewards/runner.py's).
     max_answer_chars: longer extracted answers score wrong without being parsed.
     """
@@ -168,6 +169,17 @@ class MathReward:
         timeout_s: float = 5.0,
         max_answer_chars: int = 300,
     ):
+        for key, value in (
+            ("correct_score", correct_score),
+            ("format_score", format_score),
+            ("wrong_score", wrong_score),
+        ):
+            if not math.isfinite(value):
+                raise ValueError(f"reward.{key} must be a finite number (got {value})")
+        if not timeout_s > 0:
+            raise ValueError(f"reward.timeout_s must be > 0 seconds (got {timeout_s})")
+        if not max_answer_chars >= 1:
+            raise ValueError(f"reward.max_answer_chars must be >= 1 (got {max_answer_chars})")
         self.correct_score, self.format_score, self.wrong_score = correct_score, format_score, wrong_score
         self.format_gate = format_gate
         self.format = FormatReward(style=self.answer_style, mode=format_mode)
@@ -213,7 +225,7 @@ class BoxedReward(MathReward):
     """The last `\\boxed{...}` of the completion against the ground truth.
 
     multiple_boxed: "reject" (default) scores 0 when boxed answers disagree (after normalisation), so listing
-    candidates never pays; "last" takes the last box, like the seed.
+    candidates never pays; "last" takes the last box (lenient: a completion may try several answers).
     """
 
     answer_style = "boxed"
@@ -228,7 +240,7 @@ class BoxedReward(MathReward):
         found = boxed_contents(completion)
         if not found:
             return None
-        if self.multiple_boxed == "reject" and not _boxes_agree(found, self.timeout_s):
+        if self.multiple_boxed == "reject" and not _boxes_agree(found, self.timeout_s, self.max_answer_chars):
             return None
         return found[-1]
 
@@ -252,6 +264,6 @@ class ThinkAnswerReward(MathReward):
         if content is None:
             return None
         boxes = boxed_contents(content)
-        if not _boxes_agree(boxes, self.timeout_s):
+        if not _boxes_agree(boxes, self.timeout_s, self.max_answer_chars):
             return None
         return boxes[-1] if boxes else content.strip()

@@ -1,8 +1,13 @@
 """Run a reward safely: a hard per-sample timeout, scoring in worker processes, and error counting.
 
-Every reward config wraps its reward in `RewardRunner` (conf/reward/*.yaml), so no reward can crash or stall a
-run: an exception, a non-finite score or a sample past `timeout_s` scores 0 and is counted; the driver logs the
-counts as `reward/errors` and `reward/timeouts` (`pop_metrics`).
+The rule-based reward configs (conf/reward/: boxed, boxed_format, think_answer_tags, seed_10_5_0, callable, the
+boxed half of judge_boxed, and format_strict and format_soft with `workers: 0`) wrap their reward in `RewardRunner`,
+so that reward cannot crash a run, nor with workers stall it: an exception, a non-finite score or a sample past
+`timeout_s` scores 0 and is counted; the driver logs the counts as `reward/errors` and `reward/timeouts`
+(`pop_metrics`). The others are not wrapped:
+code_tests runs each program in the sandbox under its own limits (envs/sandbox.py), judge asks the judge engines
+(which a worker does not have), episode reads the terms the env computed, and reasoning_gym calls its task's scorer
+in the driver's process.
 
 Workers are spawned (not forked: the driver holds Ray and torch threads) on the first call and reused. A worker
 stuck on one sample (math-verify/sympy can hang on adversarial strings) is killed and replaced; the other
@@ -20,9 +25,10 @@ import multiprocessing as mp
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, cast
 
 from rewards.combine import load_callable, score_sample
+from rewards.protocol import Judge, UsesJudge, needs_judge
 
 log = logging.getLogger(__name__)
 _MAX_LOGGED = 5  # errors logged with their message; later ones are only counted
@@ -90,8 +96,8 @@ class RewardRunner:
     def __init__(self, reward: Any, workers: int = 2, timeout_s: float = 10.0, start_method: str = "spawn"):
         if workers < 0:
             raise ValueError(f"reward.workers must be >= 0 (got {workers}); 0 scores in the driver process")
-        if timeout_s <= 0:
-            raise ValueError(f"reward.timeout_s must be > 0 (got {timeout_s})")
+        if not 0 < timeout_s < math.inf:  # NaN or infinity would leave a stuck sample stuck
+            raise ValueError(f"reward.timeout_s must be a number of seconds > 0 (got {timeout_s})")
         self.reward = load_callable(reward)
         self.workers, self.timeout_s, self.start_method = workers, timeout_s, start_method
         self.errors = self.timeouts = 0
@@ -118,11 +124,11 @@ class RewardRunner:
 
     @property
     def needs_judge(self) -> bool:
-        return bool(getattr(self.reward, "needs_judge", False))
+        return needs_judge(self.reward)
 
-    def bind_judge(self, judge: Any) -> None:
+    def bind_judge(self, judge: Judge) -> None:
         """A model judge cannot run here: the workers are separate processes without the run's judge engines."""
-        if hasattr(self.reward, "bind_judge"):
+        if isinstance(self.reward, UsesJudge):
             raise ValueError(
                 "a judge reward cannot run inside rewards.runner.RewardRunner (its workers have no judge engine): "
                 "put it beside the runner as a term of rewards.combine.WeightedSum (conf/reward/judge_boxed.yaml)"
@@ -201,7 +207,7 @@ class RewardRunner:
             if not busy:
                 continue
             wait_s = max(0.0, min(w.deadline for w in busy.values()) - time.monotonic())
-            for conn in wait(list(busy), timeout=wait_s):
+            for conn in cast(list[Connection], wait(list(busy), timeout=wait_s)):
                 w = busy.pop(conn)
                 try:
                     i, score, kind, msg = conn.recv()

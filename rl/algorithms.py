@@ -310,8 +310,9 @@ def importance_terms(
       pi_theta / sg(pi_theta) (value 1, the on-policy gradient) and weight = min(pi_learner / pi_behaviour, C).
       This uses the learner's own logprobs as the proximal policy, which is exact while every rollout batch gets
       one optimizer step (algorithm.updates_per_step = 1; the config enforces it).
-    skip_threshold > 0: sequences whose mean token ratio pi_learner / pi_behaviour exceeds it get weight 0 (the
-      ColossalChat seed documents this knob; here it is read). They still count in the loss normaliser.
+    skip_threshold > 0: sequences whose mean token ratio pi_learner / pi_behaviour exceeds it get weight 0 (a
+      sample that far from the policy that drew it gives an importance weight that is mostly noise). They still
+      count in the loss normaliser.
     mismatch_mask > 1: tokens whose pi_learner / pi_behaviour lies outside [1/mismatch_mask, mismatch_mask] get
       weight 0 (IcePop, Ling Team 2025, "Every Step Evolves: Scaling RL for Trillion-Scale Thinking Model", eq. 4:
       a token the two engines disagree on that much carries the mismatch's noise, not signal). They still count

@@ -15,18 +15,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rewards.protocol import RewardFn, needs_judge
 from rl.config.choices import ClusterMode, LearnerBackend, RolloutBackend
 from rl.config.schema import TrainConfig
 from rl.errors import RoleStartFailed, StartupError, cause_of
 from rl.logs import LogFollower
 from rl.preflight.diagnose import explain
 from rl.runtime.groups import LocalGroup
+from rl.runtime.roles import R
 from rl.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
 
-def run(cfg: TrainConfig, *, env: Any, reward_fn: Any, resolved: dict) -> dict[str, float]:
+def run(cfg: TrainConfig, *, env: Any, reward_fn: RewardFn, resolved: dict) -> dict[str, float]:
     """Train as the resolved `cfg` says; returns the summary. `resolved` is the config as plain data (logged)."""
     import transformers
     from transformers import AutoTokenizer
@@ -112,7 +114,7 @@ def accuracy_line(summary: dict[str, float], prompts: int) -> str | None:
     )
 
 
-def check_teacher(cfg: TrainConfig, tokenizer: Any, reward_fn: Any) -> Any:
+def check_teacher(cfg: TrainConfig, tokenizer: Any, reward_fn: RewardFn) -> Any:
     """Before any role starts: a judge reward needs a judge engine, and a distillation teacher the student's
     tokenizer. Returns the teacher's tokenizer (None without a judge/teacher engine)."""
     from transformers import AutoTokenizer
@@ -120,8 +122,7 @@ def check_teacher(cfg: TrainConfig, tokenizer: Any, reward_fn: Any) -> Any:
     from rl.config.errors import ConfigError
     from rl.rollout.teacher import check_same_tokenizer
 
-    needs_judge = bool(getattr(reward_fn, "needs_judge", False))
-    if needs_judge and not cfg.cluster.num_teachers:
+    if needs_judge(reward_fn) and not cfg.cluster.num_teachers:
         raise ConfigError("reward=judge asks a judge model: set cluster.num_teachers=1 (teacher.path: its model)")
     if not cfg.cluster.num_teachers:
         return None
@@ -133,9 +134,9 @@ def check_teacher(cfg: TrainConfig, tokenizer: Any, reward_fn: Any) -> Any:
     return theirs
 
 
-def bind_judge(cfg: TrainConfig, runtime: Runtime, teacher_tokenizer: Any, reward_fn: Any) -> None:
+def bind_judge(cfg: TrainConfig, runtime: Runtime, teacher_tokenizer: Any, reward_fn: RewardFn) -> None:
     """Hand a judge reward the run's judge engines (rewards/judge.py talks text, rl/rollout/judge.py tokenises)."""
-    if teacher_tokenizer is None or not getattr(reward_fn, "needs_judge", False):
+    if teacher_tokenizer is None or not needs_judge(reward_fn):
         return
     from rl.rollout.judge import JudgeClient
 
@@ -279,7 +280,7 @@ def prepare_actor_base(cfg: TrainConfig, *, remote: bool) -> None:
 
     m = cfg.model
     made_here = m.load_in_4bit and m.actor_path == str(dequantized_folder(m))  # not a folder the user gave
-    if not made_here or (Path(m.actor_path) / "config.json").is_file():
+    if not made_here or (Path(m.actor_path) / "config.json").is_file():  # type: ignore[arg-type]  # resolved
         return
     from rl.learner.quantized_base import dequantized_base
 
@@ -299,7 +300,7 @@ def prepare_actor_base(cfg: TrainConfig, *, remote: bool) -> None:
         raise RoleStartFailed("the 4-bit learner's base for the actors (model.actor_base=learner)", cause_of(e)) from e
 
 
-def start_role(role: str, cls: type, kwargs: dict[str, Any]) -> Any:
+def start_role(role: str, cls: Callable[..., R], kwargs: dict[str, Any]) -> R:
     """A role built in this process (cluster.mode=local); a failed constructor becomes RoleStartFailed, as a Ray
     actor's does in rl/runtime/placement.py."""
     try:

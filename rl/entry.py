@@ -207,14 +207,28 @@ def sweep_jobs(conf_dir: str, overrides: list[str]) -> list[list[str]] | None:
 
 
 def build_target(node: DictConfig, key: str) -> Any:
-    """Instantiate a `_target_` config node (env, reward) with a one-line error naming the key."""
+    """Instantiate a `_target_` config node (env, reward) with a one-line error naming the key: its arguments' numbers
+    pass the schema's finiteness check first (rl/config/errors.py), then each constructor checks its own ranges. A
+    nested node that fails (a runner's `reward.reward`) is named with its own key and class."""
     from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from rl.config.errors import ConfigError, check_finite
 
     if "_target_" not in node:
         fail(f"{key} has no _target_: pick one of conf/{key}/*.yaml or give {key}._target_=module.Callable")
+    try:
+        check_finite(OmegaConf.to_container(node, resolve=True, throw_on_missing=False), key)
+    except ConfigError as e:
+        fail(str(e))
+    except Exception:  # noqa: BLE001 - an interpolation that does not resolve: instantiate names it below
+        pass
     try:
         return instantiate(node, _convert_="all")
     except Exception as e:  # noqa: BLE001
         cause = e.__cause__ or e
         first = str(cause).splitlines()[0] if str(cause) else ""
-        fail(f"{key}: could not build {node._target_}: {type(cause).__name__}: {first}")
+        text = str(e)
+        nested = text.split("full_key: ", 1)[1].split()[0] if "full_key: " in text else key
+        target = text.split("'", 2)[1] if text.startswith("Error in call to target '") else node._target_
+        fail(f"{nested}: could not build {target}: {type(cause).__name__}: {first}")

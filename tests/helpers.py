@@ -92,7 +92,9 @@ def tiny_args(model: Path, *, in_process: bool = True) -> list[str]:
         "model.dtype=float32",
         "model.learner_dtype=float32",
         "reward._target_=tests.helpers.LengthReward",
-        "~reward.extract",
+        "~reward.workers",
+        "~reward.timeout_s",
+        "~reward.reward",
     ]
     return args + (["cluster=local", "cluster.rollout_backend=hf"] if in_process else [])
 
@@ -107,7 +109,9 @@ TINY_RUN = [
     "model.max_new_tokens=16",
     "learner.micro_batch_size=8",
     "reward._target_=tests.helpers.LengthReward",
-    "~reward.extract",
+    "~reward.workers",
+    "~reward.timeout_s",
+    "~reward.reward",
     "model.dtype=float32",
     "model.learner_dtype=float32",
     "run.sync_probe_threshold=0.01",

@@ -13,6 +13,7 @@
 # TEACHER_STEPS (24), STEPS (16), LR (1e-3: the rate measured on CPU, docs/benchmarks.md) change the runs; a
 # plan=true of the distillation layout runs first and stops the script if it does not fit (seconds, no GPU work);
 # PLAN_ONLY=1 stops after it, PLAN_GPU_GIB=139 plans for an H200 on a machine without one (tests/unit/test_bench_scripts.py).
+# The table's numbers are appended to bench/results.jsonl ($RLFT_BENCH_RESULTS if set), except with DRY_CPU=1.
 # The whole script must stay under 9 minutes (one 10-minute command on a lent machine): the distillation run gets
 # what is left of BUDGET_S (530) and is cut there; its mid-run evaluation (eval.interval) still gives a number.
 set -euo pipefail
@@ -65,11 +66,11 @@ set -e
 student_s=$(( SECONDS - t0 ))
 
 echo "== (iii) the table ($(date -u '+%Y-%m-%d %H:%M UTC'), total $(( SECONDS - start )) s, distillation exit code $rc)"
-$PY - "$out" "$teacher_steps" "$teacher_s" "$steps" "$student_s" <<'EOF'
-import json, sys
+DRY_CPU=${DRY_CPU:-0} $PY - "$out" "$teacher_steps" "$teacher_s" "$steps" "$student_s" "$lr" <<'EOF'
+import json, os, sys
 from pathlib import Path
 
-out, teacher_steps, teacher_s, steps, student_s = Path(sys.argv[1]), *sys.argv[2:]
+out, teacher_steps, teacher_s, steps, student_s, lr = Path(sys.argv[1]), *sys.argv[2:]
 def summary(run):
     p = out / run / "summary.json"
     return json.loads(p.read_text()) if p.is_file() else {}
@@ -90,4 +91,13 @@ print(f"| student before (base) | {acc(student.get('eval/accuracy_before', evals
 print(f"| student after distillation | {acc(last_eval)} | {done} of {steps} | {student_s} |")
 print("student evaluations (step, accuracy):", [(s, round(a, 3)) for s, a in evals])
 print("distill/kl_per_token by step:", [round(k, 3) for _, k in kl])
+if os.environ["DRY_CPU"] != "1":  # a dry run checks the commands; it measures nothing
+    from bench.common import append_result
+
+    result = {
+        "teacher": {"accuracy_after": teacher.get("eval/accuracy_after"), "steps": int(teacher_steps), "s": int(teacher_s)},
+        "student": {"evaluations": evals, "steps_done": done, "steps": int(steps), "s": int(student_s), "lr": float(lr)},
+        "kl_per_token": [round(k, 4) for _, k in kl],
+    }
+    append_result("gpu/distill_h200.sh", result, [str(out)], command=f"bash bench/gpu/distill_h200.sh {out}")
 EOF

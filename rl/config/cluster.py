@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from rl.config.choices import ClusterMode, LoraMode, PlacementStrategy, RolloutBackend, RolloutMode, WeightSync
-from rl.config.errors import check
+from rl.config.errors import check, check_fields_finite
 
 # continuous rollouts: calls queued on each actor (one running, one behind it, so that an actor does not wait for the
 # driver between calls); an engine runs one call at a time, so it holds 1/STREAM_DEPTH of its groups in flight at once
@@ -52,8 +52,16 @@ class ClusterConfig:
     teacher_memory_utilization: float | None = None  # vLLM memory fraction of a judge/teacher engine (null: as actors)
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "cluster")
         check(self.num_actors >= 1, f"cluster.num_actors must be >= 1 (got {self.num_actors})")
         check(self.num_learners >= 1, f"cluster.num_learners must be >= 1 (got {self.num_learners})")
+        for role in ("actor", "learner", "teacher"):
+            gpus, cpus = getattr(self, f"gpus_per_{role}"), getattr(self, f"cpus_per_{role}")
+            check(gpus > 0, f"cluster.gpus_per_{role} must be > 0 (got {gpus})")
+            check(cpus >= 0, f"cluster.cpus_per_{role} must be >= 0 (got {cpus})")
+        for key in ("actor_threads", "learner_threads", "ray_num_cpus"):
+            value = getattr(self, key)
+            check(value is None or value >= 1, f"cluster.{key} must be >= 1 or null (null: all cores; got {value})")
         check(0 < self.gpu_memory_utilization <= 1, "cluster.gpu_memory_utilization must be in (0, 1]")
         check(
             self.weight_sync == WeightSync.object_store or self.use_gpu,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rl.config.choices import LoggerKind, WandbMode
-from rl.config.errors import check
+from rl.config.errors import check, check_fields_finite
 
 
 @dataclass
@@ -24,6 +24,7 @@ class LoggerConfig:
     rollouts_dir: str | None = None  # where those step_N.jsonl go (null: <run dir>/rollouts)
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "logger")
         check(self.console_every >= 1, "logger.console_every must be >= 1")
         check(
             self.rollouts_interval >= 0,
@@ -49,9 +50,13 @@ class RunConfig:
     )
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "run")
+        check(0 <= self.seed < 2**32, f"run.seed must be in [0, 2**32) (numpy's seed range; got {self.seed})")
         check(self.steps >= 0, f"run.steps must be >= 0 (got {self.steps})")
         check(self.prompts_per_step >= 1, f"run.prompts_per_step must be >= 1 (got {self.prompts_per_step})")
         check(self.max_nonfinite_steps >= 1, f"run.max_nonfinite_steps must be >= 1 (got {self.max_nonfinite_steps})")
+        check(self.sync_probe_threshold > 0, f"run.sync_probe_threshold must be > 0 (got {self.sync_probe_threshold})")
+        check(self.probe_floor_limit is None or self.probe_floor_limit > 0, "run.probe_floor_limit must be > 0 or null")
         check(
             self.resume != "auto" or self.output_dir is not None,
             "run.resume=auto looks for checkpoints in run.output_dir: set run.output_dir=<the run directory to "
@@ -73,6 +78,7 @@ class EvalConfig:
     save_dir: str | None = None  # per-sample eval jsonl, one step_N.jsonl per evaluation (null: <run dir>/eval)
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "eval")
         check(self.size >= 0, f"eval.size must be >= 0 (got {self.size})")
         check(self.interval >= 0, f"eval.interval must be >= 0 (0: only before and after; got {self.interval})")
         check(self.n_samples >= 0, f"eval.n_samples must be >= 0 (0: greedy only; got {self.n_samples})")
@@ -91,6 +97,7 @@ class CheckpointConfig:
     keep_last: int = 2  # checkpoints kept; older ones are deleted after each save (0: keep all)
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "checkpoint")
         check(self.interval >= 0, f"checkpoint.interval must be >= 0 (0: no checkpoints; got {self.interval})")
         check(
             self.keep_last >= 0, f"checkpoint.keep_last must be >= 0 (0: keep every checkpoint; got {self.keep_last})"

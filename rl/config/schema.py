@@ -36,7 +36,7 @@ from rl.config.choices import (
     WeightSync,
 )
 from rl.config.cluster import STREAM_DEPTH, ClusterConfig
-from rl.config.errors import ConfigError, check
+from rl.config.errors import ConfigError, check, check_fields_finite
 from rl.config.run import CheckpointConfig, EvalConfig, LoggerConfig, RunConfig
 from rl.config.teacher import TeacherConfig
 from rl.types import EpisodeSpec, Sampling
@@ -74,7 +74,9 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "model")
         check(self.lora_rank > 0, f"model.lora_rank must be > 0 (got {self.lora_rank})")
+        check(self.lora_alpha > 0, f"model.lora_alpha must be > 0, the LoRA scale's numerator (got {self.lora_alpha})")
         check(bool(self.lora_targets), "model.lora_targets is empty: name at least one module, e.g. [q_proj,v_proj]")
         check(self.max_new_tokens > 0, f"model.max_new_tokens must be > 0 (got {self.max_new_tokens})")
         check(self.max_prompt_tokens > 0, f"model.max_prompt_tokens must be > 0 (got {self.max_prompt_tokens})")
@@ -103,6 +105,7 @@ class PolicyLossKnobs:
     mismatch_mask: float = 0.0  # zero the loss of tokens whose pi_learner/pi_actor is outside [1/x, x] (IcePop; 0 off)
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "algorithm")
         check(self.clip_low >= 0 and self.clip_high >= 0, "algorithm.clip_low/clip_high must be >= 0")
         check(
             self.dual_clip == 0 or self.dual_clip > 1,
@@ -196,6 +199,9 @@ class AlgorithmConfig(PolicyLossKnobs):
         check(0 < self.top_p <= 1, f"algorithm.top_p must be in (0, 1] (got {self.top_p})")
         check(0 <= self.min_p < 1, f"algorithm.min_p must be in [0, 1) (0: off; got {self.min_p})")
         check(self.distill_coef >= 0, f"algorithm.distill_coef must be >= 0 (0: off; got {self.distill_coef})")
+        for key in ("task_reward_coef", "weight_decay", "overlong_penalty_factor"):
+            check(getattr(self, key) >= 0, f"algorithm.{key} must be >= 0 (got {getattr(self, key)})")
+        check(self.adv_eps > 0, f"algorithm.adv_eps must be > 0: equal rewards divide by it (got {self.adv_eps})")
 
     @property
     def loss_kl_coef(self) -> float:
@@ -220,6 +226,7 @@ class CurriculumConfig:
     max_level: int | None = None  # difficulty: the highest level to raise to (null: the task curriculum's last)
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "curriculum")
         check(
             0.0 <= self.hopeless < self.solved <= 1.0,
             f"curriculum.hopeless={self.hopeless} and curriculum.solved={self.solved} need 0 <= hopeless < solved <= 1",
@@ -241,6 +248,7 @@ class LearnerConfig:
     share_prompt_prefix: bool = True  # learner runs each prompt once per group (packed row; padded: KV cache, CPU only)
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "learner")
         check(self.micro_batch_size >= 1, f"learner.micro_batch_size must be >= 1 (got {self.micro_batch_size})")
         check(
             self.micro_batch_tokens is None or self.micro_batch_tokens >= 0,
@@ -274,6 +282,8 @@ class TrainConfig:
     episodes: EpisodeSpec | None = None  # not a setting: filled from `env` by the resolve step (multi-turn envs)
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "")
+        check_fields_finite(self.sandbox, "sandbox")  # envs/sandbox.py's group checks its ranges, not infinity
         m, a, c = self.model, self.algorithm, self.cluster
         check(
             self.plan_gpu_memory_gib is None or self.plan_gpu_memory_gib > 0,

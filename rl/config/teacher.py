@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rl.config.errors import check
+from rl.config.errors import check, check_fields_finite
 
 
 @dataclass
@@ -21,5 +21,6 @@ class TeacherConfig:
     max_prompt_tokens: int = 512  # judge prompts longer than this (question + completion + template) score 0
 
     def __post_init__(self) -> None:
+        check_fields_finite(self, "teacher")
         check(self.max_new_tokens > 0, f"teacher.max_new_tokens must be > 0 (got {self.max_new_tokens})")
         check(self.max_prompt_tokens > 0, f"teacher.max_prompt_tokens must be > 0 (got {self.max_prompt_tokens})")

@@ -17,10 +17,10 @@ seeded passes, whose position a checkpoint saves (PromptData's).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from envs.jsonl import jsonl_rows
 from rl.config.errors import ConfigError
 from rl.config.schema import ModelConfig
 from rl.data.prompts import EnvTokens, PromptData
@@ -35,16 +35,15 @@ def chat_messages(value: Any) -> bool:
 
 
 def read_demos(path: str | Path) -> list[dict[str, Any]]:
-    """The file's rows; a malformed line is a ConfigError naming the file, the line and what is wrong."""
+    """The file's rows; a malformed line (not UTF-8, not plain JSON data, not a demonstration) is a ConfigError naming
+    the file, the line and what is wrong. Read by envs/jsonl.py's rules, as the environments' jsonl files are."""
+    if not Path(path).is_file():
+        raise ConfigError(f"algorithm.demos={path}: no such file")
     rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8-sig").splitlines(), start=1):
-        if not line.strip():
-            continue
+    for n, row, why in jsonl_rows(Path(path)):
         where = f"algorithm.demos={path}, line {n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{where}: not JSON ({e.msg})") from None
+        if why is not None:
+            raise ConfigError(f"{where}: {why}")
         if not isinstance(row, dict):
             raise ConfigError(
                 f"{where}: a line must be a JSON object with prompt and messages, got {type(row).__name__}"
@@ -129,6 +128,9 @@ class Demonstrations:
             "sft/model_tokens_mean": sum(model_tokens) / len(batch),
             "sft/env_tokens_mean": sum(len(s.completion_ids) - k for s, k in zip(batch, model_tokens)) / len(batch),
         }
+
+    def pump(self) -> None:
+        """Nothing generates while the learners step (rl/loop/source.py's BatchSource)."""
 
     def state_dict(self) -> dict:
         return self.data.state_dict()

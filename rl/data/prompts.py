@@ -37,7 +37,7 @@ class PromptData:
         return len(self.items)
 
     def next_batch(self, n: int) -> list[int]:
-        idx = []
+        idx: list[int] = []
         while len(idx) < n:
             if not self._order:
                 self._order = list(range(len(self.items)))

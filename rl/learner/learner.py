@@ -251,7 +251,7 @@ class Learner:
     def generate(
         self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None
     ) -> list[PromptRollout]:
-        """Learner generation (DistRL-LLM's learner_chunk_size, `cluster.learner_chunk_size`): sample a share of
+        """Learner generation (`cluster.learner_chunk_size`): sample a share of
         the step's prompts with this learner's own model instead of waiting for the actors; the rollouts carry
         this learner's adapter version and the processed-distribution logprobs, as an actor's do."""
         from rl.rollout.hf import hf_generate

@@ -100,7 +100,7 @@ def pack(samples: list[TrainSample], share_prompt_prefix: bool, device, backend:
     """The row of `samples` (see the module docstring for the two layouts)."""
     ids: list[int] = []
     pos: list[int] = []
-    q_start, k_start, key_index = [0], [0], []
+    q_start, k_start, key_index = [0], [0], list[int]()
     predictors: list[int] = []
     prompt_at = -1  # row offset of the current shared prompt
     prev_prompt = None

@@ -20,13 +20,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rewards.protocol import RewardFn
 from rl.config.run import RunConfig
 from rl.config.schema import AlgorithmConfig
 from rl.data.curriculum import Curriculum, Sequential, pass_rates
 from rl.data.prompts import PromptData
 from rl.loop.sampler import (
     Batch,
-    RewardFn,
     assemble_batch,
     choice_point,
     kept_groups,
@@ -38,7 +38,7 @@ from rl.loop.sampler import (
 from rl.runtime.runtime import Runtime
 from rl.runtime.stream import NewGroup, StreamGroup
 from rl.seeds import prompt_seed
-from rl.types import Sampling, completions_of
+from rl.types import PromptRollout, Sampling, completions_of
 
 
 class ContinuousSampler:
@@ -131,7 +131,9 @@ class ContinuousSampler:
         a, n, threshold = self.algorithm, self.run.prompts_per_step, self.correct_threshold
         G, self.step = a.group_size, step
         limit = n * max_rounds(a)
-        kept, kept_rewards, last = [], [], ([], [])
+        kept: list[PromptRollout] = []
+        kept_rewards: list[float] = []
+        last: tuple[list[PromptRollout], list[float]] = ([], [])
         generated = gen_tokens = 0
         t_rollout = t_reward = 0.0
         while len(kept) < n and generated < limit:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rewards.protocol import RewardFn
 from rl.config.choices import ActorBase, RolloutMode
 from rl.config.schema import ConfigError, TrainConfig
 from rl.data.curriculum import Curriculum, build_curriculum
@@ -38,7 +39,8 @@ from rl.loop import checkpoint, evaluation
 from rl.loop.continuous import ContinuousSampler
 from rl.loop.prepare import distill_advantages, kl_reward_penalty, prepare_samples, rollout_metrics
 from rl.loop.probe import SyncProbe
-from rl.loop.sampler import Batch, RewardFn, Sampler
+from rl.loop.sampler import Batch, Sampler
+from rl.loop.source import BatchSource, RolloutSource
 from rl.metrics import MetricsLogger
 from rl.runtime.groups import MemberDied, shard
 from rl.runtime.runtime import Runtime
@@ -62,9 +64,11 @@ def train(
     seed_everything(cfg.run.seed)
     d = run_data or load_data(cfg, tokenizer, env)
     train_data, eval_data, demos, curriculum = d.train, d.eval, d.demos, d.curriculum
-    if demos is None:
-        sampler = make_sampler(cfg, runtime, train_data, reward_fn, tokenizer=tokenizer, curriculum=curriculum)
-    data = demos or sampler
+    data: RolloutSource | Demonstrations
+    if demos is not None:
+        data = demos
+    else:
+        data = make_sampler(cfg, runtime, train_data, reward_fn, tokenizer=tokenizer, curriculum=curriculum)
     a = cfg.algorithm
     evaluate = functools.partial(
         evaluation.evaluate,
@@ -81,7 +85,7 @@ def train(
         train_data.prompt_ids[:2],
         cfg.sampling_for("probe"),
         threshold=cfg.run.sync_probe_threshold,
-        deferred=demos is None and sampler.overlapped,
+        deferred=not isinstance(data, Demonstrations) and data.overlapped,
         seed=cfg.run.seed,
         floor_limit=None if full_precision_sampler(cfg) else cfg.run.probe_floor_limit,
     )
@@ -115,15 +119,15 @@ def train(
     try:
         for step in range(start, steps + 1):
             t_step = time.perf_counter()
-            if demos is not None:
-                samples, m = demos.next(cfg.run.prompts_per_step)
+            if isinstance(data, Demonstrations):
+                samples, m = data.next(cfg.run.prompts_per_step)
             else:
-                batch = sampler.next(step)  # generate (or collect what was sent ahead) + score + dynamic sampling
+                batch = data.next(step)  # generate (or collect what was sent ahead) + score + dynamic sampling
                 m = probe.collect()  # the previous sync's probe, when it was read late (staleness > 0)
                 samples, sm = prepare(cfg, runtime, tokenizer, batch, step, logger)  # shaping -> advantages -> masks
                 m |= sm
             # a continuous rollout keeps its actors fed while the learners step
-            m |= learn(runtime, samples, a.updates_per_step, getattr(data, "pump", None))
+            m |= learn(runtime, samples, a.updates_per_step, data.pump)
             nonfinite = count_nonfinite(m, nonfinite, step, cfg)
             m |= runtime.sync()
             m |= probe.after_sync(step, last=step == steps)
@@ -165,7 +169,7 @@ def make_sampler(
 ) -> Sampler | ContinuousSampler:
     """The batch source `cluster.rollout_mode` names, given what it reads of the resolved `cfg`; `steps`: the last
     step it will be asked for (run.steps); `tokenizer` decodes a continuous rollout's segments."""
-    common = dict(
+    common: dict[str, Any] = dict(
         sampling=cfg.sampling_for("train"),
         steps=cfg.run.steps if steps is None else steps,
         staleness=cfg.cluster.staleness,
@@ -230,7 +234,7 @@ def prompt_data(items: list[dict], tokenizer: Any, cfg: TrainConfig) -> PromptDa
     return PromptData(items, tokenizer, cfg.model, seed=cfg.run.seed)
 
 
-def resume(cfg: TrainConfig, runtime: Runtime, data: Sampler | Demonstrations, logger: MetricsLogger) -> int:
+def resume(cfg: TrainConfig, runtime: Runtime, data: BatchSource, logger: MetricsLogger) -> int:
     """The step a checkpoint ended (0 when starting fresh); its state is loaded into the roles and the data source
     (the sampler, or the demonstrations of algorithm=sft)."""
     ckpt = checkpoint.resolve_resume(cfg.run.resume, cfg.run_dir)
@@ -260,7 +264,7 @@ def prepare(
     samples, adv, metrics = prepare_samples(batch.rollouts, shaped, a, budget, token_adv)
     every = cfg.logger.rollouts_interval
     if every and step % every == 0:
-        path = Path(cfg.logger.rollouts_dir) / f"{checkpoint.step_dir_name(step)}.jsonl"
+        path = Path(cfg.logger.rollouts_dir) / f"{checkpoint.step_dir_name(step)}.jsonl"  # type: ignore[arg-type]  # resolved
         rows = evaluation.save_rollouts(path, step, tokenizer, batch.rollouts, batch.rewards, shaped, adv, a, budget)
         logger.log_table(step, "rollouts", rows)
     behind = [runtime.steps_behind(r.adapter_version) for r in batch.rollouts]

@@ -17,13 +17,14 @@ from typing import IO, Any
 import numpy as np
 import torch
 
+from rewards.protocol import RewardFn, pop_metrics
 from rl.atomic import atomic_jsonl
 from rl.config.run import EvalConfig
 from rl.config.schema import AlgorithmConfig
 from rl.data.prompts import PromptData
 from rl.loop.checkpoint import step_dir_name
 from rl.loop.prepare import episode_metrics, shape_rewards
-from rl.loop.sampler import RewardFn, score
+from rl.loop.sampler import score
 from rl.runtime.runtime import Runtime
 from rl.seeds import prompt_seed
 from rl.types import Completion, PromptRollout, Sampling, completions_of
@@ -71,8 +72,7 @@ def evaluate(
     out["eval/n"] = float(len(data))
     # the evaluation's reward errors and timeouts are its own, not the next training step's; eval/reward_errors has
     # one slash, as every overall eval metric (eval/<set>/<metric> is a named eval set's)
-    if hasattr(reward_fn, "pop_metrics"):
-        out |= {f"eval/{k.replace('/', '_')}": v for k, v in reward_fn.pop_metrics().items()}
+    out |= {f"eval/{k.replace('/', '_')}": v for k, v in pop_metrics(reward_fn).items()}
     if path is None and ev.save_dir is not None:  # resolved: <run dir>/eval unless set
         path = Path(ev.save_dir) / f"{step_dir_name(step)}.jsonl"
     if path is not None:

@@ -189,7 +189,7 @@ def episode_metrics(
     tried = sum(e.tool_calls + e.malformed_calls for e in episodes)
     outcome = {}
     if rewards is not None:
-        solved = [c.episode.turns for c, r in zip(completions, rewards) if r >= threshold]
+        solved = [c.episode.turns for c, r in zip(completions, rewards) if r >= threshold and c.episode]
         outcome = {
             "env/solved_frac": len(solved) / len(episodes),
             "env/solved_after_feedback_frac": sum(t >= 2 for t in solved) / len(episodes),

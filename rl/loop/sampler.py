@@ -1,7 +1,7 @@
 """One step's scored batch: prompts drawn in order, generations sent ahead (bounded staleness), dynamic sampling.
 
-The sampler is the one owner of the data cursor and of the queue depth (`cluster.staleness`, ColossalChat's
-`n_behind`; the one-step overlap of AReaL/PipelineRL in its simplest form). With staleness k the prompts of step t
+The sampler is the one owner of the data cursor and of the queue depth (`cluster.staleness`, the steps sent
+ahead; the one-step overlap of AReaL/PipelineRL in its simplest form). With staleness k the prompts of step t
 are sent to the actors when step t-k starts, so while the learners train on step t the actors already generate
 steps t+1..t+k with the adapter of an earlier step (at most k syncs old; rl/runtime/sync.py enforces the bound and
 the loss's importance ratio uses the behaviour logprobs the actors return). Nothing here waits early: each actor runs
@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from rewards.protocol import RewardFn, pop_metrics
 from rl.config.run import RunConfig
 from rl.config.schema import AlgorithmConfig
 from rl.data import filters
@@ -43,8 +43,6 @@ from rl.runtime.pipeline import PendingGeneration
 from rl.runtime.runtime import Runtime
 from rl.seeds import prompt_seed
 from rl.types import PromptRollout, Sampling, completions_of
-
-RewardFn = Callable[..., list[float]]
 
 
 def score(reward_fn: RewardFn, rollouts: list[PromptRollout], items: list[dict]) -> list[float]:
@@ -142,9 +140,7 @@ def assemble_batch(
         "data/generated_tokens": float(gen_tokens),
         "data/generated_groups": float(generated),
     }
-    stats |= curriculum.pop_metrics()
-    if hasattr(reward_fn, "pop_metrics"):
-        stats |= reward_fn.pop_metrics()
+    stats |= curriculum.pop_metrics() | pop_metrics(reward_fn)
     return Batch(kept[:n], kept_rewards[: n * G], stats)
 
 
@@ -245,6 +241,9 @@ class Sampler:
         if not self.overlapped:  # sent ahead, a batch was generated while the learners worked: its wait is no rate
             batch.stats["perf/rollout_tokens_per_s"] = gen_tokens / max(t_rollout, 1e-9)
         return batch
+
+    def pump(self) -> None:
+        """Nothing to do while the learners step: the batches in flight were sent whole."""
 
     def state_dict(self) -> dict:
         """The data position a checkpoint saves: before the oldest batch still in flight (see the module doc), with

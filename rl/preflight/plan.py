@@ -122,7 +122,7 @@ def estimate_memory(
         raise ConfigError("model.load_in_4bit=true cannot be fully fine-tuned: set model.full_finetune=false (LoRA)")
     seq_len = max_prompt_tokens + max_new_tokens
     checkpointing = load_in_4bit if gradient_checkpointing is None else gradient_checkpointing
-    learner_name = learner_dtype if learner_dtype != "auto" else "bfloat16"  # rl/learner.py pick_dtype
+    learner_name = learner_dtype if learner_dtype != "auto" else "bfloat16"  # as rl/resolve.py resolves auto
     learner_b = DTYPE_BYTES.get(learner_name, 2)
 
     learner = RoleMemory("learner")

@@ -1,6 +1,7 @@
-"""Rollout engines behind one interface (generate, load_adapter, close): vLLM (vllm.py, with its worker extension
-vllm_ext.py) and transformers `generate` (hf.py, for debugging). `rollout_class` picks the one that
-`cluster.rollout_backend` names; each engine takes the groups and values it uses (rl/app.py wires them)."""
+"""Rollout engines behind one interface (rl/runtime/roles.py's `RolloutActor`): vLLM (vllm.py, with its worker
+extension vllm_ext.py) and transformers `generate` (hf.py, for debugging). `rollout_class` picks the one that
+`cluster.rollout_backend` names; each engine takes the config groups and values it uses (rl/app.py `rollout_args`
+wires them, and holds the engine built to the protocol)."""
 
 from __future__ import annotations
 

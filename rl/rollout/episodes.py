@@ -155,6 +155,20 @@ class EpisodeEngine:
     call of the engine's `_generate(prompts, sampling, max_tokens, seeds)`. `seeds`: one per prompt; an episode's
     later turns derive theirs from it. The engine sets `episodes`, `tokenizer`, `version` and `_env = None`."""
 
+    episodes: EpisodeSpec | None
+    tokenizer: Any
+    version: int
+    _env: MultiTurnEnvironment | None
+
+    def _generate(
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        max_tokens: list[int] | None = None,
+        seeds: list[int] | None = None,
+    ) -> list[PromptRollout]:
+        raise NotImplementedError  # each engine's own call
+
     def generate(
         self,
         prompts: list[list[int]],

@@ -60,6 +60,10 @@ class HFRollout(EpisodeEngine):
         self.version = adapter.version
         return {"seconds": time.perf_counter() - t0, "bytes": adapter.nbytes}
 
+    def load_weights_ipc(self, update_info: dict, version: int) -> dict:
+        """Not this engine's: the schema refuses cluster.weight_sync=ipc without vLLM, so no run calls it."""
+        raise NotImplementedError("cluster.weight_sync=ipc loads into vLLM engines: set cluster.rollout_backend=vllm")
+
     def sleep(self) -> dict:
         """`cluster.colocate` with the HF engine (debugging): the model moves to host memory while the learner
         trains; on a CPU-only machine there is nothing to move."""

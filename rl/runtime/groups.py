@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
-from rl.runtime.roles import Method
+from rl.runtime.roles import Method, P, R, T
+
+R_co = TypeVar("R_co", covariant=True)  # a group of fakes of a role is a group of that role
 
 
 class MemberDied(RuntimeError):
@@ -27,30 +29,41 @@ class RestartFailed(MemberDied):
     dead for good, whatever restarts it had left. `cause` is the constructor's error."""
 
 
-class Group(Protocol):
-    """Members of one role. Calls on one member run one at a time, in submission order (as Ray actor methods do);
-    calls on different members run concurrently where the group allows."""
+@dataclass(frozen=True)
+class Handle(Generic[T]):
+    """A submitted call on member `index`, of a method returning T: what `Group.result` waits for. `token` is the
+    group's own (a Ray ObjectRef; in this process, the call's outcome)."""
+
+    index: int
+    token: Any
+
+
+class Group(Protocol[R_co]):
+    """Members of one role (`Group[RolloutActor]`). Calls on one member run one at a time, in submission order (as
+    Ray actor methods do); calls on different members run concurrently where the group allows. A call names its
+    method by the role protocol's function, so a checker holds its arguments to that method's."""
 
     def __len__(self) -> int: ...
 
-    def call(self, method: Method, args: list[tuple]) -> list[Any]:
+    def call(self, method: Method[R_co, ..., T], args: list[tuple]) -> list[T]:
         """Call `method(*args[i])` on member i, concurrently where possible; return results in member order."""
 
-    def broadcast(self, method: Method, *args: Any) -> list[Any]:
+    def broadcast(self, method: Method[R_co, P, T], *args: P.args, **kwargs: P.kwargs) -> list[T]:
         """Call `method(*args)` on every member with the same (possibly large) arguments."""
 
-    def submit(self, index: int, method: Method, *args: Any) -> Any:
+    def submit(self, index: int, method: Method[R_co, P, T], *args: P.args, **kwargs: P.kwargs) -> Handle[T]:
         """Start `method(*args)` on member `index`; returns a handle for `result` (AttributeError: no such method)."""
 
-    def result(self, handle: Any) -> Any:
+    def result(self, handle: Handle[T]) -> T:
         """Wait for a submitted call; raises MemberDied when the member's process died."""
 
-    def wait(self, handles: list[Any], timeout_s: float) -> list[int]:
+    def wait(self, handles: list[Handle[Any]], timeout_s: float) -> list[int]:
         """Positions in `handles` of the calls that are done (a failed call is done too), waiting up to
         `timeout_s` for the first of them."""
 
-    def put(self, value: Any) -> Any:
-        """Share a (large) argument once for several calls."""
+    def put(self, value: T) -> T:
+        """Share a (large) argument once for several calls. Typed as the value: a Ray group returns a reference,
+        which a call receives as the value itself."""
 
     def ready(self, index: int) -> bool:
         """Whether member `index` takes calls now (False while Ray restarts it; RestartFailed when that restart's
@@ -62,7 +75,7 @@ class Group(Protocol):
     def close(self) -> None: ...
 
 
-def method_name(method: Method) -> str:
+def method_name(method: Method[Any, ..., Any]) -> str:
     """The name of a role protocol's method (`RolloutActor.generate` -> "generate")."""
     if isinstance(method, str):
         raise TypeError(f"call a role through its protocol (rl/runtime/roles.py), not by the string {method!r}")
@@ -74,45 +87,45 @@ class _Raised:
     error: Exception
 
 
-class LocalGroup:
+class LocalGroup(Generic[R]):
     """Members are plain objects in this process; a submitted call runs at once (nothing overlaps)."""
 
-    def __init__(self, members: list[Any]):
+    def __init__(self, members: list[R]):
         self.members = members
         self._busy_s = 0.0
 
     def __len__(self) -> int:
         return len(self.members)
 
-    def submit(self, index: int, method: Method, *args: Any) -> Any:
+    def submit(self, index: int, method: Method[R, P, T], *args: P.args, **kwargs: P.kwargs) -> Handle[T]:
         fn = getattr(self.members[index], method_name(method))
         t0 = time.perf_counter()
         try:
-            out = fn(*args)
+            out = fn(*args, **kwargs)
         except Exception as e:  # raised by result(), as a remote call's error is
             out = _Raised(e)
         self._busy_s += time.perf_counter() - t0
-        return out
+        return Handle(index, out)
 
-    def result(self, handle: Any) -> Any:
-        if isinstance(handle, _Raised):
-            raise handle.error
-        return handle
+    def result(self, handle: Handle[T]) -> T:
+        if isinstance(handle.token, _Raised):
+            raise handle.token.error
+        return handle.token
 
-    def wait(self, handles: list[Any], timeout_s: float) -> list[int]:
+    def wait(self, handles: list[Handle[Any]], timeout_s: float) -> list[int]:
         return list(range(len(handles)))  # a local call ran when it was submitted
 
-    def put(self, value: Any) -> Any:
+    def put(self, value: T) -> T:
         return value
 
     def ready(self, index: int) -> bool:
         return True
 
-    def call(self, method: Method, args: list[tuple]) -> list[Any]:
+    def call(self, method: Method[R, ..., T], args: list[tuple]) -> list[T]:
         return [self.result(self.submit(i, method, *a)) for i, a in enumerate(args)]
 
-    def broadcast(self, method: Method, *args: Any) -> list[Any]:
-        return [self.result(self.submit(i, method, *args)) for i in range(len(self.members))]
+    def broadcast(self, method: Method[R, P, T], *args: P.args, **kwargs: P.kwargs) -> list[T]:
+        return [self.result(self.submit(i, method, *args, **kwargs)) for i in range(len(self.members))]
 
     def pop_busy_s(self) -> float:
         busy, self._busy_s = self._busy_s, 0.0

@@ -5,12 +5,14 @@ order whatever died on the way, and rollouts older than the staleness bound gene
 k steps of generation in flight while the learners train; `collect` waits for one. A prompt's seeds travel with
 it wherever it goes (a re-sent prompt's included), so its samples do not depend on the actor or batch it lands in.
 
-Learner generation (`cluster.learner_chunk_size`, DistRL-LLM): the first chunk of each generate call's prompts goes
-to the learners, which sample them with their own model concurrently with the actors.
+Learner generation (`cluster.learner_chunk_size`): the first chunk of each generate call's prompts goes to the
+learners, which sample them with their own model concurrently with the actors instead of idling until the rollouts
+arrive.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,12 +32,18 @@ class PendingGeneration:
     calls: list[Call]
     seed_parts: list[list[int] | None]  # each part's per-prompt seeds (None: unseeded)
     learner_calls: list[Any] = field(default_factory=list)  # the learners' share (the first prompts), in order
-    item_parts: list[list[dict] | None] = field(default_factory=list)  # each call's items (multi-turn envs)
+    item_parts: Sequence[list[dict] | None] = field(default_factory=list)  # each call's items (multi-turn envs)
 
 
 class Pipeline:
     def __init__(
-        self, pool: ActorPool, learners: Group, versions: Versions, *, learner_chunk_size: int, episodes: bool
+        self,
+        pool: ActorPool[RolloutActor],
+        learners: Group[Learner],
+        versions: Versions,
+        *,
+        learner_chunk_size: int,
+        episodes: bool,
     ):
         self.pool, self.learners, self.versions = pool, learners, versions
         self.learner_chunk_size = learner_chunk_size  # prompts each learner generates per call (0: actors only)
@@ -65,7 +73,7 @@ class Pipeline:
         self.pool.rejoin(wait=True)
         live = self.pool.live()
         parts = shard(prompts[n_learn:], len(live))
-        item_parts: list[list[dict] | None] = (
+        item_parts: Sequence[list[dict] | None] = (
             shard(items[n_learn:], len(live)) if self.episodes and items is not None else [None] * len(parts)
         )
         seed_parts = _split_like(seeds[n_learn:] if seeds is not None else None, parts)
@@ -139,7 +147,8 @@ def _split_like(seeds: list[int] | None, parts: list[list]) -> list[list[int] | 
     """`seeds` cut into the lengths of `parts` (consecutive), or None for each part when unseeded."""
     if seeds is None:
         return [None] * len(parts)
-    out, start = [], 0
+    out: list[list[int] | None] = []
+    start = 0
     for part in parts:
         out.append(seeds[start : start + len(part)])
         start += len(part)

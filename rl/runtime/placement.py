@@ -16,13 +16,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple
 
 from rl.config.cluster import ClusterConfig
 from rl.errors import RoleStartFailed, UserFacingError, cause_of
 from rl.logs import role_log_env
-from rl.runtime.groups import MemberDied, RestartFailed, method_name
-from rl.runtime.roles import Method
+from rl.runtime.groups import Handle, MemberDied, RestartFailed, method_name
+from rl.runtime.roles import Learner, Method, P, R, RolloutActor, T, Teacher
 from rl.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -34,16 +34,17 @@ class RayStartError(UserFacingError):
     """Ray could not be started or joined, or the roles do not fit it; the message names the key to change."""
 
 
-def _timed(member: Any, method: str, *args: Any) -> tuple[Any, float]:
+def _timed(member: Any, method: str, *args: Any, **kwargs: Any) -> tuple[Any, float]:
     """Runs inside the actor (through Ray's __ray_call__): the call's result and the seconds it took there."""
     t0 = time.perf_counter()
-    out = getattr(member, method)(*args)
+    out = getattr(member, method)(*args, **kwargs)
     return out, time.perf_counter() - t0
 
 
-class RayGroup:
-    """Members are Ray actor handles of one role; calls run concurrently and are gathered in member order.
-    A member whose process dies turns the failed calls into MemberDied (role and index named)."""
+class RayGroup(Generic[R]):
+    """Members are Ray actor handles of one role (`R`, the protocol their class implements); calls run concurrently
+    and are gathered in member order. A member whose process dies turns the failed calls into MemberDied (role and
+    index named)."""
 
     def __init__(self, handles: list[Any], pg: Any = None, role: str = "actor"):
         self.handles = handles
@@ -54,38 +55,37 @@ class RayGroup:
     def __len__(self) -> int:
         return len(self.handles)
 
-    def submit(self, index: int, method: Method, *args: Any) -> tuple[int, Any]:
+    def submit(self, index: int, method: Method[R, P, T], *args: P.args, **kwargs: P.kwargs) -> Handle[T]:
         handle, name = self.handles[index], method_name(method)
         getattr(handle, name)  # AttributeError here, at once, when the role has no such method
-        return index, handle.__ray_call__.remote(_timed, name, *args)
+        return Handle(index, handle.__ray_call__.remote(_timed, name, *args, **kwargs))
 
-    def result(self, submitted: tuple[int, Any]) -> Any:
+    def result(self, submitted: Handle[T]) -> T:
         import ray
         from ray.exceptions import RayActorError
 
-        index, ref = submitted
         try:
-            out, seconds = ray.get(ref)
+            out, seconds = ray.get(submitted.token)
         except RayActorError as e:
-            raise MemberDied(self.role, index, _actor_error(e)) from e
+            raise MemberDied(self.role, submitted.index, _actor_error(e)) from e
         self._busy_s += seconds
         return out
 
-    def wait(self, handles: list[tuple[int, Any]], timeout_s: float) -> list[int]:
+    def wait(self, handles: list[Handle[Any]], timeout_s: float) -> list[int]:
         import ray
 
         if not handles:
             return []
-        refs = [ref for _, ref in handles]
+        refs = [h.token for h in handles]
         ray.wait(refs, num_returns=1, timeout=timeout_s)
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         done_refs = set(done)  # ObjectRefs compare by their object id
         return [k for k, r in enumerate(refs) if r in done_refs]
 
-    def put(self, value: Any) -> Any:
+    def put(self, value: T) -> T:
         import ray
 
-        return ray.put(value)
+        return ray.put(value)  # an ObjectRef, which a call receives as the value (Group.put)
 
     def ready(self, index: int, timeout_s: float = 2.0) -> bool:
         """True when the member answers (a restarting actor fails at once with ActorUnavailableError); RestartFailed
@@ -102,13 +102,15 @@ class RayGroup:
         except GetTimeoutError:
             return False
 
-    def call(self, method: Method, args: list[tuple]) -> list[Any]:
+    def call(self, method: Method[R, ..., T], args: list[tuple]) -> list[T]:
         calls = [self.submit(i, method, *a) for i, a in enumerate(args)]
         return [self.result(c) for c in calls]
 
-    def broadcast(self, method: Method, *args: Any) -> list[Any]:
-        refs = [self.put(a) for a in args]  # one copy in the object store, shared by every member
-        calls = [self.submit(i, method, *refs) for i in range(len(self.handles))]
+    def broadcast(self, method: Method[R, P, T], *args: P.args, **kwargs: P.kwargs) -> list[T]:
+        # one copy of each argument in the object store, shared by every member
+        refs, named = [self.put(a) for a in args], {k: self.put(v) for k, v in kwargs.items()}
+        by_ref: Method[R, ..., T] = method  # the references stand for the arguments the method was checked against
+        calls = [self.submit(i, by_ref, *refs, **named) for i in range(len(self.handles))]
         return [self.result(c) for c in calls]
 
     def pop_busy_s(self) -> float:
@@ -334,6 +336,7 @@ def build_ray_runtime(
                     ray.kill(hh)
                 raise RoleStartFailed(f"{names[role]} {i}", cause_of(e)) from e
 
+    roles = {"actor": rollout, "learner": learner} | ({"teacher": teacher} if teacher else {})
     for plan in plans:
         if (c.use_gpu or c.colocate) and plan.role == "learner" and plan.index == 0:
             # vLLM measures free GPU memory while it starts and fails if another process on the same GPU frees
@@ -343,7 +346,7 @@ def build_ray_runtime(
                 ray.get([h.sleep.remote() for h in handles["actor"]])
         if c.use_gpu and plan.role == "teacher" and plan.index == 0:
             wait_ready("learner")  # as above: a teacher's engine measures free memory on a GPU it may share
-        role = {"actor": rollout, "learner": learner, "teacher": teacher}[plan.role]
+        role = roles[plan.role]
         env = dict(role.env) | role_log_env(log_dir, plan.role, plan.index)  # its output: <run dir>/logs/<role>.log
         opts = dict(
             num_cpus=plan.resources["CPU"],
@@ -366,8 +369,11 @@ def build_ray_runtime(
             for hh in handles["actor"] + handles["learner"] + handles["teacher"]:
                 ray.kill(hh)
             raise
-    teachers = RayGroup(handles["teacher"], pg, "judge/teacher") if handles["teacher"] else None
-    actors, learners = RayGroup(handles["actor"], pg, "rollout actor"), RayGroup(handles["learner"], pg, "learner")
+    teachers: RayGroup[Teacher] | None = (
+        RayGroup(handles["teacher"], pg, "judge/teacher") if handles["teacher"] else None
+    )
+    actors: RayGroup[RolloutActor] = RayGroup(handles["actor"], pg, "rollout actor")
+    learners: RayGroup[Learner] = RayGroup(handles["learner"], pg, "learner")
     return Runtime(actors, learners, c, teachers, episodes=episodes)
 
 

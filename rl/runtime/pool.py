@@ -14,25 +14,25 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic
 
-from rl.runtime.groups import Group, MemberDied, RestartFailed
-from rl.runtime.roles import Method
+from rl.runtime.groups import Group, Handle, MemberDied, RestartFailed
+from rl.runtime.roles import Method, P, R, T
 
 REJOIN_TIMEOUT_S = 600.0  # how long to wait for a restarting actor when no other actor is live
 
 
 @dataclass
-class Call:
+class Call(Generic[T]):
     actor: int
     epoch: int  # the actor's death count when the call was sent: a failure of an older epoch was already handled
-    handle: Any
+    handle: Handle[T]
 
 
-class ActorPool:
+class ActorPool(Generic[R]):
     """The rollout actors behind one group, with their deaths and restarts counted."""
 
-    def __init__(self, actors: Group, max_restarts: int, role: str = "rollout actor"):
+    def __init__(self, actors: Group[R], max_restarts: int, role: str = "rollout actor"):
         self.actors, self.max_restarts, self.role = actors, max_restarts, role  # role: "judge/teacher" too
         self.deaths = [0] * len(actors)
         self.gone: set[int] = set()  # actors that used up their restarts, or whose restart failed
@@ -49,17 +49,19 @@ class ActorPool:
         """Actors that take new work: not past their restarts and not restarting."""
         return [i for i in range(len(self.actors)) if i not in self.gone and i not in self.restarting]
 
-    def submit(self, actor: int, method: Method, *args: Any) -> Call:
-        return Call(actor, self.deaths[actor], self.actors.submit(actor, method, *args))
+    def submit(self, actor: int, method: Method[R, P, T], *args: P.args, **kwargs: P.kwargs) -> Call[T]:
+        return Call(actor, self.deaths[actor], self.actors.submit(actor, method, *args, **kwargs))
 
-    def result(self, call: Call) -> Any:
+    def result(self, call: Call[T]) -> T:
         return self.actors.result(call.handle)
 
-    def wait(self, calls: list[Call], timeout_s: float) -> list[int]:
+    def wait(self, calls: list[Call[Any]], timeout_s: float) -> list[int]:
         """Positions of the calls that are done, waiting up to `timeout_s` for the first (Group.wait)."""
         return self.actors.wait([c.handle for c in calls], timeout_s)
 
-    def result_or_resend(self, call: Call, method: Method, args: tuple, n_prompts: int) -> tuple[Call, Any]:
+    def result_or_resend(
+        self, call: Call[T], method: Method[R, ..., T], args: tuple, n_prompts: int
+    ) -> tuple[Call[T], T]:
         """The call's result; when its actor dies, the same work goes to the actor `died` names (the death counted,
         Ray restarting the dead one) and so on until one answers. Returns the call that answered and its result."""
         while True:
@@ -68,18 +70,18 @@ class ActorPool:
             except MemberDied as e:
                 call = self.resend(call, method, args, e, n_prompts)
 
-    def resend(self, call: Call, method: Method, args: tuple, e: MemberDied, n_prompts: int) -> Call:
+    def resend(self, call: Call[T], method: Method[R, ..., T], args: tuple, e: MemberDied, n_prompts: int) -> Call[T]:
         """A call whose actor died (`e`), sent again as it was to the live actor `died` names."""
         return self.submit(self.died(call, method.__name__, e, n_prompts), method, *args)
 
-    def on_live(self, method: Method) -> float:
+    def on_live(self, method: Method[R, [], Any]) -> float:
         """Call `method` on every live actor and wait (an actor that dies meanwhile is handed to Ray's restart, as
         anywhere else); the seconds it took."""
         t0 = time.perf_counter()
         self.results([self.submit(i, method) for i in self.live()], method.__name__)
         return time.perf_counter() - t0
 
-    def results(self, calls: list[Call], what: str) -> list[tuple[Call, Any]]:
+    def results(self, calls: list[Call[T]], what: str) -> list[tuple[Call[T], T]]:
         """Each call's result, in order; a call whose actor died is handed to Ray's restart (`died`, counted) and
         left out: it carried no prompts to send again."""
         out = []
@@ -118,7 +120,7 @@ class ActorPool:
                 raise RuntimeError(f"no {self.role} came back from its restart within {REJOIN_TIMEOUT_S:.0f} s")
             time.sleep(0.5)
 
-    def died(self, call: Call, what_call: str, e: MemberDied, n_prompts: int) -> int:
+    def died(self, call: Call[Any], what_call: str, e: MemberDied, n_prompts: int) -> int:
         """Handle a dead rollout actor once per death (calls sent to it before the death fail with it, and calls
         to a restarting actor fail at once: neither is a new death); returns the live actor that takes its work."""
         i = call.actor

@@ -9,7 +9,8 @@ then an AttributeError when the module loads, and the fakes in the tests impleme
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, Protocol, TypeAlias, TypeVar
 
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample
 
@@ -126,4 +127,11 @@ class Teacher(Protocol):
     def close(self) -> None: ...
 
 
-Method = Any  # a protocol's function, e.g. `RolloutActor.generate`: the group calls the member's method of its name
+R = TypeVar("R")  # a role (one of the protocols above)
+P = ParamSpec("P")  # a method's parameters after `self`
+T = TypeVar("T")  # what a method returns
+
+# A protocol's function, e.g. `RolloutActor.generate`: the group calls the member's method of its name. Written as
+# `Method[R, P, T]`, a group's `submit(i, method, *args)` is checked against the method's own parameters and role;
+# `Method[R, ..., T]` where the arguments travel as a stored tuple (a call sent again to another actor).
+Method: TypeAlias = Callable[Concatenate[R, P], T]

@@ -16,7 +16,7 @@ from rl.config.cluster import ClusterConfig
 from rl.runtime.groups import Group, merge_learner_metrics, shard, shard_groups
 from rl.runtime.pipeline import PendingGeneration, Pipeline
 from rl.runtime.pool import ActorPool, Call
-from rl.runtime.roles import Learner, Method, RolloutActor, Teacher
+from rl.runtime.roles import Learner, Method, RolloutActor, T, Teacher
 from rl.runtime.stream import NewGroup, Stream
 from rl.runtime.sync import AdapterSync, Versions
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample, completions_of, prompts_of
@@ -38,10 +38,10 @@ class Runtime:
 
     def __init__(
         self,
-        actors: Group,
-        learners: Group,
+        actors: Group[RolloutActor],
+        learners: Group[Learner],
         cluster: ClusterConfig | None = None,
-        teachers: Group | None = None,
+        teachers: Group[Teacher] | None = None,
         *,
         episodes: bool = False,
     ):
@@ -170,7 +170,9 @@ class Runtime:
             Teacher.token_logprobs, len(comps), lambda idx: ([prompts[k] for k in idx], [comps[k] for k in idx])
         )
 
-    def _on_teachers(self, method: Method, n: int, args_of) -> list:
+    def _on_teachers(
+        self, method: Method[Teacher, ..., list[T]], n: int, args_of: Callable[[list[int]], tuple]
+    ) -> list[T]:
         """`method` on contiguous shards of n items over the live teachers, results in item order; a teacher that
         dies in the call is handed to Ray's restart and its shard goes to a live one (as an actor's prompts do)."""
         pool = self.teacher_pool
@@ -182,7 +184,7 @@ class Runtime:
         live = pool.live()
         parts = shard(list(range(n)), len(live))
         calls = [(idx, pool.submit(i, method, *args_of(idx))) for i, idx in zip(live, parts) if idx]
-        out: list = []
+        out: list[T] = []
         for idx, call in calls:
             out.extend(pool.result_or_resend(call, method, args_of(idx), len(idx))[1])
         return out

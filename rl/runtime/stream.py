@@ -26,7 +26,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from rl.config.cluster import STREAM_DEPTH
 from rl.runtime.groups import MemberDied
@@ -76,7 +76,7 @@ class StreamGroup:
 class _InFlight:
     call: Call
     units: list[tuple[StreamGroup, int]]  # (group, sample index); -1: the group's whole episodes (multi-turn)
-    method: Method
+    method: Method[RolloutActor, ..., list[PromptRollout]]
     args: tuple  # sent again to a live actor when this one dies
 
 
@@ -86,7 +86,7 @@ class Stream:
 
     def __init__(
         self,
-        pool: ActorPool,
+        pool: ActorPool[RolloutActor],
         versions: Versions,
         sampling: Sampling,
         *,
@@ -131,7 +131,7 @@ class Stream:
     def rollout(self, g: StreamGroup) -> PromptRollout:
         """A finished group as the learner's PromptRollout: per-token versions, texts decoded from all its tokens."""
         if self.episodes:
-            comps = [s.episode for s in g.samples]
+            comps = cast(list[Completion], [s.episode for s in g.samples])  # a finished group has every episode
         else:
             texts = self.decode([s.tokens for s in g.samples])
             comps = [
@@ -197,7 +197,7 @@ class Stream:
     def _send(self, actor: int, units: list[tuple[StreamGroup, int]]) -> None:
         if self.episodes:
             groups = [g for g, _ in units]
-            method: Method = RolloutActor.generate
+            method: Method[RolloutActor, ..., list[PromptRollout]] = RolloutActor.generate
             args: tuple = ([g.new.prompt for g in groups], self.sampling, [g.new.seed for g in groups],
                            [g.new.item for g in groups])  # fmt: skip
         else:
@@ -233,8 +233,9 @@ class Stream:
             g.actor = f.call.actor
             if k < 0:
                 for s, c in zip(g.samples, r.completions):
-                    s.episode = replace(c, versions=[r.adapter_version] * len(c.token_ids))
-                    s.tokens, s.versions, s.finish = c.token_ids, s.episode.versions, c.finish_reason
+                    versions = [r.adapter_version] * len(c.token_ids)
+                    s.episode = replace(c, versions=versions)
+                    s.tokens, s.versions, s.finish = c.token_ids, versions, c.finish_reason
             else:
                 self._extend(g, k, r.completions[0], r.adapter_version)
             if self.lag(g) > self.bound:

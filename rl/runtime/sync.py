@@ -11,7 +11,7 @@ actors' logprobs with learner 0's on the version just published.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from rl.runtime.groups import Group
 from rl.runtime.pool import ActorPool, Call
@@ -49,7 +49,7 @@ class Versions:
             return False
         self.mismatch(actor, version)
 
-    def mismatch(self, actor: int, version: int) -> None:
+    def mismatch(self, actor: int, version: int) -> NoReturn:
         expected = self.current if self.staleness == 0 else f"one of {self.allowed()}"
         raise VersionMismatch(
             f"rollout actor {actor} generated with adapter version {version}, expected {expected}: "
@@ -61,7 +61,7 @@ class AdapterSync:
     """Publishes learner 0's policy to the actors: as bytes through the object store (any device) or as CUDA IPC
     handles (`cluster.weight_sync=ipc`, actors on learner 0's GPU)."""
 
-    def __init__(self, pool: ActorPool, learners: Group, versions: Versions, weight_sync: str):
+    def __init__(self, pool: ActorPool[RolloutActor], learners: Group[Learner], versions: Versions, weight_sync: str):
         self.pool, self.learners, self.versions, self.weight_sync = pool, learners, versions, weight_sync
         self.adapter_ref: Any = None  # the last published adapter (put once), re-sent to restarted actors
         self.loads: list[Call] = []  # adapter loads not yet collected (staleness > 0 does not wait for them)

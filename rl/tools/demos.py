@@ -66,7 +66,7 @@ def demonstrations(env: Any, reward_fn: Any, n: int, seed: int, threshold: float
     items = env.train_items()
     rng = random.Random(seed)
     order = rng.sample(range(len(items)), len(items))
-    rows, dropped = [], 0
+    rows, dropped = list[dict](), 0
     for index in order:
         if len(rows) == n:
             break

@@ -40,7 +40,7 @@ def field_comments(cls: type) -> dict[str, str]:
 
 def _default(f: dataclasses.Field) -> str:
     """A field's default as it is written in YAML or on the command line."""
-    value: Any = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    value: Any = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
     value = getattr(value, "value", value)
     if value is None or isinstance(value, bool):
         return {None: "null", True: "true", False: "false"}[value]

@@ -35,7 +35,9 @@ def args(model, out, *extra: str) -> list[str]:
         "model.dtype=float32",
         "model.learner_dtype=float32",
         "reward._target_=tests.helpers.LengthReward",
-        "~reward.extract",
+        "~reward.workers",
+        "~reward.timeout_s",
+        "~reward.reward",
         "logger=none",
         *extra,
     ]

@@ -1,8 +1,19 @@
-"""The benchmark scripts' pure helpers: the random-model shape builder and the scaling projection."""
+"""The benchmark scripts' pure helpers: the random-model shape builder, the scaling projection, the writer of the
+results file, and the agreement of docs/benchmarks.md with that file and with the links into it."""
 
 from __future__ import annotations
 
+import json
+import re
+import sys
+
 import pytest
+
+from tests.helpers import REPO
+
+BENCHMARKS = REPO / "docs" / "benchmarks.md"
+ANCHOR = re.compile(r'<a id="([\w-]+)"></a>')
+COMMIT = re.compile(r"\b[0-9a-f]{7}\b")
 
 
 def test_shapes_match_published_parameter_counts():
@@ -74,3 +85,88 @@ def test_spread_reports_median_and_range():
     s = spread([30.0, 10.0, 20.0, 25.0])
     assert (s["median"], s["min"], s["max"], s["n"]) == (22.5, 10.0, 30.0, 4)
     assert show_spread(spread([3.24, 4.1, 3.9]), " s", 1) == "3.9 s (3.2-4.1, n=3)"
+
+
+def test_append_result_writes_one_line_per_run_to_the_path_it_is_given(tmp_path, monkeypatch):
+    from bench.common import append_result
+
+    results = tmp_path / "results.jsonl"
+    monkeypatch.setenv("RLFT_BENCH_RESULTS", str(results))
+    info = {"host": "h", "cpus": 2, "load_avg": [0.5, 0.4, 0.3], "date": "2026-12-06 10:00 UTC", "commit": "abc1234"}
+    append_result("learner", {"ratio": 1.5}, ["--groups", "2"], info=info)
+    append_result("rollout", {"tokens_per_s": 10.0}, [], info=info)
+    first, second = [json.loads(x) for x in results.read_text().splitlines()]
+    assert first["bench"] == "learner" and first["result"] == {"ratio": 1.5}
+    assert (first["date"], first["commit"], first["machine"]) == (
+        info["date"],
+        "abc1234",
+        {"host": "h", "cpus": 2, "load_avg": [0.5, 0.4, 0.3]},
+    )
+    assert first["command"] == "python -m bench.learner --groups 2" and first["arguments"] == ["--groups", "2"]
+    assert isinstance(first["dirty"], bool) and second["bench"] == "rollout"
+
+
+def test_append_run_records_a_train_runs_summary_and_median_steps(tmp_path, monkeypatch):
+    """`python -m bench.common append-run`, what bench/gpu/e2e.sh ends with: summary.json plus the median of each
+    step part over steps 2..N (step 1 compiles)."""
+    from bench import common
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"eval/accuracy_after": 0.5}))
+    steps = [{"step": i, "time/step_s": t, "time/sync_s": 0.1} for i, t in ((1, 30.0), (2, 4.0), (3, 6.0), (4, 5.0))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    monkeypatch.setenv("RLFT_BENCH_RESULTS", str(tmp_path / "results.jsonl"))
+    monkeypatch.setattr(sys, "argv", ["bench.common", "append-run", "gpu/e2e.sh", str(run), str(run), "run.steps=4"])
+    common.main()
+    (line,) = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert line["bench"] == "gpu/e2e.sh" and line["arguments"] == [str(run), "run.steps=4"]
+    assert line["command"] == f"bash bench/gpu/e2e.sh {run} run.steps=4"
+    assert line["result"] == {
+        "eval/accuracy_after": 0.5,
+        "median_time/step_s": 5.0,
+        "median_time/sync_s": 0.1,
+        "steps_timed": 3,
+    }
+
+
+def claim_sections() -> dict[str, str]:
+    """docs/benchmarks.md cut at each anchor: {anchor: its text up to the next anchor}."""
+    text = BENCHMARKS.read_text()
+    marks = list(ANCHOR.finditer(text))
+    ends = [m.start() for m in marks[1:]] + [len(text)]
+    return {m.group(1): text[m.end() : end] for m, end in zip(marks, ends)}
+
+
+def test_every_link_into_benchmarks_names_one_of_its_anchors():
+    sections = claim_sections()
+    files = [REPO / "README.md", *(REPO / "docs").glob("*.md")]
+    for folder in ("rl", "bench", "tests", "envs", "rewards", "conf"):
+        files += [p for p in (REPO / folder).rglob("*") if p.suffix in (".py", ".sh", ".yaml", ".md")]
+    broken = [
+        f"{path.relative_to(REPO)}: #{anchor}"
+        for path in files
+        for anchor in re.findall(r"benchmarks\.md#([\w-]+)", path.read_text())
+        if anchor not in sections
+    ]
+    assert not broken, "links to anchors docs/benchmarks.md lacks:\n" + "\n".join(broken)
+
+
+def test_the_results_file_backs_each_claim_of_benchmarks_md():
+    """Each line of bench/results.jsonl is a whole record; a line that names a claim names an anchor of
+    docs/benchmarks.md whose text quotes the line's commit, and every claim that quotes a commit has a line."""
+    sections = claim_sections()
+    lines = [json.loads(x) for x in (REPO / "bench" / "results.jsonl").read_text().splitlines()]
+    wrong = []
+    for i, line in enumerate(lines, 1):
+        if not {"bench", "date", "commit", "machine", "command", "arguments", "result"} <= set(line):
+            wrong.append(f"line {i}: missing {sorted({'bench', 'date', 'commit', 'result'} - set(line))}")
+        elif "claim" in line and line["claim"] not in sections:
+            wrong.append(f"line {i}: claim {line['claim']!r} is no anchor of docs/benchmarks.md")
+        elif "claim" in line and line["commit"] and line["commit"] not in sections[line["claim"]]:
+            wrong.append(f"line {i}: commit {line['commit']} is not quoted under #{line['claim']}")
+    claimed = {line.get("claim") for line in lines}
+    wrong += [
+        f"#{a} quotes commits but has no line" for a, t in sections.items() if COMMIT.search(t) and a not in claimed
+    ]
+    assert not wrong, "\n".join(wrong)

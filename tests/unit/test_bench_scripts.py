@@ -236,11 +236,15 @@ def test_sampling_budget_compares_runs_at_the_smallest_token_total(tmp_path, mon
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (run / "summary.json").write_text(json.dumps({"time/total_s": 60.0}))
     monkeypatch.setattr(sys, "argv", ["bench.sampling_budget", str(tmp_path / "a"), str(tmp_path / "b")])
+    monkeypatch.setenv("RLFT_BENCH_RESULTS", str(tmp_path / "results.jsonl"))
     sampling_budget.main()
     out = capsys.readouterr().out
     assert "token budget: 400 generated tokens" in out
     assert "| a | 4 | 400 | 0.750 | 0.750 (4) | 0 | 60 |" in out
     assert "| b | 4 | 800 | 0.750 | 0.500 (2) | 12 | 60 |" in out  # b's 400 tokens were spent by step 2
+    (line,) = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert line["bench"] == "sampling_budget" and line["result"]["budget_tokens"] == 400
+    assert line["result"]["runs"][str(tmp_path / "b")]["accuracy_at_budget"] == 0.5
 
 
 def test_sync_merge_arithmetic_runs_on_a_real_checkpoint(tiny_model):

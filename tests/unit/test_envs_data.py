@@ -1,4 +1,4 @@
-"""Dataset environments: seed-format jsonl, field mapping, GSM8K answers, one-line errors, shuffling, sharding, eval sets."""
+"""Dataset environments: chat-format jsonl, field mapping, GSM8K answers, one-line errors, shuffling, sharding, eval sets."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def seed_rows(n: int) -> list[dict]:
     return [{"messages": {"role": "user", "content": f"What is {i} + 1?"}, "gt_answer": str(i + 1)} for i in range(n)]
 
 
-def test_seed_format_jsonl_with_default_system_prompt(tmp_path):
+def test_chat_format_jsonl_with_default_system_prompt(tmp_path):
     rows = seed_rows(3) + [
         {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}], "gt_answer": 4}
     ]

@@ -51,11 +51,20 @@ def deepest_module(name: str) -> str | None:
     return None
 
 
-def imported_modules(module: str, path: Path) -> list[tuple[str, int]]:
-    """(project module, line) for every import statement anywhere in the file."""
+def is_main_guard(node: ast.stmt) -> bool:
+    """`if __name__ == "__main__":`: what runs only when the file is the program, never when it is imported."""
+    return isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
+
+
+def imported_modules(module: str, path: Path, *, skip_main_guard: bool = False) -> list[tuple[str, int]]:
+    """(project module, line) for every import statement anywhere in the file (with `skip_main_guard`, but those
+    under a top-level `if __name__ == "__main__":`)."""
     is_package = path.name == "__init__.py"
     found: list[tuple[str, int]] = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    if skip_main_guard:
+        tree.body = [node for node in tree.body if not is_main_guard(node)]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -207,9 +216,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "rl.entry",
             "rl.preflight",
             "rl.tools",
-            "rewards.check",
-            "rewards.check_code",
-            "rewards.check_judge",
+            "rewards.check",  # `python -m rewards.check`: the reward gate's command name, forwarding to rl/tools
         ),
     ),
 ]
@@ -231,7 +238,7 @@ def test_layer_of_takes_the_longest_prefix():
     assert LAYERS[layer_of("rl.loop.driver")][0] == "loop"
     assert LAYERS[layer_of("rl.config.schema")][0] == "ground"
     assert LAYERS[layer_of("rewards.math")][0] == "inputs"
-    assert LAYERS[layer_of("rewards.check_judge")][0] == "commands"
+    assert LAYERS[layer_of("rewards.check")][0] == "commands"
     assert LAYERS[layer_of("rl")][0] == "ground"
 
 
@@ -313,6 +320,26 @@ def test_the_training_loop_never_imports_preflight():
         reached = imported_by(start, graph)
         assert start in graph and reached, start
         assert not [m for m in reached if m.startswith("rl.preflight")], f"{start} reaches {sorted(reached)}"
+
+
+def test_envs_and_rewards_do_not_import_rl():
+    """Layers: the environments and the rewards sit below the run's machinery (rl/); a command that needs both lives
+    in rl/tools/ (rewards/check.py only names the reward-hacking gate, under its `__main__` guard)."""
+    up = [
+        f"{module} -> {target} ({path.relative_to(ROOT)}:{line})"
+        for module, path in project_files().items()
+        if module.split(".")[0] in ("envs", "rewards")
+        for target, line in imported_modules(module, path, skip_main_guard=True)
+        if target.split(".")[0] == "rl"
+    ]
+    assert not up, up
+
+
+def test_a_main_guard_is_left_out_only_when_asked(tmp_path):
+    source = tmp_path / "cmd.py"
+    source.write_text("import rl.types\nif __name__ == '__main__':\n    from rl.tools import eval\n")
+    assert [m for m, _ in imported_modules("rewards.cmd", source)] == ["rl.types", "rl.tools.eval"]
+    assert [m for m, _ in imported_modules("rewards.cmd", source, skip_main_guard=True)] == ["rl.types"]
 
 
 def test_envs_do_not_import_rewards():

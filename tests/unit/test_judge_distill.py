@@ -10,12 +10,12 @@ import re
 import pytest
 import torch
 
-from rewards.check import PROBLEMS, run_check
-from rewards.check_judge import JUDGE_EXPLOITS
 from rewards.combine import WeightedSum
 from rewards.judge import CLOSE, OPEN, JudgeReward, blocked, parse_verdict, render
 from rl import algorithms
 from rl.config.errors import ConfigError
+from rl.tools.reward_check import PROBLEMS, run_check
+from rl.tools.reward_check_judge import JUDGE_EXPLOITS
 from rl.types import Completion, PromptRollout
 from tests.fakes import FakeJudge, FakeTeacher
 from tests.helpers import typed_config
@@ -104,8 +104,8 @@ def test_the_judge_reward_passes_the_reward_hacking_gate_with_a_gullible_judge()
 
 
 def test_the_judge_gate_reports_how_well_the_judge_model_grades():
-    from rewards.check import correct_completions
-    from rewards.check_judge import discrimination
+    from rl.tools.reward_check import correct_completions
+    from rl.tools.reward_check_judge import discrimination
 
     reward = JudgeReward(with_reference=True)
     reward.bind_judge(FakeJudge())
@@ -131,8 +131,8 @@ class EchoJudge(FakeJudge):
 
 
 def test_the_gate_warns_about_a_judge_that_scores_the_number_a_wrong_answer_states(capsys):
-    from rewards.check import report
-    from rewards.check_judge import top_score_echo
+    from rl.tools.reward_check import report
+    from rl.tools.reward_check_judge import top_score_echo
 
     careful = JudgeReward(with_reference=True)
     careful.bind_judge(FakeJudge())
@@ -152,7 +152,7 @@ def test_the_gate_warns_about_a_judge_that_scores_the_number_a_wrong_answer_stat
 
 
 def test_the_judge_check_names_the_key_when_its_engine_cannot_start(capsys):
-    from rewards.check import main
+    from rl.tools.reward_check import main
 
     assert main(["reward=judge", "teacher.path=/nonexistent/judge"]) == 2
     out = capsys.readouterr().out.strip()

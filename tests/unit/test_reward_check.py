@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rewards.check import EXPLOITS, PROBLEMS, build_reward, run_check
+from rl.tools.reward_check import EXPLOITS, PROBLEMS, build_reward, run_check
 from tests.helpers import REPO, repo_env
 
 

@@ -1,4 +1,4 @@
-"""reward=code_tests (rewards/code_tests.py), its hacking-gate suite (rewards/check_code.py) and env=code_tasks
+"""reward=code_tests (rewards/code_tests.py), its hacking-gate suite (rl/tools/reward_check_code.py) and env=code_tasks
 (envs/code_tasks.py): real programs run in the real sandbox."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 
 from envs.code_tasks import FAMILIES, CodeTasksEnv, make_item
-from rewards.check import build_reward, run_check
-from rewards.check_code import CODE_EXPLOITS, CODE_PROBLEMS
 from rewards.code_tests import MARK, CodeTestsReward, extract_code, parse_results, same_value, score_output
+from rl.tools.reward_check import build_reward, run_check
+from rl.tools.reward_check_code import CODE_EXPLOITS, CODE_PROBLEMS
 
 LIMITS = {"cpu_s": 1, "wall_s": 2, "memory_mb": 256, "max_output_bytes": 8192, "workers": 2}
 

@@ -171,3 +171,13 @@ def test_math500_golds_match_through_math_verify_without_the_string_fallback():
     golds = [json.loads(line)["answer"] for line in (DATA / "math500/test.jsonl").open()][:150]
     ok = sum(bool(parse_math(g, 5)) and verify(list(parse_math(g, 5)), list(parse_math(g, 5))) for g in golds)
     assert ok / len(golds) >= 0.99
+
+
+def test_boxes_longer_than_max_answer_chars_disagree_without_being_parsed():
+    """Two differing boxes of 300 000 characters: parsing them would take math-verify its whole timeout (raising
+    RewardTimeout in this thread); over max_answer_chars they disagree unparsed and score 0."""
+    from rewards.math import BoxedReward
+
+    huge = "\\boxed{" + "1+" * 150_000 + "1} \\boxed{2}"
+    assert BoxedReward(max_answer_chars=300).score_one(huge, "2") == 0.0
+    assert BoxedReward(multiple_boxed="last").score_one(huge, "2") == 1.0

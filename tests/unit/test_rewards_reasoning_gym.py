@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from rewards.check import build_reward, run_check
 from rewards.reasoning_gym import ReasoningGymScore, extract_answer
+from rewards.runner import RewardRunner
+from rl.tools.reward_check import build_reward, run_check
 
 # a chain_sum item as envs/reasoning_gym.py builds it (metadata: the task's own, plus task and question)
 META = {
@@ -21,8 +22,8 @@ def score(completions: list[str], gold: str = "-4", meta: dict = META) -> list[f
 
 
 def test_the_default_reward_passes_its_hacking_gate():
-    reward = build_reward(["reward=reasoning_gym"])
-    assert reward.extract == "final_number"
+    reward = build_reward(["reward=reasoning_gym", "reward.workers=0"])
+    assert reward.reward.extract == "final_number"
     results, unjudged = run_check(reward)
     assert len(unjudged) < 5 and results  # the chain_sum problems are judged (the others have no task)
     assert [r for r in results if not r.passed] == []
@@ -119,3 +120,32 @@ def test_an_unknown_mode_fails_at_construction():
     with pytest.raises(ValueError, match="final_number"):
         ReasoningGymScore(extract="first_number")
     assert extract_answer("x = 3", "last_number") == "3"
+
+
+def test_the_default_reward_scores_in_workers_with_a_per_sample_timeout():
+    """Like every reward of free text, the default one cannot stall the driver: a runner bounds each sample."""
+    reward = build_reward(["reward=reasoning_gym"])
+    assert isinstance(reward, RewardRunner) and reward.workers >= 1 and 0 < reward.timeout_s <= 10
+    try:
+        right, wrong = ["The answer is -4.", "The answer is 4."], ["-4", "-4"]
+        assert reward(right, answer=wrong, metadata=[META, META]) == [1.0, 0.0]
+        assert reward.pop_metrics() == {"reward/errors": 0.0, "reward/timeouts": 0.0}
+    finally:
+        reward.close()
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "<answer>" * 200_000,  # a lazy tag regex scans to the end from each of them: about 10^11 steps
+        "<answer>1</answer>" + "<answer>" * 200_000,
+        "1" + " " * 1_000_000 + "x2",  # blanks fullmatched from both sides of the gap between two numbers
+        "\\boxed{1" + " " * 1_000_000 + "x}",
+        "1, " * 300_000 + "x 2",
+    ],
+    ids=["open-tags", "closed-then-open", "gap-blanks", "boxed-blanks", "long-list"],
+)
+def test_extraction_is_linear_on_a_megabyte_of_adversarial_text(completion):
+    """Sizes at which a quadratic scan would not finish within any test run."""
+    assert score([completion]) == [0.0]
+    assert extract_answer(completion, "answer_tag", META) in (None, "1")

@@ -5,11 +5,11 @@ A judge reward (rewards/judge.py) scores through a model, so its gate needs one:
 judge/teacher engine (rl/rollout/teacher.py) from the same overrides a run takes (`teacher.path`, `teacher.adapter`,
 `cluster.teacher_memory_utilization`), one engine whatever `cluster.num_teachers` says. Its suite is what games a
 judge without answering the question: flattering or instructing the grader, claiming a score or a verdict, closing
-the answer block, copying the question, saying nothing. Each must score 0 (the issue's "a completion that only
-flatters the judge or copies the question must not score"). Whether the judge tells a right answer from a wrong one
-is the judge model's own quality, which no guard in the reward's code can supply: `discrimination` measures it, and
-`top_score_echo` how much a wrong answer that states the top score gets (a small judge reads it as its verdict); the
-check prints both, warns about the second, and gates on neither.
+the answer block, copying the question, saying nothing. Each must score 0: a completion that only flatters the judge
+or copies the question must not score. Whether the judge tells a right answer from a wrong one is the judge model's
+own quality, which no guard in the reward's code can supply: `discrimination` measures it, and `top_score_echo` how
+much a wrong answer that states the top score gets (a small judge reads it as its verdict); the check prints both,
+warns about the second, and gates on neither.
 """
 
 from __future__ import annotations
@@ -76,11 +76,11 @@ def top_score_echo(reward: Any, problems: list[dict]) -> tuple[str, float] | Non
     return f"The answer is {top}.", mean(scores)
 
 
-def start_judge(overrides: list[str]) -> tuple[Judge, Callable[[], None], Path]:
-    """One judge/teacher engine in this process, configured by a run's `overrides` (cluster.num_teachers set to 1
-    when it is 0); returns the judge (text in, verdicts out), a function that stops the engine, and the engine's log
-    file. A bad override exits with one line (rl/entry.py); a failed start raises rl.errors.StartupError with one
-    line naming the key that fixes it (rl/preflight/diagnose.py, as a run says it)."""
+def start_judge(conf_dir: str, overrides: list[str]) -> tuple[Judge, Callable[[], None], Path]:
+    """One judge/teacher engine in this process, configured by `conf_dir`'s train.yaml and a run's `overrides`
+    (cluster.num_teachers set to 1 when it is 0); returns the judge (text in, verdicts out), a function that stops
+    the engine, and the engine's log file. A bad override exits with one line (rl/entry.py); a failed start raises
+    rl.errors.StartupError with one line naming the key that fixes it (rl/preflight/diagnose.py, as a run says it)."""
     import os
     from dataclasses import replace
 
@@ -90,7 +90,6 @@ def start_judge(overrides: list[str]) -> tuple[Judge, Callable[[], None], Path]:
     from rl.errors import StartupError, cause_of
     from rl.resolve import resolve
 
-    conf_dir = str(Path(__file__).resolve().parent.parent / "conf")
     cfg = compose_checked(conf_dir, "train", overrides, TrainConfig)[1]
     if not cfg.cluster.num_teachers:
         cfg = replace(cfg, cluster=replace(cfg.cluster, num_teachers=1))
