@@ -118,9 +118,10 @@ def random_adapter(path: str, rank: int = 16, *, dtype: str = "float32", seed: i
     adapter: merging or applying it costs what a real one does)."""
     import torch
 
+    from rl.app import learner_args
     from rl.learner import Learner
 
-    learner = Learner(learner_config(path, rank=rank, dtype=dtype, seed=seed, threads=threads))
+    learner = Learner(**learner_args(learner_config(path, rank=rank, dtype=dtype, seed=seed, threads=threads)))
     with torch.no_grad():
         for name, p in learner.model.named_parameters():
             if "lora_B" in name:

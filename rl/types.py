@@ -10,12 +10,20 @@ from typing import Any
 
 @dataclass
 class Sampling:
-    """How to sample completions for one generate call."""
+    """How to sample completions for one generate call (made by `sampling_for` in rl/config/schema.py).
+
+    The filters are named as vLLM's SamplingParams and transformers' `generate` name them, and the engines pass
+    `filters()` on whole: a new filter is a field here and its value in `sampling_for`, no engine changes."""
 
     n: int = 1  # completions per prompt
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
+    min_p: float = 0.0  # drop tokens less likely than min_p x the likeliest one, after temperature (0 off)
     max_tokens: int = 64
+
+    def filters(self) -> dict[str, float]:
+        """What shapes the distribution sampled from (the behaviour logprobs describe it after these)."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "min_p": self.min_p}
 
 
 @dataclass

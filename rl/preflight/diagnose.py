@@ -27,7 +27,7 @@ def explain(role: str, cause: str, cfg: TrainConfig, failed: str = "failed to st
     run's resolved config (model path, memory settings, the step's size, for the suggested values). A judge/teacher
     engine is explained with its own engine config, and its memory key named."""
     if role.startswith("judge/teacher"):
-        from rl.rollout.teacher import teacher_engine_config
+        from rl.resolve import teacher_engine_config
 
         text = explain("engine", cause, teacher_engine_config(cfg), failed)
         key = "cluster.gpu_memory_utilization"

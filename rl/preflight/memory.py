@@ -41,10 +41,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl.config.schema import ConfigError
+from rl.model_path import adapter_lora, lora_slot_rank
 from rl.preflight.shapes import DTYPE_BYTES, ModelShape
 from rl.resolve import (
-    adapter_lora,
-    lora_slot_rank,
     resolve_lora_mode,
     resolve_micro_batch_tokens,
     teacher_in_4bit,

@@ -64,7 +64,7 @@ def test_kv_cache_share_too_small_on_cpu(tiny_model, tmp_path):
     assert_no_driver_traceback(proc)
     log = (tmp_path / "hydra" / "train.log").read_text()
     assert "rl.errors.RoleStartFailed: rollout actor 0 failed to start: ValueError: Available memory" in log
-    # the engine's own traceback: on CPU the engine core runs in the actor's process (rl/app.py actor_env), so the
+    # the engine's own traceback: on CPU the engine core runs in the actor's process (rl/runtime/process_env.py actor_env), so the
     # worker's frames are in the role's traceback; a separate engine process's would come as "vLLM engine output"
     assert "cpu_worker.py" in log
 
