@@ -219,7 +219,7 @@ def write_summary(run_dir: Path, summary: dict, steps: int) -> None:
     it holds, which stays as it was."""
     from rl.atomic import replace_when_done
     from rl.loop.checkpoint import STEPS_DONE, SUMMARY
-    from rl.tools.runs import DamagedFile, read_summary
+    from rl.run_files import DamagedFile, read_summary
 
     try:
         if read_summary(run_dir / SUMMARY) == summary:

@@ -15,7 +15,7 @@ from typing import Any
 from tqdm import tqdm
 
 from rl.atomic import replace_when_done
-from rl.tools.runs import json_lines
+from rl.run_files import json_lines
 
 
 def _jsonable(v: Any) -> Any:

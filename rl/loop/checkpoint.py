@@ -50,9 +50,9 @@ import torch
 
 from rl.atomic import fsync_dir, replace_when_done, write_bytes
 from rl.config.schema import ConfigError
+from rl.run_files import DamagedFile, json_lines, read_summary
 from rl.runtime.roles import Learner, RolloutActor
 from rl.runtime.runtime import Runtime
-from rl.tools.runs import DamagedFile, json_lines, read_summary
 from rl.types import Adapter, TrainedPolicy
 
 CHECKPOINTS = "checkpoints"

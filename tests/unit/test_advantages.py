@@ -255,7 +255,7 @@ def test_advantages_agree_with_verl(name, seed):
 
 
 def test_prepare_samples_hands_the_estimator_the_algorithm_config(monkeypatch):
-    """The call site passes `cfg.algorithm` itself (no fields picked), and the lengths of the completions in the
+    """The call site passes the algorithm config itself (no fields picked), and the lengths of the completions in the
     loss: a knob reaches the estimator without being named between the schema and the estimator."""
     seen = {}
 
@@ -267,7 +267,7 @@ def test_prepare_samples_hands_the_estimator_the_algorithm_config(monkeypatch):
     cfg = from_overrides("/fake/model", "algorithm.advantage=probe", "algorithm.group_size=2", "algorithm.adv_clip=0.3")
     comps = [Completion(list(range(n)), [-0.5] * n, "stop", "t") for n in (3, 1, 2, 4)]
     rollouts = [PromptRollout([1], comps[:2], 0), PromptRollout([2], comps[2:], 1)]
-    _, adv, _ = prepare_samples(rollouts, [1.0, 0.0, 0.5, 0.5], cfg)
+    _, adv, _ = prepare_samples(rollouts, [1.0, 0.0, 0.5, 0.5], cfg.algorithm, cfg.completion_tokens)
     assert seen["knobs"] is cfg.algorithm and seen["knobs"].adv_clip == 0.3 and seen["group_size"] == 2
     assert seen["lengths"].tolist() == [3.0, 1.0, 2.0, 4.0]
     assert adv.tolist() == [1.0, 0.0, 0.5, 0.5]

@@ -34,9 +34,8 @@ def test_find_policy_reads_the_four_layouts(tmp_path):
     assert checkpoint.find_policy(folder) == TrainedPolicy("adapter", adapter=folder)
 
     run = tmp_path / "run"
-    ckpt = run / "checkpoints" / "step_0004"
-    adapter_folder(ckpt / "adapter")
-    (ckpt / "trainer.pkl").write_bytes(b"")
+    adapter = Adapter(3, {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}, b"w")
+    ckpt = checkpoint.save(run, 4, learner_state={"adapter": adapter}, trainer_state={})  # a whole checkpoint
     assert checkpoint.find_policy(ckpt) == TrainedPolicy("checkpoint", adapter=ckpt / "adapter")
     # a run stopped before its result export: its latest checkpoint; with the export: the export
     assert checkpoint.find_policy(run) == TrainedPolicy("run", adapter=ckpt / "adapter")

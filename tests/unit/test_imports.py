@@ -139,7 +139,7 @@ def test_every_import_form_is_resolved(tmp_path):
         "from rl import config\n"
         "from rl import ConfigError_not_a_module\n"
         "from rl.types import Sampling\n"
-        "from . import runs\n"
+        "from . import sweep\n"
         "from ..loop.checkpoint import save\n"
         "def later():\n"
         "    from rewards import math\n"
@@ -150,7 +150,7 @@ def test_every_import_form_is_resolved(tmp_path):
         "rl.config",
         "rl",
         "rl.types",
-        "rl.tools.runs",
+        "rl.tools.sweep",
         "rl.loop.checkpoint",
         "rewards.math",
     ]
@@ -198,7 +198,18 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the ground floor: the schema, plain data that crosses processes, errors, small helpers without a role
     (
         "ground",
-        ("rl", "rl.config", "rl.types", "rl.errors", "rl.seeds", "rl.atomic", "rl.flat", "rl.logs", "rl.metrics"),
+        (
+            "rl",
+            "rl.config",
+            "rl.types",
+            "rl.errors",
+            "rl.seeds",
+            "rl.atomic",
+            "rl.flat",
+            "rl.logs",
+            "rl.metrics",
+            "rl.run_files",
+        ),
     ),
     # inputs and pure functions the roles and the loop share: prompts and data, losses and advantages, weights on
     # disk, the rewards

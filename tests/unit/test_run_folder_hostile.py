@@ -15,7 +15,7 @@ from rl.config.schema import ConfigError
 from rl.loop import checkpoint
 from rl.metrics import MetricsLogger
 from rl.resolve import check_run_dir_is_new
-from rl.tools.runs import read_metrics
+from rl.run_files import read_metrics
 from rl.types import Adapter
 from tests.helpers import typed_config
 
