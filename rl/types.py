@@ -30,6 +30,7 @@ class EpisodeInfo:
     env_tokens: int = 0  # environment tokens in the completion (mask 0)
     terms: dict[str, float] = field(default_factory=dict)  # per-episode reward terms, added to the outcome reward
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation after the prompt
+    reward_errors: int = 0  # reward terms that were no finite number, scored 0 (rl/rollout/episodes.py finite_terms)
 
 
 @dataclass
