@@ -125,3 +125,5 @@ class EpisodeSpec:
     max_turns: int  # env.max_turns
     max_tokens: int  # env.max_episode_tokens: tokens after the prompt per episode, the model's and the env's
     use_chat_template: bool  # env messages are rendered with the chat template (else joined by newlines)
+    # model.max_prompt_tokens: an agent's first prompt at most (rl/rollout/agents.py); None (a spec built by hand): no bound
+    max_prompt_tokens: int | None = None
