@@ -118,6 +118,14 @@ class AgentServer(ThreadingHTTPServer):
     def __init__(self, host: str, backlog: int, max_bytes: int, respond: Respond):
         self.request_queue_size, self.max_bytes, self.respond = backlog, max_bytes, respond
         super().__init__((host, 0), _Handler)
+        cap = _somaxconn()
+        if cap is not None and backlog > cap:  # the kernel silently lowers a larger backlog to its cap
+            log.warning(
+                "env.max_concurrent=%d is above this machine's listen backlog cap (net.core.somaxconn=%d): more "
+                "agents than that calling at once may be reset; raise the sysctl or lower env.max_concurrent",
+                backlog,
+                cap,
+            )
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -164,6 +172,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+
+
+def _somaxconn() -> int | None:
+    try:
+        with open("/proc/sys/net/core/somaxconn") as f:
+            return int(f.read())
+    except (OSError, ValueError):  # not Linux
+        return None
 
 
 def _kind(value: Any) -> str:
