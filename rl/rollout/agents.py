@@ -47,7 +47,6 @@ from typing import Any
 
 from envs.tool_calls import parse_tool_calls
 from rl.rollout.agent_http import SESSION_HEADER, AgentServer, ChatRequest, RequestError, parse_request
-from rl.rollout.episodes import finite_terms
 from rl.seeds import turn_seed
 from rl.types import Completion, EpisodeInfo, EpisodeSpec, PromptRollout, Sampling
 
@@ -337,16 +336,14 @@ def common_prefix(seqs: list[list[int]]) -> list[int]:
 
 def session_completion(s: Session, group_prompt: list[int], reward: Any, failed: bool) -> Completion:
     """A session as a multi-turn completion after the group's shared prompt (tokens of its own first prompt past
-    that prefix come first, out of the loss). A reward that is not a finite number scores 0, counted."""
+    that prefix come first, out of the loss). A reward that is no finite number scores 0, counted (EpisodeInfo)."""
     own = s.prompt_ids[len(group_prompt) :]
-    terms, reward_errors = finite_terms({"agent/reward": reward})
     info = EpisodeInfo(
         turns=len(s.calls),
         tool_calls=s.tool_calls,
         env_tokens=s.env_tokens + len(own),
-        terms=terms,
+        terms={"agent/reward": reward},
         messages=s.history[s.n_prompt_messages :],
-        reward_errors=reward_errors,
     )
     finish = "length" if failed else s.finish
     return Completion(own + s.ids, [0.0] * len(own) + s.logprobs, finish, s.last_text, [0] * len(own) + s.mask, info)

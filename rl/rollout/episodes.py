@@ -14,8 +14,6 @@ where a per-request option (a seed list, say) would go.
 from __future__ import annotations
 
 import json
-import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -28,32 +26,6 @@ from rl.types import Completion, EpisodeInfo, EpisodeSpec, PromptRollout, Sampli
 # an engine's one call: (prompts, sampling, max_tokens per prompt or None, seeds per prompt or None)
 TurnFn = Callable[[list[list[int]], Sampling, "list[int] | None", "list[int] | None"], list[PromptRollout]]
 MARK = "<<rlft-model-turn>>"  # stands for a model turn when the env's messages are rendered (see EnvTokens)
-_MAX_LOGGED = 5  # reward terms that were no finite number, logged with their value; later ones are only counted
-_logged = 0
-log = logging.getLogger(__name__)
-
-
-def finite_terms(terms: dict[str, Any]) -> tuple[dict[str, float], int]:
-    """An episode's reward terms (an env's, an agent's reward) with each one that is not a finite number scored 0,
-    and how many were: a term goes into the loss, where one NaN spoils the whole batch. The count is the episode's
-    `reward_errors`, logged as `env/reward_errors`, as rewards/runner.py counts a reward function's failures."""
-    global _logged
-    out, bad = {}, 0
-    for name, value in terms.items():
-        try:
-            x = float(value)
-        except (TypeError, ValueError, OverflowError):
-            x = math.nan
-        if not math.isfinite(x):
-            bad += 1
-            if _logged < _MAX_LOGGED:
-                _logged += 1
-                log.warning(
-                    "reward term %s=%.80r is not a finite number: scored 0, counted in env/reward_errors", name, value
-                )
-            x = 0.0
-        out[name] = x
-    return out, bad
 
 
 def build_env(spec: EpisodeSpec) -> MultiTurnEnvironment:
@@ -130,7 +102,6 @@ class _Run:
 
     def completion(self, n_prompt_messages: int) -> Completion:
         e = self.episode
-        terms, reward_errors = finite_terms(e.terms)
         info = EpisodeInfo(
             turns=e.turns,
             tool_calls=e.tool_calls,
@@ -138,9 +109,8 @@ class _Run:
             malformed_calls=e.malformed_calls,
             tool_seconds=e.tool_seconds,
             env_tokens=self.env_tokens,
-            terms=terms,
+            terms=dict(e.terms),
             messages=e.messages[n_prompt_messages:],
-            reward_errors=reward_errors,
         )
         return Completion(self.ids, self.logprobs, self.finish, self.last_text, self.mask, info)
 
