@@ -19,15 +19,14 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from envs.agent_env import AgentEnv
-from envs.protocol import Episode
 from envs.tool_calls import parse_tool_calls
 from envs.tool_task import ToolEnv
 from envs.tools import get_tool
 from rl.loop.prepare import episode_metrics
 from rl.rollout.agent_http import RequestError
 from rl.rollout.agents import AgentEndpoint, Batcher, run_agent_episodes
-from rl.rollout.episodes import EnvTokens, run_episodes
-from rl.types import Completion, EpisodeSpec, PromptRollout, Sampling
+from rl.rollout.episodes import EnvTokens
+from rl.types import Completion, EpisodeInfo, EpisodeSpec, PromptRollout, Sampling
 
 DEEP = "[" * 5000 + "]" * 5000
 HOSTILE_TEXTS = [
@@ -320,29 +319,9 @@ def test_non_finite_rewards_score_zero_and_are_counted(tok):
     assert episode_metrics(rollout.completions)["env/reward_errors"] == 3.0
 
 
-class NanTermEnv:
-    """An env whose one turn ends the episode and whose score is not a number."""
-
-    max_turns, max_episode_tokens = 2, 32
-
-    def start(self, item):
-        return Episode(item, list(item["messages"]))
-
-    def step(self, episode, model_text):
-        return None
-
-    def finish(self, episode, truncated):
-        episode.terms["score"] = float("nan")
-
-
-def test_an_envs_non_finite_term_scores_zero_and_is_counted(tok):
-    prompt = tok("hi", add_special_tokens=False)["input_ids"]
-    spec = EpisodeSpec("{}", 2, 32, True)
-    (rollout,) = run_episodes(
-        ReplyEngine(tok), tok, NanTermEnv(), [prompt], [{"messages": [USER]}], Sampling(n=1, max_tokens=8), spec, 3
-    )
-    (c,) = rollout.completions
-    assert c.episode.terms == {"score": 0.0} and c.episode.reward_errors == 1
+def test_an_envs_non_finite_terms_score_zero_and_are_counted():
+    info = EpisodeInfo(turns=1, terms={"nan": math.nan, "inf": -math.inf, "text": "high", "ok": 0.25})
+    assert info.terms == {"nan": 0.0, "inf": 0.0, "text": 0.0, "ok": 0.25} and info.reward_errors == 3
 
 
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
