@@ -120,7 +120,7 @@ def episode_spec(cfg: TrainConfig) -> EpisodeSpec | None:
             f"cluster.learner_chunk_size={cfg.cluster.learner_chunk_size}: learners generate single turns only, and "
             f"env {env['_target_']} runs multi-turn episodes: set cluster.learner_chunk_size=0"
         )
-    return EpisodeSpec(json.dumps(env), *limits, cfg.model.use_chat_template)
+    return EpisodeSpec(json.dumps(env), *limits, cfg.model.use_chat_template, cfg.model.max_prompt_tokens)
 
 
 def resolve_actor_path(cfg: TrainConfig) -> str:

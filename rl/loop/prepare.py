@@ -198,6 +198,7 @@ def episode_metrics(
             "env/turns_max": float(max(e.turns for e in episodes)),
             "env/tool_calls_per_episode": float(np.mean([e.tool_calls for e in episodes])),
             "env/tool_errors_per_episode": float(np.mean([e.tool_errors for e in episodes])),
+            "env/reward_errors": float(sum(e.reward_errors for e in episodes)),
             "env/tool_s": float(sum(e.tool_seconds for e in episodes)),
             "env/env_token_frac": sum(e.env_tokens for e in episodes) / max(all_tokens, 1),
             "env/truncated_frac": float(np.mean([c.finish_reason == "length" for c in completions])),
