@@ -375,12 +375,16 @@ def run_agent_episodes(
     errors: dict[str, BaseException] = {}
     returned = RequestError(410, "the episode is over: its agent has returned its reward")
     timed_out = RequestError(410, f"the episode's time is up (env.episode_timeout_s={env.episode_timeout_s})")
+
+    def closer(session: Session) -> Callable[[Any], None]:  # the session ends when its agent returns
+        return lambda _: session.close(returned)
+
     try:
         futures = []
         for group, item in zip(sids, items):
             for sid in group:
                 futures.append(pool.submit(agent, endpoint.base_url, sid, item))
-                futures[-1].add_done_callback(lambda _, s=endpoint.sessions[sid]: s.close(returned))
+                futures[-1].add_done_callback(closer(endpoint.sessions[sid]))
         deadline = time.monotonic() + env.episode_timeout_s
         results: dict[str, tuple[Any, bool]] = {}
         for sid, fut in zip([sid for g in sids for sid in g], futures):
