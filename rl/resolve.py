@@ -270,11 +270,25 @@ def check_run_dir_is_new(cfg: TrainConfig, run_dir: Path) -> None:
         )
     others = [name for name in entries if name not in RUN_START]
     if others:
-        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
         raise ConfigError(
-            f"run.output_dir={run_dir} holds files that are not a run's ({shown}): a run writes only into a new or empty "
-            "folder, or its own; give another run.output_dir"
+            f"run.output_dir={run_dir} holds files that are not a run's ({first_names(others)}): a run writes only "
+            "into a new or empty folder, or its own; give another run.output_dir"
         )
+    if own_run:
+        return
+    for key, folder in (("eval.save_dir", cfg.eval.save_dir), ("logger.rollouts_dir", cfg.logger.rollouts_dir)):
+        # given outside the run's folder, they take its step_N.jsonl files: a new run would replace files there
+        held = sorted(p.name for p in Path(folder).iterdir()) if folder is not None and Path(folder).is_dir() else []
+        if held and not Path(folder).resolve().is_relative_to(Path(run_dir).resolve()):
+            raise ConfigError(
+                f"{key}={folder} holds files already ({first_names(held)}): a new run writes its step files only "
+                f"into a new or empty folder; give another {key}, or leave it unset (a folder inside run.output_dir)"
+            )
+
+
+def first_names(names: list[str]) -> str:
+    """The first five `names`, and how many more."""
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def resolve(cfg: TrainConfig, run_dir: Path | str, *, model_path: str | None = None, new_run: bool = True):

@@ -32,7 +32,7 @@ from typing import Any
 
 from rl.config.schema import ConfigError, TrainConfig, check, register_configs
 from rl.entry import build_target, compose_checked, fail, writable_folder
-from rl.resolve import resolve
+from rl.resolve import first_names, resolve
 from rl.types import TrainedPolicy
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -266,6 +266,12 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         fail(str(e))
     env, reward = build_target(dcfg.env, "env"), build_target(dcfg.reward, "reward")
+    held = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if held:  # an earlier evaluation's results.json, or someone's own files: never replaced
+        fail(
+            f"eval_out={out_dir} holds files already ({first_names(held)}): an evaluation writes results.json and "
+            "one jsonl per policy only into a new or empty folder; give another eval_out"
+        )
     writable_folder(out_dir, "eval_out")  # before an engine starts: results.json and the per-sample files go there
     print(f"model: {cfg.model.path}" + (f"\ntrained: {policy.describe()}" if policy else ""), flush=True)
     try:

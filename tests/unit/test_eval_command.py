@@ -134,14 +134,15 @@ def test_results_json_is_written_whole(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
 
 
-@pytest.mark.parametrize("make", ["file", "under_a_file"])
+@pytest.mark.parametrize("make", ["file", "under_a_file", "holding_results"])
 def test_an_eval_out_it_cannot_write_is_one_line_before_any_engine_starts(tmp_path, make):
     (tmp_path / "f").write_text("")
-    out = tmp_path / "f" if make == "file" else tmp_path / "f" / "sub"
+    out = {"file": tmp_path / "f", "under_a_file": tmp_path / "f" / "sub", "holding_results": tmp_path}[make]
     cmd = [sys.executable, "-m", "rl.tools.eval", "eval.size=2", f"eval_out={out}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
     assert proc.stderr.startswith(f"error: eval_out={out}")
+    assert (tmp_path / "f").read_text() == ""  # an earlier evaluation's (or anyone's) files stay as they were
 
 
 def test_a_dataset_env_without_eval_sets_names_them_not_the_prompt_length(tiny_model, tmp_path):

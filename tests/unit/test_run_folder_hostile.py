@@ -219,3 +219,21 @@ def test_a_sweep_summary_reads_a_job_with_a_damaged_summary_as_unfinished(tmp_pa
     (tmp_path / "summary.json").write_bytes(b"\xff")
     row = sweep.job_row(tmp_path)
     assert row["status"] == "incomplete" and row["eval_accuracy"] is None
+
+
+@pytest.mark.parametrize("key", ["eval.save_dir", "logger.rollouts_dir"])
+def test_step_files_outside_the_run_go_only_into_a_new_or_empty_folder(tmp_path, key):
+    """eval.save_dir and logger.rollouts_dir given outside run.output_dir take the run's step_N.jsonl: a new run
+    refuses such a folder that holds files (its step_0001.jsonl would be replaced), a resumed run writes on there."""
+    theirs = tmp_path / "shared"
+    theirs.mkdir()
+    (theirs / "step_0001.jsonl").write_text('{"mine": 1}\n')
+    cfg = typed_config(**{"run.output_dir": str(tmp_path / "run"), key: str(theirs)})
+    with pytest.raises(ConfigError) as e:
+        check_run_dir_is_new(cfg, tmp_path / "run")
+    assert f"{key}={theirs} holds files already (step_0001.jsonl)" in one_line(e)
+    assert (theirs / "step_0001.jsonl").read_text() == '{"mine": 1}\n'
+    resumed = typed_config(**{"run.output_dir": str(tmp_path / "run"), key: str(theirs), "run.resume": "auto"})
+    check_run_dir_is_new(resumed, tmp_path / "run")
+    empty = typed_config(**{"run.output_dir": str(tmp_path / "run"), key: str(tmp_path / "empty")})
+    check_run_dir_is_new(empty, tmp_path / "run")
