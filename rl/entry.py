@@ -79,10 +79,12 @@ def one_line_config_error(e: BaseException, schema: type) -> str:
     if " not in '" in text and full_key:
         return unknown_key_line(full_key, schema)
     if "is not in struct" in text and full_key:  # reward/env: a `_target_`'s keyword arguments, not a schema
-        group = full_key.split(".")[0]
+        group, _, rest = full_key.partition(".")
+        # the rewards scored in worker processes (rewards.runner.RewardRunner) hold their own under reward.reward
+        inner = f" (a reward scored in workers takes its own as {group}.reward.{rest})" if group == "reward" else ""
         return (
             f"{full_key}: no such key in the {group} config: check its spelling, or add an argument its _target_ "
-            f"takes with +{full_key}=..."
+            f"takes with +{full_key}=...{inner}"
         )
     if full_key:
         return f"{full_key}: {lines[0]}"

@@ -147,6 +147,7 @@ def test_a_batch_that_does_not_split_over_the_learners_names_the_keys_that_set_i
         ("run.output_dir=/dev/null/run", "run.output_dir=/dev/null/run: cannot write there (Not a directory)"),
         ("run.output_dir=/dev/null", "run.output_dir=/dev/null is a file: give a folder"),
         ("reward.foo=1", "reward.foo: no such key in the reward config: check its spelling, or add an argument its"),
+        ("reward.extract=answer_tag", "(a reward scored in workers takes its own as reward.reward.extract)"),
     ],
 )
 def test_bad_input_fails_with_one_line_naming_the_key(override, expected):
