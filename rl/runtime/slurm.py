@@ -186,7 +186,7 @@ class RayNode:
     """This node's `ray start --block`, its output in <log dir>/<host>.log; `stop()` ends it and copies Ray's session
     logs of this node beside it. It runs in a session of its own, so it is stopped exactly, and only by us."""
 
-    def __init__(self, alloc: Allocation, head: bool, log_dir: Path):
+    def __init__(self, alloc: Allocation, head: bool, log_dir: Path, command: list[str] | None = None):
         self.alloc, self.head, self.host = alloc, head, socket.gethostname()
         self.log_dir = log_dir
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -200,7 +200,7 @@ class RayNode:
         env = dict(os.environ) | auth_env(alloc) | {"RAY_gcs_rpc_server_reconnect_timeout_s": "20"}
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(
-                ray_start_command(alloc, head),
+                command or ray_start_command(alloc, head),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -231,11 +231,12 @@ class RayNode:
             if not port_free(int(port), host) and (written or not self.head):
                 return
             time.sleep(0.5)
+        ended = self.proc.poll() is not None  # before stop(), which ends it
         self.stop()
         tail = last_line(self.log)
         raise SlurmError(
             f"{self.alloc.describe()}: the Ray head at {host}:{port} did not come up within {timeout_s:g} s"
-            f"{' (ray start ended)' if self.proc.returncode is not None else ''}: see {self.log}"
+            f"{' (ray start ended)' if ended else ''}: see {self.log}"
             f"{f' ({tail})' if tail else ''}"
         )
 
@@ -285,15 +286,30 @@ def start_job_head(alloc: Allocation, log_dir: Path) -> str:
 
 def stop_job_head() -> None:
     global _HEAD
-    if _HEAD is not None:
-        _HEAD, head = None, _HEAD
+    head, _HEAD = _HEAD, None
+    if head is not None:
         head.stop()
 
 
 def serve_worker(alloc: Allocation, log_dir: Path) -> int:
     """A rank > 0 of the job step: this node joins the head as a worker until the head goes (or `.stop` appears)."""
-    node = RayNode(alloc, head=False, log_dir=log_dir)
-    return node_until_stopped(node)
+    wait_for_head(alloc)
+    return node_until_stopped(RayNode(alloc, head=False, log_dir=log_dir))
+
+
+def wait_for_head(alloc: Allocation, timeout_s: float = HEAD_TIMEOUT_S) -> str:
+    """Until the head's port answers (a worker's `ray start` would give up on a head still starting); its address."""
+    address = head_address(alloc)
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while port_free(int(port), host):
+        if time.monotonic() > deadline:
+            raise SlurmError(
+                f"{alloc.describe()}: the Ray head at {address} did not come up within {timeout_s:g} s: see the "
+                "nodes' logs in the run directory's logs/nodes/"
+            )
+        time.sleep(0.5)
+    return address
 
 
 def node_until_stopped(node: RayNode) -> int:
@@ -320,19 +336,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.command == "node":
+            if alloc.rank > 0:
+                wait_for_head(alloc)
             ray_node = RayNode(alloc, head=alloc.rank == 0, log_dir=args.log_dir)
-            signal.signal(signal.SIGTERM, lambda *_: ray_node.stop() or sys.exit(143))
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # node_until_stopped's finally stops the node
             return node_until_stopped(ray_node)
         deadline = time.monotonic() + args.timeout
-        address = head_address(alloc)
-        host, _, port = address.rpartition(":")
-        while port_free(int(port), host):
-            if time.monotonic() > deadline:
-                raise SlurmError(
-                    f"{alloc.describe()}: the Ray head at {address} did not come up within {args.timeout:g} s: see "
-                    "the nodes' logs in the run directory's logs/nodes/"
-                )
-            time.sleep(0.5)
+        address = wait_for_head(alloc, args.timeout)
         import ray
 
         os.environ.update(auth_env(alloc))
