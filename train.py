@@ -209,13 +209,25 @@ def run_job(dcfg: DictConfig, hydra_cfg: Any) -> float | None:
     except UserFacingError as e:
         log_to_file(e)
         fail(str(e), code=1)
-    from rl.atomic import replace_when_done
-    from rl.loop.checkpoint import SUMMARY
-
-    # whole or absent: a resume reads it back to tell a finished run (rl/loop/checkpoint.py finished_summary)
-    with replace_when_done(run_dir / SUMMARY) as tmp:
-        tmp.write_text(json.dumps(summary, indent=2))
+    write_summary(run_dir, summary, cfg.run.steps)
     return summary.get("eval/accuracy_after")
+
+
+def write_summary(run_dir: Path, summary: dict, steps: int) -> None:
+    """<run dir>/summary.json, whole or absent, with the steps the run trained: a resume reads it back to tell a
+    finished run (rl/loop/checkpoint.py finished_summary). A finished run that had nothing to do returns the summary
+    it holds, which stays as it was."""
+    from rl.atomic import replace_when_done
+    from rl.loop.checkpoint import STEPS_DONE, SUMMARY
+    from rl.run_files import DamagedFile, read_summary
+
+    try:
+        if read_summary(run_dir / SUMMARY) == summary:
+            return
+    except DamagedFile:  # this run's to replace: a resume refuses a damaged one, so this run wrote it
+        pass
+    with replace_when_done(run_dir / SUMMARY) as tmp:
+        tmp.write_text(json.dumps({**summary, STEPS_DONE: steps}, indent=2))
 
 
 def _terminated(signum: int, frame: object) -> None:

@@ -7,7 +7,7 @@ python -m bench.async_modes [--repeats 2] [--steps 6] [--bound 1] [--modes sync,
 
 Each run is a fresh train.py process (vLLM and the learner patch themselves at import); the modes alternate within a
 repeat and their order rotates between repeats, so a machine's drift falls on all of them. Every mode runs the same
-objective, the decoupled one continuous mode needs (algorithm.tis_cap=2, rl/algorithms.py `importance_terms`), so
+objective, the decoupled one continuous mode needs (algorithm.tis_cap=2, rl/algorithms/losses.py `importance_terms`), so
 only the scheduling differs. Per run: trained samples per second of the training loop (steps x prompts x samples /
 time/train_s, the first step included), the actors' generated tokens per second, held-out accuracy before and after
 (the workload's eval settings), idle shares, stale groups dropped and samples continued across an update. Then per

@@ -66,18 +66,20 @@ def model_path(args) -> str:
 def vllm_memory_fraction(path: str, sequences: int, seq_len: int, lora_rank: int = 0, dtype: str = "bfloat16") -> float:
     """cluster.gpu_memory_utilization for a bench's CPU vLLM engine, derived from this machine rather than fixed:
     the share of the NUMA node it allocates on (what vLLM's CPU worker takes the fraction of) that holds what
-    rl/preflight/plan.py estimates the engine uses before its KV cache, with 50% headroom, plus the KV cache of
+    rl/preflight/memory.py estimates the engine uses before its KV cache, with 50% headroom, plus the KV cache of
     `sequences` x `seq_len` tokens (`lora_rank` > 0: a native LoRA slot too). Small on a shared machine, enough on
     any: the same arithmetic `plan=true` checks a run with."""
-    from rl.preflight import plan
+    from rl.preflight.machine import numa_node_memory
+    from rl.preflight.memory import vllm_cpu_fraction, vllm_cpu_non_kv_bytes
+    from rl.preflight.shapes import DTYPE_BYTES, load_shape
 
-    shape, why = plan.load_shape(path)
+    shape, why = load_shape(path)
     if shape is None:
         raise SystemExit(f"cannot size the vLLM engine of {path}: {why}")
-    b = plan.DTYPE_BYTES.get(dtype, 2)
-    engine = plan.vllm_cpu_non_kv_bytes(shape.weight_bytes(b)) + shape.lora_params(lora_rank, LORA_TARGETS) * b
+    b = DTYPE_BYTES.get(dtype, 2)
+    engine = vllm_cpu_non_kv_bytes(shape.weight_bytes(b)) + shape.lora_params(lora_rank, LORA_TARGETS) * b
     kv = sequences * seq_len * shape.kv_bytes_per_token(b)
-    return plan.vllm_cpu_fraction(engine, kv, plan.numa_node_memory().total, headroom=1.5)
+    return vllm_cpu_fraction(engine, kv, numa_node_memory().total, headroom=1.5)
 
 
 def demo_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
@@ -116,9 +118,10 @@ def random_adapter(path: str, rank: int = 16, *, dtype: str = "float32", seed: i
     adapter: merging or applying it costs what a real one does)."""
     import torch
 
+    from rl.app import learner_args
     from rl.learner import Learner
 
-    learner = Learner(learner_config(path, rank=rank, dtype=dtype, seed=seed, threads=threads))
+    learner = Learner(**learner_args(learner_config(path, rank=rank, dtype=dtype, seed=seed, threads=threads)))
     with torch.no_grad():
         for name, p in learner.model.named_parameters():
             if "lora_B" in name:

@@ -73,6 +73,7 @@ def make_samples(args):
 
 def build_ours(args, path: str, *, share_prompt_prefix: bool, packed: bool = False):
     """Our learner; returns an object whose `train_step(samples)` is timed."""
+    from rl.app import learner_args
     from rl.learner import Learner
 
     cfg = learner_config(
@@ -88,14 +89,14 @@ def build_ours(args, path: str, *, share_prompt_prefix: bool, packed: bool = Fal
         dtype=args.dtype,
         threads=args.threads,
     )
-    return Learner(cfg)
+    return Learner(**learner_args(cfg))
 
 
 def without_entropy_metric(learner):
     """Our learner without the policy/entropy metric's extra pass over the vocabulary (to time what it costs)."""
     from rl.learner.batching import token_logprobs
 
-    t = learner.cfg.algorithm.temperature
+    t = learner.algorithm.temperature
     learner._logprobs = lambda logits, targets: (token_logprobs(logits, targets, t), None)
     return learner
 

@@ -126,6 +126,7 @@ def build_ours(args, path: str):
     """rl.learner.Learner as a run builds it, stepping on TrainSamples of the same shapes; each step's metrics are
     kept in the returned list, and `--split-step`'s rates are the returned extra fields."""
     from bench.common import learner_config
+    from rl.app import learner_args
     from rl.learner import Learner
     from rl.types import TrainSample
 
@@ -144,7 +145,7 @@ def build_ours(args, path: str):
         rank=args.rank,
         dtype="bfloat16" if args.device == "cuda" else "float32",
     )
-    learner = Learner(cfg)
+    learner = Learner(**learner_args(cfg))
     rng = random.Random(0)
     half = args.seq // 2
     samples = [

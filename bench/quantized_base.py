@@ -105,7 +105,7 @@ def make_actor_base(cfg) -> float:
 
     t0 = time.perf_counter()
     if cfg.model.actor_path != cfg.model.path:
-        dequantized_base(cfg)
+        dequantized_base(cfg.model, max_seq_length=cfg.max_seq_length, seed=cfg.run.seed)
     return time.perf_counter() - t0
 
 
@@ -136,6 +136,7 @@ def run_side(args) -> dict:
     from transformers import AutoTokenizer
 
     from bench.common import demo_prompts, timed_generations
+    from rl.app import learner_args, rollout_args
     from rl.learner import Learner
     from rl.rollout.vllm import VLLMRollout
     from rl.types import Sampling
@@ -143,10 +144,10 @@ def run_side(args) -> dict:
     path = model_path(args)
     cfg = config(path, args.kind, args.side, args.memory)
     made_s = make_actor_base(cfg)
-    actor = VLLMRollout(cfg)
+    actor = VLLMRollout(**rollout_args(cfg))
     actor_bytes = actor.llm.collective_rpc(actor_weight_bytes)[0]
     before = torch.cuda.memory_allocated()
-    lrn = Learner(cfg)
+    lrn = Learner(**learner_args(cfg))
     learner_bytes = torch.cuda.memory_allocated() - before
     tok = AutoTokenizer.from_pretrained(path)
     mismatch, tokens = sampled_mismatch(actor, lrn, demo_prompts(tok, 16))

@@ -134,7 +134,8 @@ def raw_vllm_rate(path: str, prompts: list[list[int]], args, side: str) -> dict:
     if side == "raw_engine":
         from rl.rollout.vllm import engine_kwargs as actor_engine_kwargs
 
-        llm = LLM(**actor_engine_kwargs(our_config(path, prompts, args)))
+        cfg = our_config(path, prompts, args)
+        llm = LLM(**actor_engine_kwargs(cfg.model, cfg.cluster, max_seq_length=cfg.max_seq_length, seed=cfg.run.seed))
     else:
         llm = LLM(model=path, seed=0, **engine_kwargs(path, prompts, args))
     start_s = time.perf_counter() - t0
@@ -179,13 +180,14 @@ def our_config(path: str, prompts: list[list[int]], args):
 
 def ours_rate(path: str, prompts: list[list[int]], args) -> dict:
     """Generated tokens/s of our actor: one generate call with every prompt of the step."""
+    from rl.app import rollout_args
     from rl.rollout.vllm import VLLMRollout
 
     cfg = our_config(path, prompts, args)
     lora_mode = cfg.cluster.lora_mode.value
     adapter = random_adapter(path, 16, threads=args.threads)
     t0 = time.perf_counter()
-    r = VLLMRollout(cfg)
+    r = VLLMRollout(**rollout_args(cfg))
     start_s = time.perf_counter() - t0
     load_s = [r.load_adapter(adapter)["seconds"]]
     for v in range(2, 4):  # later versions: what each training step pays (the first also reads the base)

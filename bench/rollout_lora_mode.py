@@ -17,13 +17,14 @@ from bench.common import append_result, random_adapter, timed_generations
 
 
 def run_mode(mode: str, path: str, prompts: list[list[int]], adapter, args) -> dict:
+    from rl.app import rollout_args
     from rl.resolve import from_overrides
     from rl.rollout.vllm import VLLMRollout
     from rl.types import Sampling
 
     lora_mode = "native" if mode == "base" else mode
     keys = [f"cluster.lora_mode={lora_mode}", "model.max_prompt_tokens=448", "model.max_new_tokens=64"]
-    r = VLLMRollout(from_overrides(path, *keys))
+    r = VLLMRollout(**rollout_args(from_overrides(path, *keys)))
     load_s = r.load_adapter(adapter)["seconds"] if mode != "base" else 0.0
     sampling = Sampling(n=args.n, temperature=1.0, max_tokens=args.max_tokens)
     rates, _ = timed_generations(r.generate, prompts, sampling, args.repeats)

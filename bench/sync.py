@@ -234,7 +234,8 @@ def demo_step(ray, runtime, prompts, version: int) -> dict:
     rollouts = runtime.generate(prompts, Sampling(n=8, temperature=1.0, max_tokens=32))
     t["rollout_s"] = time.perf_counter() - t0
     rewards = [float(rng.random() < 0.5) for r in rollouts for _ in r.completions]
-    samples, _, _ = prepare_samples(rollouts, rewards, from_overrides("/unused", "model.max_new_tokens=32"))
+    knobs = from_overrides("/unused", "model.max_new_tokens=32")
+    samples, _, _ = prepare_samples(rollouts, rewards, knobs.algorithm, knobs.completion_tokens)
     t0 = time.perf_counter()
     runtime.train_step(samples)
     t["learn_s"] = time.perf_counter() - t0

@@ -19,8 +19,9 @@ from envs.protocol import Episode, Message
 class AgentEnv:
     """inner: a single-turn env (its items are the tasks); agent: `module.function` of the agent; max_turns: calls
     per episode; max_episode_tokens: tokens after the first prompt (replies and the messages added between calls);
-    host: the interface the endpoint listens on (loopback unless set); max_request_bytes: per request;
-    episode_timeout_s: one generate call's agents must finish within it; max_concurrent: agents running at once."""
+    host: the interface the endpoint listens on (loopback unless set); max_request_bytes: per request (413 above);
+    episode_timeout_s: one generate call's agents must finish within it; max_concurrent: agents running at once (the
+    endpoint's listen backlog holds as many connections)."""
 
     def __init__(
         self,

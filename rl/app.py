@@ -1,9 +1,14 @@
 """Assemble a run from its resolved config: tokenizer, logger, the roles (in this process or as Ray actors); run
 the loop; tear everything down whatever happens. A role that fails to start is explained here, by
-rl/preflight/diagnose.py (the training loop itself never imports the preflight package)."""
+rl/preflight/diagnose.py (the training loop itself never imports the preflight package).
+
+The roles' one wiring point: each role's constructor arguments (`learner_args`, `rollout_args`, `teacher_args`) and
+process environment are read from the resolved `TrainConfig` here, and only those small objects cross into the
+roles' processes (the loop's wiring point is rl/loop/driver.py `train`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -11,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rewards.protocol import RewardFn, needs_judge
-from rl.config.choices import ClusterMode
+from rl.config.choices import ClusterMode, LearnerBackend, RolloutBackend
 from rl.config.schema import TrainConfig
 from rl.errors import RoleStartFailed, StartupError, cause_of
 from rl.logs import LogFollower
@@ -31,7 +36,6 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: RewardFn, resolved: dict) -> d
     from rl.loop.checkpoint import finished_summary
     from rl.loop.driver import load_data, train
     from rl.metrics import MetricsLogger
-    from rl.runtime.placement import RayStartError
 
     t0 = time.perf_counter()
     done = finished_summary(cfg.run.resume, cfg.run_dir, cfg.run.steps)
@@ -72,39 +76,25 @@ def run(cfg: TrainConfig, *, env: Any, reward_fn: RewardFn, resolved: dict) -> d
         f"{per_step}",
         flush=True,
     )
-    # the roles' warnings and errors on the console (every line from their start on with run.verbose=true)
-    follower = LogFollower(cfg.log_dir, verbose)
-    if verbose:
-        follower.start()
-    try:
-        runtime, teardown = build_runtime(cfg)
-    except RayStartError:  # a UserFacingError already: one line naming the key to change
-        follower.stop()
-        logger.close()
-        raise
-    except RoleStartFailed as e:  # its cause in one line, with the key that fixes it
-        follower.stop()
-        logger.close()
-        raise StartupError(explain(e.role, e.cause, cfg)) from e
-    except BaseException:
-        follower.stop()
-        logger.close()
-        raise
-    try:
+    # the teardown, written once: closed in reverse order of registration, whatever happens and wherever it stops
+    with contextlib.ExitStack() as stack:
+        stack.callback(logger.close)  # last
+        roles = stack.enter_context(contextlib.ExitStack())  # the roles' teardown, once they exist
+        # the roles' warnings and errors on the console (every line from their start on with run.verbose=true);
+        # stopped first, so that the roles' shutdown chatter stays in their files
+        follower = LogFollower(cfg.log_dir, verbose)
+        stack.callback(follower.stop)
+        if verbose:
+            follower.start()
+        try:
+            runtime, teardown = build_runtime(cfg)
+        except RoleStartFailed as e:  # its cause in one line, with the key that fixes it (RayStartError is one already)
+            raise StartupError(explain(e.role, e.cause, cfg)) from e
+        roles.callback(teardown)
         bind_judge(cfg, runtime, teacher_tokenizer, reward_fn)
-    except BaseException:
-        follower.stop()
-        teardown()
-        logger.close()
-        raise
-    if not verbose:
-        follower.start()  # from here on: what the roles print while they run, their start-up chatter left out
-    try:
+        if not verbose:
+            follower.start()  # from here on: what the roles print while they run, their start-up chatter left out
         summary = train(cfg, runtime, tokenizer, env, reward_fn, logger, resolved, run_data)
-    finally:
-        follower.stop()  # before the teardown: the roles' shutdown chatter stays in their files
-        teardown()
-        logger.close()
     summary["time/total_s"] = time.perf_counter() - t0
     line = accuracy_line(summary, len(run_data.eval))
     if line is not None:
@@ -162,30 +152,96 @@ def bind_judge(cfg: TrainConfig, runtime: Runtime, teacher_tokenizer: Any, rewar
     )
 
 
+# ------------------------------------------------------------------------------------------------ the roles' wiring
+# Each role takes the config groups and named values it uses; what it needs of the whole config is read here, once.
+
+
+def learner_args(cfg: TrainConfig) -> dict[str, Any]:
+    """rl.learner.Learner's constructor arguments from the resolved `cfg`."""
+    return dict(
+        model=cfg.model,
+        algorithm=cfg.algorithm,
+        learner=cfg.learner,
+        seed=cfg.run.seed,
+        max_seq_length=cfg.max_seq_length,
+        sync_dtype=cfg.sync_dtype,
+        deterministic=cfg.run.deterministic,
+        threads=cfg.cluster.learner_threads,
+        colocate=cfg.cluster.colocate,
+    )
+
+
+def rollout_args(cfg: TrainConfig) -> dict[str, Any]:
+    """The constructor arguments of the rollout engine `cluster.rollout_backend` names (rl.rollout.rollout_class)."""
+    if cfg.cluster.rollout_backend == RolloutBackend.hf:
+        return dict(model=cfg.model, seed=cfg.run.seed, episodes=cfg.episodes)
+    return dict(
+        model=cfg.model,
+        cluster=cfg.cluster,
+        max_seq_length=cfg.max_seq_length,
+        seed=cfg.run.seed,
+        deterministic=cfg.run.deterministic,
+        episodes=cfg.episodes,
+    )
+
+
+def teacher_args(cfg: TrainConfig) -> dict[str, Any]:
+    """rl.rollout.teacher.TeacherEngine's constructor arguments: the teacher's own `model` and `cluster` groups
+    (rl/resolve.py teacher_engine_config) and its adapter."""
+    from rl.resolve import teacher_engine_config
+
+    t = teacher_engine_config(cfg)
+    return dict(
+        model=t.model,
+        cluster=t.cluster,
+        max_seq_length=t.max_seq_length,
+        seed=cfg.run.seed,
+        adapter=cfg.teacher.adapter,
+    )
+
+
+def role_envs(cfg: TrainConfig) -> dict[str, dict[str, str]]:
+    """The environment of each role's process (rl/runtime/process_env.py): "actor" (and judge/teacher), "learner"."""
+    from rl.runtime import process_env
+
+    deterministic = cfg.run.deterministic
+    return {
+        "actor": process_env.actor_env(
+            use_gpu=cfg.cluster.use_gpu, threads=cfg.cluster.actor_threads, deterministic=deterministic
+        ),
+        "learner": process_env.learner_env(
+            unsloth=cfg.model.learner_backend == LearnerBackend.unsloth, deterministic=deterministic
+        ),
+    }
+
+
 def build_runtime(cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
     """Create the roles (in this process, or as Ray actors); returns the runtime and a function that tears it down."""
     from rl.learner import Learner
     from rl.rollout import rollout_class
 
-    c = cfg.cluster
+    c, envs, episodes = cfg.cluster, role_envs(cfg), cfg.episodes is not None
     if c.mode == ClusterMode.local:
-        os.environ.update(actor_env(cfg) | deterministic_env(cfg))
+        from rl.runtime.process_env import deterministic_env
+
+        os.environ.update(envs["actor"] | deterministic_env(cfg.run.deterministic))
         prepare_actor_base(cfg, remote=False)
         if not cfg.run.verbose:  # the roles share the driver's console here: vLLM's own INFO lines are left out
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        if cfg.model.learner_backend == "unsloth":  # too late to come first here (torch is loaded); models.py warns
-            import unsloth  # noqa: F401
-        learner = start_role("learner 0", Learner, cfg)
-        rollout = start_role("rollout actor 0", rollout_class(cfg), cfg)
+        if cfg.model.learner_backend == LearnerBackend.unsloth:  # too late to come first here (torch is loaded)
+            import unsloth  # noqa: F401 - models.py warns
+        learner = start_role("learner 0", Learner, learner_args(cfg))
+        rollout = start_role("rollout actor 0", rollout_class(c.rollout_backend), rollout_args(cfg))
         teachers = None
         if c.num_teachers:
             from rl.rollout.teacher import TeacherEngine
 
-            teachers = LocalGroup([start_role("judge/teacher 0", TeacherEngine, cfg)])
-        runtime = Runtime(LocalGroup([rollout]), LocalGroup([learner]), cfg, teachers)
+            teachers = LocalGroup([start_role("judge/teacher 0", TeacherEngine, teacher_args(cfg))])
+        runtime = Runtime(LocalGroup([rollout]), LocalGroup([learner]), c, teachers, episodes=episodes)
         return runtime, runtime.close
 
     from rl.runtime import placement
+    from rl.runtime.placement import Role
 
     gpus = (c.gpus_needed, c.gpus_per_role_max) if c.use_gpu else (0.0, 0.0)  # what a SLURM job must hold
     started = placement.start_ray(c.address, c.ray_num_cpus, cfg.run.verbose, log_dir=cfg.log_dir, gpus=gpus)
@@ -195,9 +251,14 @@ def build_runtime(cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
         if c.num_teachers:
             from rl.rollout.teacher import TeacherEngine
 
-            teacher = (TeacherEngine, actor_env(cfg))
+            teacher = Role(TeacherEngine, teacher_args(cfg), envs["actor"])
         runtime = placement.build_ray_runtime(
-            cfg, rollout=(rollout_class(cfg), actor_env(cfg)), learner=(Learner, learner_env(cfg)), teacher=teacher
+            c,
+            cfg.log_dir,
+            rollout=Role(rollout_class(c.rollout_backend), rollout_args(cfg), envs["actor"]),
+            learner=Role(Learner, learner_args(cfg), envs["learner"]),
+            teacher=teacher,
+            episodes=episodes,
         )
     except BaseException:
         placement.stop_ray(started)
@@ -219,60 +280,31 @@ def prepare_actor_base(cfg: TrainConfig, *, remote: bool) -> None:
     from rl.model_path import dequantized_folder
 
     m = cfg.model
-    made_here = m.load_in_4bit and m.actor_path == str(dequantized_folder(cfg))  # not a folder the user gave
+    made_here = m.load_in_4bit and m.actor_path == str(dequantized_folder(m))  # not a folder the user gave
     if not made_here or (Path(m.actor_path) / "config.json").is_file():  # type: ignore[arg-type]  # resolved
         return
     from rl.learner.quantized_base import dequantized_base
 
     print(f"making the 4-bit learner's base for the actors (once): {m.actor_path}", flush=True)
+    values = dict(max_seq_length=cfg.max_seq_length, seed=cfg.run.seed)
     try:
         if not remote:
-            dequantized_base(cfg)
+            dequantized_base(m, **values)
             return
         from rl.runtime import placement
 
         c = cfg.cluster
-        env = learner_env(cfg)  # Unsloth first in that process too
-        placement.run_task(dequantized_base, cfg, gpus=min(1.0, c.gpus_per_learner), cpus=c.cpus_per_learner, env=env)
+        env = role_envs(cfg)["learner"]  # Unsloth first in that process too
+        gpus = min(1.0, c.gpus_per_learner)
+        placement.run_task(dequantized_base, m, gpus=gpus, cpus=c.cpus_per_learner, env=env, **values)
     except Exception as e:
         raise RoleStartFailed("the 4-bit learner's base for the actors (model.actor_base=learner)", cause_of(e)) from e
 
 
-def start_role(role: str, cls: Callable[[TrainConfig], R], cfg: TrainConfig) -> R:
+def start_role(role: str, cls: Callable[..., R], kwargs: dict[str, Any]) -> R:
     """A role built in this process (cluster.mode=local); a failed constructor becomes RoleStartFailed, as a Ray
     actor's does in rl/runtime/placement.py."""
     try:
-        return cls(cfg)
+        return cls(**kwargs)
     except Exception as e:
         raise RoleStartFailed(role, cause_of(e)) from e
-
-
-def actor_env(cfg: TrainConfig) -> dict[str, str]:
-    """Environment of a rollout actor's process: the driver's VLLM_* settings (they reach actors on other nodes
-    too), on CPU the cores its vLLM engine may use and its engine core in the actor's process, and with
-    `run.deterministic=true` on GPUs vLLM's batch-invariant mode (vLLM >= 0.11 reads VLLM_BATCH_INVARIANT in its
-    GPU worker; the CPU build has no such mode).
-
-    Why in-process on CPU: vLLM CPU's numerics depend on which requests share a step, so a seeded sample can change
-    with its batch-mates (docs/benchmarks.md, "Reproducible runs"). An engine core in its own process starts stepping
-    as soon as the first request of a `generate` reaches it, so its first batches depend on timing; in the actor's
-    process `generate` adds every request before the first step and the batches follow from the prompts alone. A
-    VLLM_ENABLE_V1_MULTIPROCESSING set in the driver's environment wins."""
-    from rl.rollout.vllm import cpu_threads_env
-
-    env = {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
-    if not cfg.cluster.use_gpu:
-        return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} | env | cpu_threads_env(cfg.cluster.actor_threads)
-    return env | ({"VLLM_BATCH_INVARIANT": "1"} if cfg.run.deterministic else {})
-
-
-def learner_env(cfg: TrainConfig) -> dict[str, str]:
-    """Environment of a learner's process: Unsloth must be its first ML import (rl/__init__.py reads this)."""
-    env = {"RLFT_IMPORT_UNSLOTH": "1"} if cfg.model.learner_backend == "unsloth" else {}
-    return env | deterministic_env(cfg)
-
-
-def deterministic_env(cfg: TrainConfig) -> dict[str, str]:
-    """With `run.deterministic=true`, cuBLAS's fixed workspace: torch.use_deterministic_algorithms needs it on
-    CUDA, and cuBLAS reads it only when it starts."""
-    return {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"} if cfg.run.deterministic else {}

@@ -15,6 +15,7 @@ from typing import Any
 from tqdm import tqdm
 
 from rl.atomic import replace_when_done
+from rl.run_files import json_lines
 
 
 def _jsonable(v: Any) -> Any:
@@ -82,28 +83,22 @@ class MetricsLogger:
         """`key` as a row of `step` already in the file logged it (a resumed run reads its evaluation before
         training back), None when none did."""
         self._file.flush()
-        for line in self.path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        for _, row in json_lines(self.path):
             if isinstance(row, dict) and row.get("step") == step and key in row:
                 return row[key]
         return None
 
     def drop_after(self, step: int) -> int:
         """Remove the rows of steps after `step` (a resumed run redoes them), keeping the rest of the file;
-        a line cut by a kill is dropped too. Returns how many rows were removed."""
+        a line cut by a kill (or bytes a crash left that are not text) is dropped too. Returns how many rows were
+        removed."""
         self._file.close()
         keep, dropped = [], 0
-        for line in self.path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                row = None
-            if isinstance(row, dict) and row.get("step", 0) <= step:
+        for line, row in json_lines(self.path):
+            step_of = row.get("step", 0) if isinstance(row, dict) else None
+            if isinstance(step_of, int) and step_of <= step:
                 keep.append(line)
-            elif line.strip():
+            elif line is None or line.strip():
                 dropped += 1
         with replace_when_done(self.path) as tmp:
             tmp.write_text("".join(f"{line}\n" for line in keep))

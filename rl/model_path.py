@@ -5,6 +5,9 @@
 the file is found through the installed distribution's file list. It is converted once into an ordinary HF
 folder (bf16 safetensors + tokenizer + chat template) under the cache directory, written under a temporary name
 and renamed, so a killed conversion never leaves a half-written model behind.
+
+Also what the roles and the resolve step both read about weights on disk: where a 4-bit learner's dequantized base
+lives, an adapter folder's LoRA shape, and the LoRA slot vLLM sizes for it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,12 @@ import tempfile
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rl.config.schema import ConfigError, TrainConfig
+from rl.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rl.config.schema import ModelConfig
 
 EMBEDDED = {
     # name: (distribution, file inside it, folder name in the cache)
@@ -141,10 +148,10 @@ def _convert(gguf: Path, out: Path) -> None:
     tok.save_pretrained(out)
 
 
-def dequantized_folder(cfg: TrainConfig) -> Path:
-    """Where the NF4 base of `cfg`'s 4-bit learner, dequantized for the actors (rl/learner/quantized_base.py), lives
-    in the cache, whether or not it exists yet: one folder per model files, backend, dtype and library versions."""
-    m = cfg.model
+def dequantized_folder(m: ModelConfig) -> Path:
+    """Where the NF4 base of the 4-bit learner of `m` (the resolved `model` group), dequantized for the actors
+    (rl/learner/quantized_base.py), lives in the cache, whether or not it exists yet: one folder per model files,
+    backend, dtype and library versions."""
     source = Path(m.path)
     files = sorted(source.glob("*.safetensors")) + [source / "config.json"] if source.is_dir() else []
     versions = {}
@@ -163,3 +170,21 @@ def dequantized_folder(cfg: TrainConfig) -> Path:
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / "models" / f"{source.name}-nf4-dequantized-{digest}"
+
+
+def adapter_lora(folder: str) -> tuple[int, int, list[str]]:
+    """(rank, alpha, sorted target modules) of the PEFT adapter in `folder` (it holds adapter_config.json)."""
+    saved = json.loads((Path(folder) / "adapter_config.json").read_text())
+    return saved.get("r"), saved.get("lora_alpha"), sorted(saved.get("target_modules") or [])
+
+
+# vLLM's `max_lora_rank` is one of a fixed set (`MaxLoRARanks` in vllm/config/lora.py, the same in 0.26 and 0.32).
+# Held here so that plan=true sizes the slot without importing vLLM (seconds); tests/unit/test_config.py checks it
+# against the installed vLLM's.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_slot_rank(rank: int) -> int:
+    """The rank vLLM's LoRA slot is sized for when it serves an adapter of `rank`: the smallest rank vLLM allows that
+    holds it (a lower-rank adapter fits a larger slot; vLLM refuses a `max_lora_rank` outside its set)."""
+    return next((r for r in VLLM_LORA_RANKS if r >= rank), rank)

@@ -4,9 +4,12 @@
 budget, the loss normaliser, the overlong buffer, the output folders, `model.path` (an embedded model converted
 once), the weights the actors load (`model.actor_path`: beside a 4-bit learner its NF4 base dequantized) and the
 multi-turn episode limits (`episodes`, from `env`); it checks the registry names (advantage, policy loss,
-aggregation) and that a new run does not write into another run's directory. It returns a new `TrainConfig`
-(`dataclasses.replace`), and that object is what every role takes: a setting is declared once, in
-rl/config/schema.py, and read where it is used.
+aggregation) and that a run writes only into a folder of its own (check_run_dir_is_new). It returns a new
+`TrainConfig` (`dataclasses.replace`); the wiring points (rl/app.py for the roles, rl/loop/driver.py for the loop)
+hand each part the groups and values it uses. A setting is declared once, in rl/config/, and read where it is used.
+`teacher_engine_config` derives the judge/teacher engine's `model` and `cluster` from it the same way.
+
+Above what it reads (checkpoints, filters, algorithms, model paths): nothing below it imports it.
 
 Import-light at module level (no torch, no vllm, no ray): the preflight plan resolves with it too.
 """
@@ -18,9 +21,10 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from rl.config.choices import ActorBase, DType, LearnerBackend, LoraMode
+from rl.config.choices import ActorBase, DType, LearnerBackend, LoraMode, WeightSync
 from rl.config.schema import ConfigError, TrainConfig
 from rl.config.teacher import TeacherConfig
+from rl.model_path import adapter_lora
 from rl.types import EpisodeSpec
 
 # auto's packed row with the PEFT backend. CPU: at the demo's batch (64 sequences of 67-97 tokens, 8 prompts shared)
@@ -116,7 +120,7 @@ def episode_spec(cfg: TrainConfig) -> EpisodeSpec | None:
             f"cluster.learner_chunk_size={cfg.cluster.learner_chunk_size}: learners generate single turns only, and "
             f"env {env['_target_']} runs multi-turn episodes: set cluster.learner_chunk_size=0"
         )
-    return EpisodeSpec(json.dumps(env), *limits, cfg.model.use_chat_template)
+    return EpisodeSpec(json.dumps(env), *limits, cfg.model.use_chat_template, cfg.model.max_prompt_tokens)
 
 
 def resolve_actor_path(cfg: TrainConfig) -> str:
@@ -129,7 +133,7 @@ def resolve_actor_path(cfg: TrainConfig) -> str:
     if m.actor_path is not None:
         return resolve_model_path(m.actor_path, key="model.actor_path")
     if m.load_in_4bit and m.actor_base == ActorBase.learner:
-        return str(dequantized_folder(cfg))
+        return str(dequantized_folder(m))
     return m.path
 
 
@@ -156,24 +160,6 @@ def resolve_init_adapter(cfg: TrainConfig) -> str | None:
             "adapter's"
         )
     return str(Path(policy.adapter).resolve())
-
-
-def adapter_lora(folder: str) -> tuple[int, int, list[str]]:
-    """(rank, alpha, sorted target modules) of the PEFT adapter in `folder` (it holds adapter_config.json)."""
-    saved = json.loads((Path(folder) / "adapter_config.json").read_text())
-    return saved.get("r"), saved.get("lora_alpha"), sorted(saved.get("target_modules") or [])
-
-
-# vLLM's `max_lora_rank` is one of a fixed set (`MaxLoRARanks` in vllm/config/lora.py, the same in 0.26 and 0.32).
-# Held here so that plan=true sizes the slot without importing vLLM (seconds); tests/unit/test_config.py checks it
-# against the installed vLLM's.
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def lora_slot_rank(rank: int) -> int:
-    """The rank vLLM's LoRA slot is sized for when it serves an adapter of `rank`: the smallest rank vLLM allows that
-    holds it (a lower-rank adapter fits a larger slot; vLLM refuses a `max_lora_rank` outside its set)."""
-    return next((r for r in VLLM_LORA_RANKS if r >= rank), rank)
 
 
 def resolve_teacher(cfg: TrainConfig) -> TeacherConfig:
@@ -213,6 +199,37 @@ def teacher_in_4bit(cfg: TrainConfig) -> bool:
     return bool(cfg.cluster.num_teachers) and quantized and cfg.teacher.path == (m.actor_path or m.path)
 
 
+def teacher_engine_config(cfg: TrainConfig) -> TrainConfig:
+    """The run config as a judge/teacher engine reads it (resolved `cfg` in; rl/rollout/teacher.py): `teacher.path`
+    as the model, a context long enough for a judge prompt and for a student's prompt + completion (+1: the engine
+    must generate a token), its adapter merged into the weights (on the actors' NF4 base, `teacher_in_4bit`: quantized
+    as theirs and the adapter as native LoRA), its own GPU share, no colocation, no episodes."""
+    t, m, c = cfg.teacher, cfg.model, cfg.cluster
+    nf4 = teacher_in_4bit(cfg)
+    model = replace(
+        m,
+        path=t.path or m.path,
+        actor_path=None,
+        load_in_4bit=nf4,
+        actor_base=m.actor_base if nf4 else ActorBase.original,
+        lora_rank=adapter_lora(t.adapter)[0] if nf4 and t.adapter else m.lora_rank,  # vLLM's LoRA slot: the adapter's
+        full_finetune=False,
+        init_adapter=None,
+        max_prompt_tokens=max(t.max_prompt_tokens, cfg.max_seq_length + 1),
+        max_new_tokens=t.max_new_tokens,
+    )
+    cluster = replace(
+        c,
+        gpus_per_actor=c.gpus_per_teacher,
+        gpu_memory_utilization=c.teacher_memory_utilization or c.gpu_memory_utilization,
+        lora_mode=LoraMode.native if nf4 else LoraMode.merged,
+        weight_sync=WeightSync.object_store,
+        colocate=False,
+        staleness=0,
+    )
+    return replace(cfg, model=model, cluster=cluster, episodes=None)
+
+
 def resolve_demos(cfg: TrainConfig) -> str | None:
     """`algorithm.demos` as an absolute path to a file that exists (the learner-side reader runs elsewhere)."""
     demos = cfg.algorithm.demos
@@ -226,23 +243,58 @@ def resolve_demos(cfg: TrainConfig) -> str | None:
     return str(path.resolve())
 
 
+# What a run's folder holds before its first metrics row: Hydra's own files (a sweep job's directory, or hydra.run.dir
+# given as the run.output_dir) and the driver's log. A folder holding anything else that is not a run (no RUN_MARKS)
+# is someone's own: a run would write into it, and its export would replace an `adapter/` or `model/` there.
+RUN_START = (".hydra", "train.log", "logs")
+RUN_MARKS = ("metrics.jsonl", "checkpoints", "summary.json")  # a run has written here (metrics.jsonl comes first)
+
+
 def check_run_dir_is_new(cfg: TrainConfig, run_dir: Path) -> None:
-    """A run that does not resume must not write into another run's directory: its metrics would be appended to
-    that run's metrics.jsonl and its checkpoints mixed with that run's."""
-    if cfg.run.resume is not None:
+    """The run writes only into a folder of its own: a new or empty one (a sweep job's own directory too), or, with
+    run.resume=auto, the run it continues (run.resume=<checkpoint>: that checkpoint's run). Another run's directory is
+    refused (its metrics.jsonl and checkpoints would be mixed with this run's), and so is a folder of someone's own
+    files (an `adapter/` in it would be replaced at export)."""
+    resume = cfg.run.resume
+    own_run = resume == "auto" or (
+        resume is not None and Path(resume).resolve().parent.parent == Path(run_dir).resolve()
+    )
+    entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    held = [name for name in RUN_MARKS if name in entries]
+    if held and own_run:
         return
-    held = [name for name in ("metrics.jsonl", "checkpoints") if (run_dir / name).exists()]
     if held:
+        fix = "give run.resume=auto to continue it" if resume is None else "run.resume=<a checkpoint> starts a new run"
         raise ConfigError(
-            f"run.output_dir={run_dir} already holds a run ({', '.join(held)}): give run.resume=auto to continue it, "
-            "or another run.output_dir"
+            f"run.output_dir={run_dir} already holds a run ({', '.join(held)}): {fix}, or another run.output_dir"
         )
+    others = [name for name in entries if name not in RUN_START]
+    if others:
+        raise ConfigError(
+            f"run.output_dir={run_dir} holds files that are not a run's ({first_names(others)}): a run writes only "
+            "into a new or empty folder, or its own; give another run.output_dir"
+        )
+    if own_run:
+        return
+    for key, folder in (("eval.save_dir", cfg.eval.save_dir), ("logger.rollouts_dir", cfg.logger.rollouts_dir)):
+        # given outside the run's folder, they take its step_N.jsonl files: a new run would replace files there
+        held = sorted(p.name for p in Path(folder).iterdir()) if folder is not None and Path(folder).is_dir() else []
+        if held and not Path(folder).resolve().is_relative_to(Path(run_dir).resolve()):
+            raise ConfigError(
+                f"{key}={folder} holds files already ({first_names(held)}): a new run writes its step files only "
+                f"into a new or empty folder; give another {key}, or leave it unset (a folder inside run.output_dir)"
+            )
+
+
+def first_names(names: list[str]) -> str:
+    """The first five `names`, and how many more."""
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def resolve(cfg: TrainConfig, run_dir: Path | str, *, model_path: str | None = None, new_run: bool = True):
     """`cfg` with every auto filled (same class). `model_path` defaults to resolving `model.path` (converts an
-    embedded model once); `new_run`: `run_dir` is a training run's directory (another run's is refused unless it
-    resumes)."""
+    embedded model once); `new_run`: `run_dir` is a training run's directory (one not its own is refused:
+    check_run_dir_is_new)."""
     from rl.data.filters import default_overlong_buffer
 
     run_dir = Path(run_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,12 +11,20 @@ from typing import Any
 
 @dataclass
 class Sampling:
-    """How to sample completions for one generate call."""
+    """How to sample completions for one generate call (made by `sampling_for` in rl/config/schema.py).
+
+    The filters are named as vLLM's SamplingParams and transformers' `generate` name them, and the engines pass
+    `filters()` on whole: a new filter is a field here and its value in `sampling_for`, no engine changes."""
 
     n: int = 1  # completions per prompt
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
+    min_p: float = 0.0  # drop tokens less likely than min_p x the likeliest one, after temperature (0 off)
     max_tokens: int = 64
+
+    def filters(self) -> dict[str, float]:
+        """What shapes the distribution sampled from (the behaviour logprobs describe it after these)."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "min_p": self.min_p}
 
 
 @dataclass
@@ -30,6 +39,20 @@ class EpisodeInfo:
     env_tokens: int = 0  # environment tokens in the completion (mask 0)
     terms: dict[str, float] = field(default_factory=dict)  # per-episode reward terms, added to the outcome reward
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation after the prompt
+    reward_errors: int = 0  # reward terms that were no finite number, scored 0 (__post_init__)
+
+    def __post_init__(self) -> None:
+        """A term goes into the loss, where one NaN spoils the whole batch: a term from any source (an env's, an
+        agent's reward) that is no finite number scores 0 and is counted in `reward_errors` (logged as
+        `env/reward_errors`, as rewards/runner.py counts a reward function's failures)."""
+        for name, value in self.terms.items():
+            try:
+                x = float(value)
+            except (TypeError, ValueError, OverflowError):
+                x = math.nan
+            if not math.isfinite(x):
+                self.reward_errors += 1
+            self.terms[name] = x if math.isfinite(x) else 0.0
 
 
 @dataclass
@@ -124,3 +147,5 @@ class EpisodeSpec:
     max_turns: int  # env.max_turns
     max_tokens: int  # env.max_episode_tokens: tokens after the prompt per episode, the model's and the env's
     use_chat_template: bool  # env messages are rendered with the chat template (else joined by newlines)
+    # model.max_prompt_tokens: an agent's first prompt at most (rl/rollout/agents.py); None (a spec built by hand): no bound
+    max_prompt_tokens: int | None = None

@@ -254,7 +254,7 @@ def fake_runtime(actors, learner, staleness=0, restarts=0):
     from rl.runtime.runtime import Runtime
 
     cfg = fake_config(f"cluster.staleness={staleness}", f"cluster.actor_max_restarts={restarts}")
-    return Runtime(LocalGroup(actors), LocalGroup([learner]), cfg)
+    return Runtime(LocalGroup(actors), LocalGroup([learner]), cfg.cluster)
 
 
 def run_loop(

@@ -170,6 +170,13 @@ def typed_config(**dotted):
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(dotlist)))
 
 
+def actor_engine_kwargs(cfg) -> dict:
+    """vLLM `LLM(...)` arguments of a rollout actor of the resolved `cfg` (rl/rollout/vllm.py engine_kwargs)."""
+    from rl.rollout.vllm import engine_kwargs
+
+    return engine_kwargs(cfg.model, cfg.cluster, max_seq_length=cfg.max_seq_length, seed=cfg.run.seed)
+
+
 def env_and_reward(*overrides: str):
     """The env and the reward conf/train.yaml builds with these overrides (and eval.size=8), as a run builds them."""
     from hydra import compose, initialize_config_dir
@@ -229,9 +236,10 @@ def make_learner(model: Path | str, *overrides: str):
     overrides; its lora_B starts random (PEFT starts it at zero) so that the adapter changes logprobs."""
     import torch
 
+    from rl.app import learner_args
     from rl.learner import Learner
 
-    learner = Learner(run_spec(model, *LEARNER_TEST_OVERRIDES, *overrides))
+    learner = Learner(**learner_args(run_spec(model, *LEARNER_TEST_OVERRIDES, *overrides)))
     gen = torch.Generator().manual_seed(1)
     for name, p in learner.model.named_parameters():
         if "lora_B" in name:  # PEFT starts B at zero; give the adapter an effect so the test is not trivial

@@ -7,9 +7,11 @@ registry names and `auto` values are resolved right after, by rl/resolve.py, bef
 
 This module must stay import-light (no torch, no vllm, no ray): `python train.py --help` imports it.
 
-Past 400 lines because it holds every group but three (`cluster` in cluster.py, whose placement checks are long;
-`sandbox`, envs/sandbox.py's SandboxLimits; the enums in choices.py), each field with its description (what
-`--help` and `python -m rl.tools.keys` print) and each group's checks beside it.
+Past 400 lines because it holds the training groups (model, algorithm, curriculum, learner) and the whole config's
+cross-field checks, each field with its description (what `--help` and `python -m rl.tools.keys` print) and each
+group's checks beside it. Elsewhere: `cluster` (cluster.py, whose placement checks are long), `run`, `logger`,
+`eval` and `checkpoint` (run.py), `teacher` (teacher.py), `sandbox` (envs/sandbox.py's SandboxLimits), the enums
+(choices.py).
 """
 
 from __future__ import annotations
@@ -26,17 +28,16 @@ from rl.config.choices import (
     DType,
     KLEstimator,
     LearnerBackend,
-    LoggerKind,
     LoraMode,
     PackedAttention,
     PgBaseline,
     RolloutBackend,
     RolloutMode,
-    WandbMode,
     WeightSync,
 )
 from rl.config.cluster import STREAM_DEPTH, ClusterConfig
 from rl.config.errors import ConfigError, check, check_fields_finite
+from rl.config.run import CheckpointConfig, EvalConfig, LoggerConfig, RunConfig
 from rl.config.teacher import TeacherConfig
 from rl.types import EpisodeSpec, Sampling
 
@@ -92,8 +93,8 @@ class ModelConfig:
 
 @dataclass
 class PolicyLossKnobs:
-    """The policy losses' knobs (keys of `algorithm`). The learner hands a copy of them to the loss function, which
-    reads the ones it uses (rl/algorithms.py): a new knob is a field here, its value in YAML, and its use there."""
+    """The policy losses' knobs (keys of `algorithm`). The learner hands the algorithm config to the loss function,
+    which reads the ones it uses (rl/algorithms/losses.py): a new knob is a field here and its use there."""
 
     clip_low: float = 0.2  # ratio lower clip: 1 - clip_low
     clip_high: float = 0.2  # ratio upper clip: 1 + clip_high (DAPO clip-higher uses 0.28)
@@ -122,16 +123,29 @@ class PolicyLossKnobs:
 
 
 @dataclass
-class AlgorithmConfig(PolicyLossKnobs):
-    name: str = "grpo"  # label for logs and sweep reports
-    advantage: str = "grpo"  # advantage estimator, by registry name (rl/algorithms.py)
-    policy_loss: str = "clipped"  # policy loss, by registry name
-    loss_agg: str = "seq_mean_token_mean"  # token -> scalar aggregation, by registry name
-    group_size: int = 8  # G: completions sampled per prompt
+class AdvantageKnobs:
+    """The advantage estimators' knobs (keys of `algorithm`). The batch preparation hands the algorithm config to the
+    estimator, which reads the ones it uses (rl/algorithms/advantages.py): a new knob is a field here and its use
+    there."""
+
     std_normalize: bool = True  # grpo: divide group-centred rewards by the group std
     std_unbiased: bool = True  # grpo: sample std (n-1, as TRL/verl) if true, population std (n) if false
     pg_baseline: PgBaseline = PgBaseline.none  # pg advantage baseline: none (plain REINFORCE) | group_mean
     adv_eps: float = 1e-6  # grpo: added to the std before dividing; reinforce_pp: added to the batch variance
+    adv_clip: float = 0.0  # every estimator: clip each advantage to [-adv_clip, adv_clip] (0 off)
+
+    def __post_init__(self) -> None:
+        check(self.adv_eps >= 0, f"algorithm.adv_eps must be >= 0 (got {self.adv_eps})")
+        check(self.adv_clip >= 0, f"algorithm.adv_clip must be >= 0 (0: off; got {self.adv_clip})")
+
+
+@dataclass
+class AlgorithmConfig(PolicyLossKnobs, AdvantageKnobs):
+    name: str = "grpo"  # label for logs and sweep reports
+    advantage: str = "grpo"  # advantage estimator, by registry name (rl/algorithms/)
+    policy_loss: str = "clipped"  # policy loss, by registry name
+    loss_agg: str = "seq_mean_token_mean"  # token -> scalar aggregation, by registry name
+    group_size: int = 8  # G: completions sampled per prompt
     loss_agg_norm_length: int | None = None  # seq_mean_token_sum_norm divisor in tokens (null: model.max_new_tokens)
     entropy_coef: float = 0.0  # entropy bonus weight: loss -= entropy_coef * agg(token entropy) (0 off; costs memory)
     kl_coef: float = 0.01  # weight of the KL penalty to the reference policy (0 disables; adapter off = reference)
@@ -153,12 +167,14 @@ class AlgorithmConfig(PolicyLossKnobs):
     updates_per_step: int = 1  # optimizer steps per rollout batch (mini-batches); 1 = fully on-policy
     temperature: float = 1.0  # sampling temperature for rollouts
     top_p: float = 1.0  # nucleus sampling for rollouts
+    min_p: float = 0.0  # rollouts drop tokens less likely than min_p x the likeliest one (after temperature; 0 off)
     demos: str | None = None  # sft: the demonstrations JSONL it trains on (python -m rl.tools.demos, or your own)
     distill_coef: float = 0.0  # distill: each token's advantage -= coef * (log pi - log pi_teacher) there (0 off)
     task_reward_coef: float = 1.0  # weight of the task reward beside the distillation term (distill: 0, pure KL)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        PolicyLossKnobs.__post_init__(self)
+        AdvantageKnobs.__post_init__(self)
         check(self.group_size >= 2, f"algorithm.group_size must be >= 2 for group baselines (got {self.group_size})")
         check(self.lr is None or self.lr > 0, f"algorithm.lr must be > 0 (got {self.lr})")
         check(self.updates_per_step >= 1, f"algorithm.updates_per_step must be >= 1 (got {self.updates_per_step})")
@@ -195,6 +211,7 @@ class AlgorithmConfig(PolicyLossKnobs):
         )
         check(self.temperature > 0, f"algorithm.temperature must be > 0 (got {self.temperature})")
         check(0 < self.top_p <= 1, f"algorithm.top_p must be in (0, 1] (got {self.top_p})")
+        check(0 <= self.min_p < 1, f"algorithm.min_p must be in [0, 1) (0: off; got {self.min_p})")
         check(self.distill_coef >= 0, f"algorithm.distill_coef must be >= 0 (0: off; got {self.distill_coef})")
         for key in ("task_reward_coef", "weight_decay", "overlong_penalty_factor"):
             check(getattr(self, key) >= 0, f"algorithm.{key} must be >= 0 (got {getattr(self, key)})")
@@ -236,60 +253,6 @@ class CurriculumConfig:
 
 
 @dataclass
-class LoggerConfig:
-    kind: LoggerKind = LoggerKind.jsonl  # none | jsonl | wandb (metrics.jsonl is always written)
-    mode: WandbMode = WandbMode.offline  # wandb mode: online | offline (no account) | disabled
-    project: str = "rlft"  # wandb project
-    name: str | None = None  # wandb run name (null: the Hydra job name + time)
-    group: str | None = None  # wandb group (multirun jobs default to the sweep directory)
-    tags: list[str] = field(default_factory=list)  # wandb tags
-    console_every: int = 1  # print one console line every N steps
-    rollouts_interval: int = 0  # write every completion of every N-th step to a jsonl (0: never)
-    rollouts_dir: str | None = None  # where those step_N.jsonl go (null: <run dir>/rollouts)
-
-    def __post_init__(self) -> None:
-        check_fields_finite(self, "logger")
-        check(self.console_every >= 1, "logger.console_every must be >= 1")
-        check(
-            self.rollouts_interval >= 0,
-            f"logger.rollouts_interval must be >= 0 (0: never; got {self.rollouts_interval})",
-        )
-
-
-@dataclass
-class RunConfig:
-    """What this run is: its seed, length and batch, where it writes, what it continues."""
-
-    seed: int = 0  # seeds python, numpy, torch, the data order, the rollout engine and every prompt's sampling
-    steps: int = 24  # training steps (one rollout batch + update + adapter sync each)
-    prompts_per_step: int = 8  # prompts per step; each gets algorithm.group_size completions
-    deterministic: bool = False  # deterministic learner kernels; on GPUs also vLLM's batch-invariant mode (slower)
-    verbose: bool = False  # show vLLM's and Ray's own log lines on the console (always in <run dir>/logs/)
-    output_dir: str | None = None  # run directory (null: Hydra's run directory)
-    resume: str | None = None  # null: start fresh | auto: latest checkpoint in output_dir | a checkpoints/step_N path
-    max_nonfinite_steps: int = 3  # stop the run after this many steps in a row with a NaN/inf loss (each is skipped)
-    sync_probe_threshold: float = 0.2  # fail when the sync probe's mean |dlogp| exceeds its pre-training floor + this
-    probe_floor_limit: float | None = (
-        0.3  # fail at start when actors and learner disagree on the base by more (null: off)
-    )
-
-    def __post_init__(self) -> None:
-        check_fields_finite(self, "run")
-        check(0 <= self.seed < 2**32, f"run.seed must be in [0, 2**32) (numpy's seed range; got {self.seed})")
-        check(self.steps >= 0, f"run.steps must be >= 0 (got {self.steps})")
-        check(self.prompts_per_step >= 1, f"run.prompts_per_step must be >= 1 (got {self.prompts_per_step})")
-        check(self.max_nonfinite_steps >= 1, f"run.max_nonfinite_steps must be >= 1 (got {self.max_nonfinite_steps})")
-        check(self.sync_probe_threshold > 0, f"run.sync_probe_threshold must be > 0 (got {self.sync_probe_threshold})")
-        check(self.probe_floor_limit is None or self.probe_floor_limit > 0, "run.probe_floor_limit must be > 0 or null")
-        check(
-            self.resume != "auto" or self.output_dir is not None,
-            "run.resume=auto looks for checkpoints in run.output_dir: set run.output_dir=<the run directory to "
-            "continue> (the jobs of a -m sweep continue in their own directories: give hydra.sweep.dir=<the sweep "
-            "directory>)",
-        )
-
-
-@dataclass
 class LearnerConfig:
     """How the learner cuts a step's samples into forward/backward passes."""
 
@@ -305,45 +268,6 @@ class LearnerConfig:
             self.micro_batch_tokens is None or self.micro_batch_tokens >= 0,
             "learner.micro_batch_tokens must be >= 0 (0: learner.micro_batch_size padded sequences) or null (auto); "
             f"got {self.micro_batch_tokens}",
-        )
-
-
-@dataclass
-class EvalConfig:
-    """Held-out evaluation, before and after training (and every `interval` steps)."""
-
-    size: int = 64  # held-out prompts evaluated before and after training (0 disables evaluation)
-    interval: int = 0  # also evaluate every N steps (0: only before and after training)
-    n_samples: int = 0  # completions sampled per eval prompt for pass@k (0: greedy accuracy only)
-    temperature: float = 1.0  # sampling temperature of those eval samples (greedy accuracy always uses 0)
-    pass_k: list[int] = field(default_factory=lambda: [1])  # k of eval/pass@k (each <= n_samples)
-    correct_threshold: float = 1.0  # reward >= this counts as correct (lower it for partial-credit rewards)
-    save_dir: str | None = None  # per-sample eval jsonl, one step_N.jsonl per evaluation (null: <run dir>/eval)
-
-    def __post_init__(self) -> None:
-        check_fields_finite(self, "eval")
-        check(self.size >= 0, f"eval.size must be >= 0 (got {self.size})")
-        check(self.interval >= 0, f"eval.interval must be >= 0 (0: only before and after; got {self.interval})")
-        check(self.n_samples >= 0, f"eval.n_samples must be >= 0 (0: greedy only; got {self.n_samples})")
-        check(self.temperature > 0, f"eval.temperature must be > 0 (got {self.temperature})")
-        check(
-            all(1 <= k <= max(self.n_samples, 1) for k in self.pass_k),
-            f"eval.pass_k={list(self.pass_k)} needs 1 <= k <= eval.n_samples={self.n_samples} (pass@k is estimated "
-            f"from eval.n_samples samples per prompt): set eval.n_samples>={max(self.pass_k, default=1)} or drop the "
-            "larger k",
-        )
-
-
-@dataclass
-class CheckpointConfig:
-    interval: int = 5  # checkpoint every N steps and after the last one, in <run dir>/checkpoints (0: never)
-    keep_last: int = 2  # checkpoints kept; older ones are deleted after each save (0: keep all)
-
-    def __post_init__(self) -> None:
-        check_fields_finite(self, "checkpoint")
-        check(self.interval >= 0, f"checkpoint.interval must be >= 0 (0: no checkpoints; got {self.interval})")
-        check(
-            self.keep_last >= 0, f"checkpoint.keep_last must be >= 0 (0: keep every checkpoint; got {self.keep_last})"
         )
 
 
@@ -501,11 +425,22 @@ class TrainConfig:
     def max_seq_length(self) -> int:
         return self.model.max_prompt_tokens + self.completion_tokens
 
-    @property
-    def sampling(self) -> Sampling:
-        """How the actors sample a step's completions."""
-        a = self.algorithm
-        return Sampling(n=a.group_size, temperature=a.temperature, top_p=a.top_p, max_tokens=self.model.max_new_tokens)
+    def sampling_for(self, purpose: str) -> Sampling:
+        """The sampling of one kind of generate call, every kind made here from the settings that shape it: "train"
+        (a step's G completions per prompt), "probe" (the sync probe's 2 short samples per prompt, drawn as the
+        training samples are: its logprobs must describe the same distribution), "greedy" (held-out accuracy) and
+        "eval" (eval.n_samples per prompt at eval.temperature, unfiltered, for pass@k)."""
+        a, ev, max_tokens = self.algorithm, self.eval, self.model.max_new_tokens
+        filters = {"temperature": a.temperature, "top_p": a.top_p, "min_p": a.min_p}
+        if purpose == "train":
+            return Sampling(n=a.group_size, max_tokens=max_tokens, **filters)
+        if purpose == "probe":
+            return Sampling(n=2, max_tokens=16, **filters)
+        if purpose == "greedy":
+            return Sampling(n=1, temperature=0.0, max_tokens=max_tokens)
+        if purpose == "eval":
+            return Sampling(n=ev.n_samples, temperature=ev.temperature, max_tokens=max_tokens)
+        raise ValueError(f"no sampling for {purpose!r}: train, probe, greedy or eval")
 
     @property
     def sync_dtype(self) -> str | None:

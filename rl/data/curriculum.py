@@ -3,7 +3,7 @@
 The sampler (rl/loop/sampler.py) stays the one owner of the data, its cursor and the queue of batches in flight; a
 curriculum is asked for the next batch's prompts (`choose`) and told every generated group's pass rate
 (`observe`: the fraction of its G samples whose reward >= eval.correct_threshold, every round of dynamic sampling
-included, before any filter). Each reads its `curriculum.*` keys (and run.seed) from the resolved `TrainConfig`.
+included, before any filter). Each reads its `curriculum.*` keys from the `curriculum` group (and run.seed).
 Three kinds:
 
 - `Sequential` (none): the data's seeded order, as without a curriculum.
@@ -37,7 +37,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from rl.config.choices import CurriculumKind
-from rl.config.schema import ConfigError, TrainConfig
+from rl.config.errors import ConfigError
+from rl.config.schema import CurriculumConfig
 from rl.data.prompts import PromptData
 
 # pass-rate histogram buckets of the metrics: exactly 0, (0, 0.5), [0.5, 1), exactly 1
@@ -109,10 +110,10 @@ class Sequential:
 class PassRateCurriculum:
     """Skips solved and hopeless prompts before generating (see the module docstring)."""
 
-    def __init__(self, cfg: TrainConfig):
-        self.cfg = cfg
+    def __init__(self, cc: CurriculumConfig, *, seed: int):
+        self.cc = cc
         self.rates: dict[int, float] = {}  # data index -> EMA of its pass rate
-        self._rng = random.Random(cfg.run.seed)
+        self._rng = random.Random(seed)
         self._skipped = 0  # since the last pop_metrics
         self._skipped_total = 0
 
@@ -121,14 +122,14 @@ class PassRateCurriculum:
 
     def due_to_skip(self, i: int) -> bool:
         rate = self.rates.get(i)
-        return rate is not None and (rate >= self.cfg.curriculum.solved or rate <= self.cfg.curriculum.hopeless)
+        return rate is not None and (rate >= self.cc.solved or rate <= self.cc.hopeless)
 
     def choose(self, data: PromptData, n: int) -> list[int]:
         chosen: list[int] = []
         skips_left = len(data)  # never more than a pass over the data per batch
         while len(chosen) < n:
             i = data.next_batch(1)[0]
-            if skips_left and self.due_to_skip(i) and self._rng.random() >= self.cfg.curriculum.revisit_prob:
+            if skips_left and self.due_to_skip(i) and self._rng.random() >= self.cc.revisit_prob:
                 skips_left -= 1
                 self._skipped += 1
                 continue
@@ -136,7 +137,7 @@ class PassRateCurriculum:
         return chosen
 
     def observe(self, data: PromptData, idx: Sequence[int], pass_rates: Sequence[float]) -> None:
-        a = self.cfg.curriculum.ema
+        a = self.cc.ema
         for i, rate in zip(idx, pass_rates):
             old = self.rates.get(i)
             self.rates[i] = rate if old is None else a * old + (1 - a) * rate
@@ -171,13 +172,13 @@ class DifficultyCurriculum:
     task: envs.reasoning_gym.TaskCurriculum (name, level, max_level, set_level(), train_items()).
     make_data: turns items into PromptData (tokenised as the run's other prompts)."""
 
-    def __init__(self, cfg: TrainConfig, task: Any, make_data: Callable[[list[dict]], PromptData]):
-        self.cfg, self.task, self.make_data = cfg, task, make_data
-        top = cfg.curriculum.max_level
+    def __init__(self, cc: CurriculumConfig, task: Any, make_data: Callable[[list[dict]], PromptData]):
+        self.cc, self.task, self.make_data = cc, task, make_data
+        top = cc.max_level
         self.max_level = task.max_level if top is None else min(top, task.max_level)
         self.level = task.level  # the level of the data batches are drawn from
         self.target = self.level  # the level the next batch is drawn at (> level: a raise is due)
-        self.window: deque[float] = deque(maxlen=cfg.curriculum.window)
+        self.window: deque[float] = deque(maxlen=cc.window)
         self._data: PromptData | None = None  # the current level's prompts (None: not built yet)
         self._raises = 0  # since the last pop_metrics
 
@@ -201,7 +202,7 @@ class DifficultyCurriculum:
             return
         self.window.extend(pass_rates)
         full = len(self.window) == self.window.maxlen
-        if full and np.mean(self.window) >= self.cfg.curriculum.raise_at and self.level < self.max_level:
+        if full and np.mean(self.window) >= self.cc.raise_at and self.level < self.max_level:
             self.target = self.level + 1
             self.window.clear()
             self._raises += 1
@@ -238,16 +239,18 @@ def check_kind(state: dict, kind: str) -> None:
         )
 
 
-def build_curriculum(cfg: TrainConfig, env: Any, make_data: Callable[[list[dict]], PromptData]) -> Curriculum:
+def build_curriculum(
+    cc: CurriculumConfig, env: Any, make_data: Callable[[list[dict]], PromptData], *, seed: int
+) -> Curriculum:
     """The curriculum `curriculum.kind` names; difficulty needs an env with a reasoning-gym task curriculum."""
-    kind = cfg.curriculum.kind
+    kind = cc.kind
     if kind == CurriculumKind.pass_rate:
-        return PassRateCurriculum(cfg)
+        return PassRateCurriculum(cc, seed=seed)
     if kind == CurriculumKind.difficulty:
         if not hasattr(env, "task_curriculum"):
             raise ConfigError(
                 f"curriculum=difficulty needs a reasoning-gym env (env._target_=envs.reasoning_gym.ReasoningGymEnv, "
                 f"e.g. env=chain_sum); {type(env).__name__} has no difficulty levels: use curriculum=pass_rate"
             )
-        return DifficultyCurriculum(cfg, env.task_curriculum(), make_data)
+        return DifficultyCurriculum(cc, env.task_curriculum(), make_data)
     return Sequential()

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from envs.jsonl import jsonl_rows
-from rl.config.schema import ConfigError, TrainConfig
-from rl.data.prompts import PromptData
-from rl.rollout.episodes import EnvTokens
+from rl.config.errors import ConfigError
+from rl.config.schema import ModelConfig
+from rl.data.prompts import EnvTokens, PromptData
 from rl.types import TrainSample
 
 
@@ -88,10 +88,10 @@ def render_conversation(
 
 
 class Demonstrations:
-    """The demonstrations of `path` as training samples, served `run.prompts_per_step` a step."""
+    """The demonstrations of `path` as training samples, served `run.prompts_per_step` a step. `m`: the resolved
+    `model` group; `budget`: the run's completion budget (the schema's completion_tokens); `seed`: run.seed."""
 
-    def __init__(self, path: str | Path, tokenizer: Any, cfg: TrainConfig):
-        m, budget = cfg.model, cfg.completion_tokens
+    def __init__(self, path: str | Path, tokenizer: Any, m: ModelConfig, *, budget: int, seed: int):
         items, too_long = [], 0
         for row in read_demos(path):
             ids, mask = render_conversation(tokenizer, row["messages"], m.use_chat_template, row.get("tools"))
@@ -100,7 +100,7 @@ class Demonstrations:
                 continue
             items.append({"messages": row["prompt"], "tools": row.get("tools"), "completion": (ids, mask)})
         # PromptData tokenises the prompts, drops (and counts) those over model.max_prompt_tokens, and keeps the order
-        self.data = PromptData(items, tokenizer, cfg)
+        self.data = PromptData(items, tokenizer, m, seed=seed)
         self.dropped = too_long + self.data.dropped
         self.samples = [
             TrainSample(prompt, ids, [0.0] * len(ids), 1.0, mask)

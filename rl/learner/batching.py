@@ -8,6 +8,7 @@ carry the prompt and completion token ids exactly as the rollout engine produced
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -17,8 +18,12 @@ from rl.learner.transfer import upload
 from rl.types import TrainSample
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, *, with_entropy=False):
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, *, min_p: float = 0.0, with_entropy=False
+):
     """log softmax(logits / T) gathered at targets. logits [B, T, V], targets [B, T] -> [B, T] (float32).
+    `min_p` > 0: of the distribution a min-p sampler draws from (vLLM's processed logprobs, Sampling.min_p): the
+    tokens less likely than min_p x the likeliest one are left out of the normaliser (one more [B, T, V] temporary).
 
     Computed as logit[target] - logsumexp(logits): the same value as gathering from log_softmax, without a second
     [B, T, V] float32 tensor (the vocabulary dimension dominates the learner's activation memory).
@@ -30,14 +35,18 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
         logits = logits / temperature
     picked = torch.gather(logits, 2, targets.unsqueeze(-1)).squeeze(-1)
     lse = torch.logsumexp(logits, dim=-1)
+    kept_lse = lse
+    if min_p > 0:  # p_v < min_p * p_max  <=>  z_v < z_max + log(min_p), the same test as vLLM's MinPLogitsProcessor
+        floor = logits.amax(dim=-1, keepdim=True) + math.log(min_p)
+        kept_lse = torch.logsumexp(logits.masked_fill(logits < floor, float("-inf")), dim=-1)
     if not with_entropy:
-        return picked - lse
+        return picked - kept_lse
     with torch.no_grad():
         z, m = logits.detach(), lse.detach()
         entropy = torch.cat(
             [lr - (torch.exp(zr - lr[..., None]) * zr).sum(-1) for zr, lr in zip(z.split(1), m.split(1))]
         )
-    return picked - lse, entropy
+    return picked - kept_lse, entropy  # the entropy is of the whole distribution (a metric, or the bonus's term)
 
 
 def loss_tokens(samples: list[TrainSample]) -> int:
@@ -94,10 +103,19 @@ class Batcher:
             return packing.pack_micro_batches(samples, self.budget, self.share_prompt_prefix)
         return micro_batches(samples, self.size, self.share_prompt_prefix)
 
-    def logprobs(self, model: Any, samples: list[TrainSample], temperature: float = 1.0, *, entropy: str = "none"):
-        """Completion-aligned token logprobs [B, C] (right-padded with zeros), token entropy [B, C] or None, and the
-        number of token positions the forward computed. entropy: "none"; "metric" (no gradient, from the same
-        logsumexp); "loss" (with its gradient, for an entropy bonus)."""
+    def logprobs(
+        self,
+        model: Any,
+        samples: list[TrainSample],
+        temperature: float = 1.0,
+        *,
+        min_p: float = 0.0,
+        entropy: str = "none",
+    ):
+        """Completion-aligned token logprobs [B, C] (right-padded with zeros) under temperature and min-p (as the
+        samples were drawn), token entropy [B, C] or None, and the number of token positions the forward computed.
+        entropy: "none"; "metric" (no gradient, from the same logsumexp); "loss" (with its gradient, for an entropy
+        bonus)."""
         shape = (len(samples), max(len(s.completion_ids) for s in samples))
         if self.packed:
             row = packing.pack(samples, self.share_prompt_prefix, self.device, self.packed)
@@ -125,11 +143,12 @@ class Batcher:
         if entropy == "loss":
             from rl.algorithms import token_entropy
 
-            logp, ent = token_logprobs(logits, targets, temperature), token_entropy(logits.float() / temperature)
+            logp = token_logprobs(logits, targets, temperature, min_p=min_p)
+            ent = token_entropy(logits.float() / temperature)
         elif entropy == "metric":
-            logp, ent = token_logprobs(logits, targets, temperature, with_entropy=True)
+            logp, ent = token_logprobs(logits, targets, temperature, min_p=min_p, with_entropy=True)
         else:
-            logp, ent = token_logprobs(logits, targets, temperature), None
+            logp, ent = token_logprobs(logits, targets, temperature, min_p=min_p), None
         return to_batch(logp), to_batch(ent), n_positions
 
     def completion_batch(self, samples: list[TrainSample]):

@@ -1,7 +1,7 @@
 """The learner role: policy-gradient steps on the sampled token ids, with the behaviour logprobs from the actors.
 
-A plain class (no Ray) built from the resolved `TrainConfig` (rl/resolve.py), whose keys it reads where it
-uses them; `rl/runtime/placement.py` wraps it as a Ray actor. Its model comes from rl/learner/models.py (PEFT, PEFT
+A plain class (no Ray) built from the resolved `model`, `algorithm` and `learner` groups and a few named values
+(rl/app.py wires them), whose keys it reads where it uses them; `rl/runtime/placement.py` wraps it as a Ray actor. Its model comes from rl/learner/models.py (PEFT, PEFT
 on 4-bit weights, Unsloth, or full fine-tuning), its batches from batching.py, its data-parallel reduction from
 parallel.py, and what it sends out from export.py. The reference policy for a KL penalty is the same model with
 the adapter disabled (no second copy in memory); a full fine-tuning learner keeps a frozen copy of the initial
@@ -19,7 +19,7 @@ import warnings
 import torch
 
 from rl import algorithms
-from rl.config.schema import TrainConfig
+from rl.config.schema import AlgorithmConfig, LearnerConfig, ModelConfig
 from rl.learner import attention, export, packing
 from rl.learner.batching import Batcher, loss_tokens, to_host
 from rl.learner.models import load_policy
@@ -37,28 +37,47 @@ def shares_prompt(packed: bool, checkpointing: bool, device: torch.device) -> bo
 
 
 class Learner:
-    def __init__(self, cfg: TrainConfig):
+    """`model`, `algorithm`, `learner`: the resolved groups. `seed`: run.seed; `deterministic`: run.deterministic;
+    `threads`: cluster.learner_threads (None: every core); `colocate`: cluster.colocate; `max_seq_length` and
+    `sync_dtype`: the schema's derived values of those names."""
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        algorithm: AlgorithmConfig,
+        learner: LearnerConfig,
+        *,
+        seed: int,
+        max_seq_length: int,
+        sync_dtype: str | None = None,
+        deterministic: bool = False,
+        threads: int | None = None,
+        colocate: bool = False,
+    ):
         # Ray limits an actor to its num_cpus threads; roles alternate in synchronous mode, so use every core
-        torch.set_num_threads(cfg.cluster.learner_threads or os.cpu_count() or 1)
-        torch.manual_seed(cfg.run.seed)
-        if cfg.run.deterministic:  # `run.deterministic=true`: rl/app.py sets cuBLAS's workspace before CUDA starts
+        torch.set_num_threads(threads or os.cpu_count() or 1)
+        torch.manual_seed(seed)
+        if deterministic:  # `run.deterministic=true`: rl/runtime/process_env.py sets cuBLAS's workspace before CUDA
             # deterministic kernels wherever torch has one; an op without one (a library's custom kernel may use
             # one) warns in this role's log instead of stopping the run: the two-run test is what shows identity
             torch.use_deterministic_algorithms(True, warn_only=True)
-        self.cfg = cfg
+        self.model_cfg, self.algorithm, self.learner_cfg = model, algorithm, learner
+        self.seed, self.colocate = seed, colocate
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.policy = load_policy(cfg, self.device)
+        self.policy = load_policy(
+            model, self.device, max_seq_length=max_seq_length, seed=seed, kl=algorithm.kl_coef > 0
+        )
         self.model = self.policy.model
         packed, use_attention = None, None
-        if cfg.learner.micro_batch_tokens > 0:
-            dtype = getattr(torch, cfg.model.learner_dtype.value)
-            packed = packing.resolve_backend(cfg.learner.packed_attention.value, self.device, dtype)
+        if learner.micro_batch_tokens > 0:
+            dtype = getattr(torch, model.learner_dtype.value)
+            packed = packing.resolve_backend(learner.packed_attention.value, self.device, dtype)
             use_attention = packing.use_packed_attention
         elif self.device.type == "cpu":  # padded micro-batches on CPU: short sequences backpropagate faster in eager
             use_attention = attention.use_short_eager_attention
-        for model in (self.model, self.policy.ref_model) if use_attention else ():
-            if model is not None:
-                use_attention(model)
+        for net in (self.model, self.policy.ref_model) if use_attention else ():
+            if net is not None:
+                use_attention(net)
         self.batcher = self._batcher(packed)
         if packed:
             try:
@@ -66,35 +85,35 @@ class Learner:
             except RuntimeError as e:
                 # a model whose attention mixes packed sequences trains padded rather than not at all (Unsloth,
                 # which replaces the attention forward, is refused packed rows at config load already)
-                budget = cfg.learner.micro_batch_tokens
+                budget = learner.micro_batch_tokens
                 warnings.warn(
                     f"learner.micro_batch_tokens={budget}: padded micro-batches instead of packed rows. {e}",
                     stacklevel=2,
                 )
                 self.batcher = self._batcher(None)
         # a run that starts from an adapter: its version 0 (the resolve step checked its shape)
-        if cfg.model.init_adapter:
-            start = Adapter.from_folder(cfg.model.init_adapter, version=0)
+        if model.init_adapter:
+            start = Adapter.from_folder(model.init_adapter, version=0)
             export.load_policy_bytes(self.model, start, self.device, full_weights=False)
-            if cfg.algorithm.kl_coef > 0:  # the KL's reference is the policy the run starts from, not the base
+            if algorithm.kl_coef > 0:  # the KL's reference is the policy the run starts from, not the base
                 trained = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
                 self.policy.ref_adapter = trained
         params = [p for p in self.model.parameters() if p.requires_grad]
         # fused: one kernel for all parameters, and it can skip a non-finite step on the device (`found_inf`), so the
         # step launches without waiting for the host to read the loss (the GPU would idle meanwhile)
-        a = cfg.algorithm
+        a = algorithm
         self.optimizer = torch.optim.AdamW(params, lr=a.lr, weight_decay=a.weight_decay, fused=True)
         self.loss_fn = algorithms.get_policy_loss(a.policy_loss)
         agg = algorithms.get_loss_agg(a.loss_agg)
         self.agg_fn = functools.partial(agg, norm_length=a.loss_agg_norm_length)
         self.agg_unit = getattr(agg, "unit", "seq")
         self.version = 0
-        self.sync_dtype = getattr(torch, cfg.sync_dtype) if cfg.sync_dtype else None
+        self.sync_dtype = getattr(torch, sync_dtype) if sync_dtype else None
         self.dp = DataParallel(self.device)
         self._ipc = export.IpcExport()
 
     def _batcher(self, packed: str | None) -> Batcher:
-        lc = self.cfg.learner
+        lc = self.learner_cfg
         return Batcher(
             self.device,
             share_prompt_prefix=lc.share_prompt_prefix
@@ -113,7 +132,7 @@ class Learner:
     def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
         """One optimizer step over `samples` (gradient accumulation in micro-batches). Returns metrics."""
         t0 = time.perf_counter()
-        a = self.cfg.algorithm
+        a = self.algorithm
         kl_coef = a.loss_kl_coef  # 0 when the KL is folded into the reward instead
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -139,8 +158,10 @@ class Learner:
             ent = "loss" if a.entropy_coef > 0 else "metric"
             if kl_coef > 0:  # before the policy's forward: a reference that swaps weights must not touch its graph
                 with torch.no_grad(), self.policy.reference() as ref_model:
-                    ref = self.batcher.logprobs(ref_model, mb, a.temperature)[0]
-            logp, entropy, n_positions = self.batcher.logprobs(self.model, mb, a.temperature, entropy=ent)  # [B, C]
+                    ref = self.batcher.logprobs(ref_model, mb, a.temperature, min_p=a.min_p)[0]
+            logp, entropy, n_positions = self.batcher.logprobs(  # [B, C]
+                self.model, mb, a.temperature, min_p=a.min_p, entropy=ent
+            )
             loss, metrics = self.loss_fn(logp, old, adv, mask, agg=self.agg_fn, knobs=a)
             if a.entropy_coef > 0:  # entropy bonus: maximise the aggregated token entropy
                 loss = loss - a.entropy_coef * self.agg_fn(entropy, mask)
@@ -205,7 +226,7 @@ class Learner:
             return {}
         peak = torch.cuda.max_memory_allocated() / 2**30
         torch.cuda.reset_peak_memory_stats()
-        if self.cfg.cluster.colocate:
+        if self.colocate:
             torch.cuda.empty_cache()
         return {"memory/learner_peak_gb": peak}
 
@@ -220,7 +241,7 @@ class Learner:
         out: list[list[float]] = []
         with self.policy.reference() if reference else contextlib.nullcontext(self.model) as model:
             for mb in self._micro_batches(samples):
-                logp = self.batcher.logprobs(model, mb, self.cfg.algorithm.temperature)[0]
+                logp = self.batcher.logprobs(model, mb, self.algorithm.temperature, min_p=self.algorithm.min_p)[0]
                 out.extend(logp[i, : len(s.completion_ids)].tolist() for i, s in enumerate(mb))
         self.model.train()
         return out
@@ -238,10 +259,10 @@ class Learner:
         if not hasattr(self, "_gen_tokenizer"):  # built on first use: most runs never generate here
             from transformers import AutoTokenizer
 
-            m = self.cfg.model
+            m = self.model_cfg
             self._gen_tokenizer = AutoTokenizer.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
             # draws one seed per prompt on the host (hf_generate), whatever the model's device
-            self._gen_rng = torch.Generator().manual_seed(self.cfg.run.seed + 1 + self.dp.rank)
+            self._gen_rng = torch.Generator().manual_seed(self.seed + 1 + self.dp.rank)
         self.model.eval()
         try:
             return hf_generate(
@@ -261,7 +282,7 @@ class Learner:
         and checkpoints keep the training precision)."""
         dtype = self.sync_dtype if for_sync else None
         t0 = time.perf_counter()
-        adapter = export.policy_bytes(self.model, self.version, full_weights=self.cfg.model.full_finetune, dtype=dtype)
+        adapter = export.policy_bytes(self.model, self.version, full_weights=self.model_cfg.full_finetune, dtype=dtype)
         adapter.export_s = time.perf_counter() - t0  # includes waiting for this learner's queued GPU work
         return adapter
 
@@ -271,7 +292,7 @@ class Learner:
     def ipc_weights(self) -> dict:
         """The policy as CUDA IPC handles (`cluster.weight_sync=ipc`): full weights, or the adapter in the actors'
         precision; valid until `release_ipc_weights`."""
-        if self.cfg.model.full_finetune:
+        if self.model_cfg.full_finetune:
             return self._ipc.handles(self.model, self.device)
         return self._ipc.adapter_handles(self.model, self.device, self.sync_dtype)
 
@@ -290,7 +311,7 @@ class Learner:
     def load_state(self, state: dict) -> None:
         """Restore `state_dict()`'s output: weights copied in place (the optimizer keeps its parameters)."""
         adapter = state["adapter"]
-        export.load_policy_bytes(self.model, adapter, self.device, full_weights=self.cfg.model.full_finetune)
+        export.load_policy_bytes(self.model, adapter, self.device, full_weights=self.model_cfg.full_finetune)
         export.load_optimizer_bytes(self.optimizer, state["optimizer"], self.device)
         self.version = adapter.version
         torch.set_rng_state(torch.frombuffer(bytearray(state["torch_rng"]), dtype=torch.uint8))

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rl.config.choices import LearnerBackend
-from rl.config.schema import TrainConfig
+from rl.config.schema import ModelConfig
 
 
 @dataclass
@@ -65,10 +65,10 @@ class PolicyModel:
                     params[n].copy_(t)
 
 
-def load_policy(cfg: TrainConfig, device: torch.device) -> PolicyModel:
-    """Load the base model on `device` with the resolved learner backend, add LoRA (unless full fine-tuning), and
-    build the reference copy when a full fine-tune needs one for its KL."""
-    m = cfg.model
+def load_policy(m: ModelConfig, device: torch.device, *, max_seq_length: int, seed: int, kl: bool) -> PolicyModel:
+    """Load the base model of the resolved `model` group on `device` with its learner backend, add LoRA (unless full
+    fine-tuning), and build the reference copy when a full fine-tune needs one for its KL (`kl`: a KL penalty, in the
+    loss or the reward, is on). `max_seq_length` and `seed` are Unsloth's (its context and LoRA init)."""
     unsloth = m.learner_backend == LearnerBackend.unsloth
     if device.type != "cuda" and (unsloth or m.load_in_4bit):
         raise RuntimeError(
@@ -83,8 +83,10 @@ def load_policy(cfg: TrainConfig, device: torch.device) -> PolicyModel:
             "lora_dropout": m.lora_dropout,
             "target_modules": list(m.lora_targets),
         }
-    build = _build_unsloth if unsloth else _build_peft
-    model, checkpointing = build(cfg, device, lora)
+    if unsloth:
+        model, checkpointing = _build_unsloth(m, device, lora, max_seq_length=max_seq_length, seed=seed)
+    else:
+        model, checkpointing = _build_peft(m, device, lora)
     model.train()
     import inspect
 
@@ -96,18 +98,17 @@ def load_policy(cfg: TrainConfig, device: torch.device) -> PolicyModel:
         full_finetune=m.full_finetune,
     )
     # a KL (in the loss or folded into the reward) needs the reference; with no adapter to switch off: a frozen copy
-    if m.full_finetune and cfg.algorithm.kl_coef > 0:
+    if m.full_finetune and kl:
         import copy
 
         policy.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     return policy
 
 
-def _build_peft(cfg: TrainConfig, device: torch.device, lora: dict | None) -> tuple[Any, bool]:
+def _build_peft(m: ModelConfig, device: torch.device, lora: dict | None) -> tuple[Any, bool]:
     """transformers model (bitsandbytes NF4 base with bf16 compute when load_in_4bit) + PEFT LoRA."""
     from transformers import AutoModelForCausalLM
 
-    m = cfg.model
     kwargs: dict = {"dtype": getattr(torch, m.learner_dtype.value), "trust_remote_code": m.trust_remote_code}
     if m.load_in_4bit:
         from transformers import BitsAndBytesConfig
@@ -134,7 +135,9 @@ def _build_peft(cfg: TrainConfig, device: torch.device, lora: dict | None) -> tu
     return get_peft_model(model, LoraConfig(**lora, task_type="CAUSAL_LM")), checkpointing
 
 
-def _build_unsloth(cfg: TrainConfig, device: torch.device, lora: dict | None) -> tuple[Any, bool]:
+def _build_unsloth(
+    m: ModelConfig, device: torch.device, lora: dict | None, *, max_seq_length: int, seed: int
+) -> tuple[Any, bool]:
     """Unsloth FastLanguageModel (+ its LoRA with gradient checkpointing "unsloth", on by default)."""
     import sys
 
@@ -150,10 +153,9 @@ def _build_unsloth(cfg: TrainConfig, device: torch.device, lora: dict | None) ->
     os.environ["UNSLOTH_RETURN_LOGITS"] = "1"
     from unsloth import FastLanguageModel
 
-    m = cfg.model
     model, _ = FastLanguageModel.from_pretrained(
         model_name=m.path,
-        max_seq_length=cfg.max_seq_length,
+        max_seq_length=max_seq_length,
         dtype=getattr(torch, m.learner_dtype.value),
         load_in_4bit=m.load_in_4bit,
         full_finetuning=lora is None,
@@ -169,6 +171,6 @@ def _build_unsloth(cfg: TrainConfig, device: torch.device, lora: dict | None) ->
         **lora,
         bias="none",
         use_gradient_checkpointing="unsloth" if checkpointing else False,
-        random_state=cfg.run.seed,
+        random_state=seed,
     )
     return model, checkpointing

@@ -16,11 +16,10 @@ originals in a plain copy of the model, saved as an ordinary HF folder in the mo
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
-from rl.config.schema import TrainConfig
+from rl.config.schema import ModelConfig
 from rl.model_path import write_model_folder
 
 
@@ -38,10 +37,10 @@ def dequantized_weights(model) -> dict[str, object]:
     return out
 
 
-def dequantized_base(cfg: TrainConfig) -> str:
-    """`model.actor_path` (the resolve step named it: rl/model_path.py dequantized_folder) holding `cfg`'s learner
-    base dequantized; made on this process's GPU the first time."""
-    out = Path(cfg.model.actor_path)
+def dequantized_base(m: ModelConfig, *, max_seq_length: int, seed: int) -> str:
+    """`model.actor_path` (the resolve step named it: rl/model_path.py dequantized_folder) holding the 4-bit
+    learner's base of the resolved `model` group `m`, dequantized; made on this process's GPU the first time."""
+    out = Path(m.actor_path)
     if (out / "config.json").is_file():
         return str(out)
     import torch
@@ -49,10 +48,8 @@ def dequantized_base(cfg: TrainConfig) -> str:
 
     from rl.learner.models import load_policy
 
-    m = cfg.model
     # the learner's own loader: LoRA on top changes no base weight, and no reference copy is needed here
-    quantized = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, kl_coef=0.0))
-    policy = load_policy(quantized, torch.device("cuda"))
+    policy = load_policy(m, torch.device("cuda"), max_seq_length=max_seq_length, seed=seed, kl=False)
     weights = dequantized_weights(policy.model)
     del policy
     torch.cuda.empty_cache()

@@ -11,11 +11,16 @@ A run writes one every `checkpoint.interval` steps and after its last, keeps the
         trainer.pkl         step, adapter version, data order and cursor, the driver's RNG (python, numpy, torch),
                             each HF rollout actor's sampling RNG
         config.json         the resolved config of the run that wrote it
-        meta.json           step and adapter version, for people
+        meta.json           step and adapter version, for people; the size of every other file (written last)
 
 Atomic: a checkpoint is written under `.step_0003.tmp`, every file and the folder are fsynced, then the folder
 is renamed to `step_0003` and the parent fsynced. Only `step_N` folders are ever read, so a run killed mid-write
 leaves a temp folder that is ignored (and removed by the next save).
+Whole: a `step_N` folder counts as a checkpoint only when its meta.json reads and every file it lists has the size
+it lists (a meta.json without that list: the five files are there and none is empty), so a folder damaged after
+the rename (a copy cut short, a full disk, a hand edit) is never resumed from: `run.resume=auto` falls back to the
+newest whole one and says so, and a checkpoint that passes this check but cannot be unpickled stops the resume
+with one line naming it (`load`).
 
 Not restored, by design or because there is nothing to restore:
 - vLLM's sampler: its generator cannot be read or set from outside, and nothing needs it: every training prompt's
@@ -45,12 +50,23 @@ import torch
 
 from rl.atomic import fsync_dir, replace_when_done, write_bytes
 from rl.config.schema import ConfigError
+from rl.run_files import DamagedFile, json_lines, read_summary
 from rl.runtime.roles import Learner, RolloutActor
 from rl.runtime.runtime import Runtime
 from rl.types import Adapter, TrainedPolicy
 
 CHECKPOINTS = "checkpoints"
-SUMMARY = "summary.json"  # a run's summary, written by train.py when the run has finished
+SUMMARY = "summary.json"  # a run's summary, written by train.py when the run has finished; it holds STEPS_DONE
+STEPS_DONE = "run/steps"  # the summary's count of the steps the finished run trained
+META = "meta.json"
+# what every checkpoint holds besides meta.json (whose "files" lists each one's size)
+FILES = (
+    "adapter/adapter_config.json",
+    "adapter/adapter_model.safetensors",
+    "learner.pkl",
+    "trainer.pkl",
+    "config.json",
+)
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -58,8 +74,8 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:04d}"
 
 
-def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints of a run, oldest first, as (step, folder). Temp folders are never listed."""
+def step_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    """Every `step_N` folder of a run, whole or not, oldest first, as (step, folder). Temp folders are never listed."""
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
@@ -67,37 +83,126 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def damage(folder: Path) -> str | None:
+    """Why the checkpoint `folder` is not whole (a few words naming the file), None when it is: meta.json reads and
+    each file it lists has its size; a meta.json without that list asks only that each of FILES is there and not
+    empty."""
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / META).read_bytes())
+    except FileNotFoundError:
+        return f"no {META}"
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return f"{META} does not read: {type(e).__name__}"
+    sizes = meta.get("files", dict.fromkeys(FILES)) if isinstance(meta, dict) else None
+    if not isinstance(sizes, dict) or any(not isinstance(n, str) for n in sizes):
+        return f"{META} is not a checkpoint's"
+    for name in FILES:
+        if name not in sizes:
+            return f"{META} lists no {name}"
+    for name, size in sizes.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        actual = path.stat().st_size
+        if size is None and actual == 0:
+            return f"{name} is empty"
+        if size is not None and actual != size:
+            return f"{name} has {actual} bytes, {META} says {size}"
+    return None
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """Whole checkpoints of a run (`damage` finds nothing), oldest first, as (step, folder)."""
+    return [(step, p) for step, p in step_dirs(run_dir) if damage(p) is None]
+
+
 def latest(run_dir: Path) -> Path | None:
+    """The newest whole checkpoint of a run, None when it has none."""
     ckpts = list_checkpoints(run_dir)
     return ckpts[-1][1] if ckpts else None
 
 
-def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint `run.resume` names: None (start fresh), "auto" (the latest in run_dir, None if there is none)
-    or a checkpoint folder (an error naming run.resume if it is not one)."""
+def resume_point(resume: str | None, run_dir: Path) -> tuple[Path | None, str | None]:
+    """(the checkpoint `run.resume` names, the line that says which newer ones were passed over as damaged, or None).
+    None: start fresh; "auto": the newest whole checkpoint in run_dir (None when it holds no step_N folder; an error
+    naming the newest damaged one when none is whole); a path: that checkpoint folder (an error naming run.resume if
+    it is not one, or not whole)."""
     if resume is None:
-        return None
-    if resume == "auto":
-        return latest(run_dir)
-    path = Path(resume)
-    if not (path / "trainer.pkl").is_file():
+        return None, None
+    if resume != "auto":
+        path = Path(resume)
+        if not (path / "trainer.pkl").is_file() and not (path / META).is_file():
+            raise ConfigError(
+                f"run.resume={resume}: not a checkpoint folder (no trainer.pkl); give a <run>/checkpoints/step_N "
+                "folder or run.resume=auto"
+            )
+        if (why := damage(path)) is not None:
+            raise ConfigError(f"run.resume={resume}: this checkpoint is damaged ({why}); give a whole one")
+        return path, None
+    passed: list[str] = []
+    for _, path in reversed(step_dirs(run_dir)):
+        why = damage(path)
+        if why is None:
+            note = f"run.resume=auto: {'; '.join(passed)}: resuming from {path.name}, the newest whole checkpoint"
+            return path, note if passed else None
+        passed.append(f"{path} is damaged ({why})")
+    if passed:
         raise ConfigError(
-            f"run.resume={resume}: not a checkpoint folder (no trainer.pkl); give a <run>/checkpoints/step_N folder "
-            "or run.resume=auto"
+            f"run.resume=auto: {Path(run_dir) / CHECKPOINTS} holds no whole checkpoint: {passed[0]}; move the damaged "
+            "folders out of it to start the run over at step 1, or resume another run's checkpoint (run.resume=<path>)"
         )
+    return None, None
+
+
+def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
+    """`resume_point`'s checkpoint, its line about damaged checkpoints printed."""
+    path, note = resume_point(resume, run_dir)
+    if note is not None:
+        print(note, flush=True)
     return path
 
 
 def finished_summary(resume: str | None, run_dir: Path, steps: int) -> dict | None:
     """The summary of the run in `run_dir` when `resume` would continue it but it has trained its `steps` already
-    and finished (its summary is written): nothing is left to do. None otherwise, also when the last checkpoint
-    holds the last step but the run stopped before its final evaluation and export, which a resume then does."""
-    ckpt = resolve_resume(resume, run_dir)
-    m = _STEP_DIR.match(ckpt.name) if ckpt is not None else None
-    summary = Path(run_dir) / SUMMARY
-    if m is None or int(m.group(1)) < steps or not summary.is_file():
+    and finished (its summary is written), with or without checkpoints: nothing is left to do. None otherwise, also
+    when the last checkpoint holds the last step but the run stopped before its final evaluation and export, which a
+    resume then does. A damaged summary, or a finished run asked for more steps that holds no checkpoint to continue
+    from, is an error: starting over would overwrite the finished run's metrics, result and summary."""
+    if resume is None:
         return None
-    return json.loads(summary.read_text())
+    ckpt, _ = resume_point(resume, run_dir)
+    try:
+        summary = read_summary(Path(run_dir) / SUMMARY)
+    except DamagedFile as e:
+        raise ConfigError(
+            f"{e}: it cannot tell whether the run finished; move it out of {run_dir} to resume the run from its last "
+            "checkpoint"
+        ) from None
+    if summary is None:
+        return None
+    if resume != "auto":  # a given checkpoint continues this run only when it holds its last step
+        m = _STEP_DIR.match(ckpt.name) if ckpt is not None else None
+        return summary if m is not None and int(m.group(1)) >= steps else None
+    done = summary.get(STEPS_DONE)
+    if not isinstance(done, int):  # a summary without the count: the finished run's last checkpoint or logged step
+        m = _STEP_DIR.match(ckpt.name) if ckpt is not None else None
+        saved = int(m.group(1)) if m is not None else 0
+        done = max(saved, last_logged_step(Path(run_dir) / "metrics.jsonl"))
+    if done >= steps:
+        return summary
+    if ckpt is None:
+        raise ConfigError(
+            f"run.resume=auto: {run_dir} finished {done} steps and holds no checkpoint to continue from "
+            f"(checkpoint.interval); to train run.steps={steps}, start a new run in another run.output_dir"
+        )
+    return None
+
+
+def last_logged_step(metrics: Path) -> int:
+    """The highest step a metrics.jsonl holds a row of (0 without one)."""
+    rows = json_lines(metrics) if metrics.is_file() else []
+    return max((r["step"] for _, r in rows if isinstance(r, dict) and isinstance(r.get("step"), int)), default=0)
 
 
 def rng_state() -> dict[str, Any]:
@@ -125,8 +230,8 @@ def save(
     config: dict | None = None,
     keep_last: int = 0,
 ) -> Path:
-    """Write checkpoint `step` atomically, then delete all but the `keep_last` newest (checkpoint.keep_last; 0 keeps
-    all).
+    """Write checkpoint `step` atomically, then delete all but the `keep_last` newest whole ones (checkpoint.keep_last;
+    0 keeps all; a damaged one is left for its owner to look at, and a save of its step replaces it).
 
     learner_state: Learner.state_dict() (its "adapter" goes to the PEFT folder, the rest to learner.pkl)."""
     root = Path(run_dir) / CHECKPOINTS
@@ -143,7 +248,8 @@ def save(
         write_bytes(tmp / "learner.pkl", pickle.dumps({**rest, "adapter_version": adapter.version}), durable=True)
         write_bytes(tmp / "trainer.pkl", pickle.dumps(trainer_state), durable=True)
         write_bytes(tmp / "config.json", json.dumps(config or {}, indent=2, default=str).encode(), durable=True)
-        write_bytes(tmp / "meta.json", json.dumps(meta, indent=2).encode(), durable=True)
+        meta["files"] = {name: (tmp / name).stat().st_size for name in FILES}
+        write_bytes(tmp / META, json.dumps(meta, indent=2).encode(), durable=True)  # last: it vouches for the rest
         fsync_dir(tmp / "adapter")
     if keep_last > 0:
         for _, old in list_checkpoints(run_dir)[:-keep_last]:
@@ -154,11 +260,24 @@ def save(
 
 
 def load(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(trainer_state, learner_state) of a checkpoint folder; learner_state as Learner.load_state takes it."""
+    """(trainer_state, learner_state) of a checkpoint folder; learner_state as Learner.load_state takes it. A file
+    that does not read back (its sizes right, its bytes not) is a ConfigError naming the folder."""
     path = Path(path)
-    trainer_state = pickle.loads((path / "trainer.pkl").read_bytes())
-    learner = pickle.loads((path / "learner.pkl").read_bytes())
-    learner["adapter"] = read_adapter(path / "adapter", version=learner.pop("adapter_version"))
+    name = "trainer.pkl"
+    try:
+        trainer_state = pickle.loads((path / name).read_bytes())
+        name = "learner.pkl"
+        learner = pickle.loads((path / name).read_bytes())
+        name = "adapter"
+        learner["adapter"] = read_adapter(path / name, version=learner.pop("adapter_version"))
+        if not isinstance(trainer_state, dict) or "step" not in trainer_state:
+            name = "trainer.pkl"
+            raise ValueError("not a trainer state")
+    except Exception as e:  # noqa: BLE001 - unpickling damaged bytes raises almost anything
+        raise ConfigError(
+            f"checkpoint {path} is damaged ({name}: {type(e).__name__}: {str(e)[:200]}); move it out of {path.parent} "
+            "to resume from the one before it"
+        ) from None
     return trainer_state, learner
 
 
@@ -249,6 +368,8 @@ def find_policy(path: str | Path, key: str = "adapter") -> TrainedPolicy:
     if (p / "adapter_config.json").is_file():
         return TrainedPolicy("adapter", adapter=p)
     if (p / "trainer.pkl").is_file() and (p / "adapter" / "adapter_config.json").is_file():
+        if (why := damage(p)) is not None:
+            raise ConfigError(f"{key}={path}: this checkpoint is damaged ({why}); give a whole one")
         return TrainedPolicy("checkpoint", adapter=p / "adapter")
     if (p / "adapter" / "adapter_config.json").is_file():
         return TrainedPolicy("run", adapter=p / "adapter")

@@ -21,7 +21,8 @@ import time
 from typing import Any
 
 from rewards.protocol import RewardFn
-from rl.config.schema import TrainConfig
+from rl.config.run import RunConfig
+from rl.config.schema import AlgorithmConfig
 from rl.data.curriculum import Curriculum, Sequential, pass_rates
 from rl.data.prompts import PromptData
 from rl.loop.sampler import (
@@ -37,12 +38,14 @@ from rl.loop.sampler import (
 from rl.runtime.runtime import Runtime
 from rl.runtime.stream import NewGroup, StreamGroup
 from rl.seeds import prompt_seed
-from rl.types import PromptRollout, completions_of
+from rl.types import PromptRollout, Sampling, completions_of
 
 
 class ContinuousSampler:
-    """Reads run.prompts_per_step, run.seed, cluster.staleness/segment_tokens/groups_in_flight, eval.correct_threshold
-    and algorithm's dynamic-sampling keys from the resolved `cfg`; `steps` is the last step it will be asked for."""
+    """Reads run.prompts_per_step and run.seed (`run`), group_size and the dynamic-sampling keys of `algorithm`;
+    `sampling`: the schema's sampling_for("train"); `staleness`: cluster.staleness; `groups_in_flight`: the schema's
+    derived value (the runtime's stream reads cluster.segment_tokens); `correct_threshold`: eval.correct_threshold;
+    `steps` is the last step it will be asked for."""
 
     overlapped = True  # the actors generate while the learners train
 
@@ -51,12 +54,20 @@ class ContinuousSampler:
         runtime: Runtime,
         data: PromptData,
         reward_fn: RewardFn,
-        cfg: TrainConfig,
+        run: RunConfig,
+        algorithm: AlgorithmConfig,
+        *,
+        sampling: Sampling,
         steps: int,
         tokenizer: Any,
+        groups_in_flight: int,
+        staleness: int = 0,
+        correct_threshold: float = 1.0,
         curriculum: Curriculum | None = None,
     ):
-        self.runtime, self.reward_fn, self.cfg, self.steps = runtime, reward_fn, cfg, steps
+        self.runtime, self.reward_fn, self.steps = runtime, reward_fn, steps
+        self.run, self.algorithm = run, algorithm
+        self.staleness, self.correct_threshold = staleness, correct_threshold
         self.curriculum = curriculum or Sequential()
         self.data = self.curriculum.next_data(data)
         self.open: dict[int, dict] = {}  # draw number -> the data state before it, for prompts drawn, not consumed
@@ -69,7 +80,7 @@ class ContinuousSampler:
         def decode(ids: list[list[int]]) -> list[str]:
             return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
-        self.stream = runtime.stream(cfg, self._draw, decode)
+        self.stream = runtime.stream(sampling, groups_in_flight, self._draw, decode)
 
     @property
     def cursor(self) -> int:
@@ -88,11 +99,11 @@ class ContinuousSampler:
         groups are started in all, so that the groups started under the current adapter are trained by the k-th
         sync after it. Without it a fast actor would fill the room with groups the learner reaches too late (they
         would be generated only to be dropped)."""
-        n, published = self.cfg.run.prompts_per_step, len(self.runtime.versions.published)
+        n, published = self.run.prompts_per_step, len(self.runtime.versions.published)
         if self.syncs_before is None:
             self.syncs_before = published
         syncs = published - self.syncs_before
-        if self.kept + len(self.open) >= (syncs + self.cfg.cluster.staleness + 1) * n:
+        if self.kept + len(self.open) >= (syncs + self.staleness + 1) * n:
             return None
         if len(self.open) >= (self.steps - self.step + 1) * n:
             return None
@@ -105,7 +116,7 @@ class ContinuousSampler:
                 self.skip.discard(key)
                 continue
             self.open[key] = before
-            return NewGroup(self.data.prompt_ids[i], self.data.items[i], prompt_seed(self.cfg.run.seed, key),
+            return NewGroup(self.data.prompt_ids[i], self.data.items[i], prompt_seed(self.run.seed, key),
                             (key, self.data, i))  # fmt: skip
 
     def _consume(self, g: StreamGroup) -> None:
@@ -117,9 +128,9 @@ class ContinuousSampler:
 
     def next(self, step: int) -> Batch:
         """The first `run.prompts_per_step` groups to finish (and pass dynamic sampling's filter), scored."""
-        a, n, threshold = self.cfg.algorithm, self.cfg.run.prompts_per_step, self.cfg.eval.correct_threshold
+        a, n, threshold = self.algorithm, self.run.prompts_per_step, self.correct_threshold
         G, self.step = a.group_size, step
-        limit = n * max_rounds(self.cfg)
+        limit = n * max_rounds(a)
         kept: list[PromptRollout] = []
         kept_rewards: list[float] = []
         last: tuple[list[PromptRollout], list[float]] = ([], [])
@@ -139,7 +150,7 @@ class ContinuousSampler:
             t_reward += time.perf_counter() - t0
             generated += len(groups)
             gen_tokens += sum(c.model_tokens for c in completions_of(rollouts))
-            keep = kept_groups(rewards, G, self.cfg)
+            keep = kept_groups(rewards, G, a)
             for j, (g, r) in enumerate(zip(groups, rollouts)):
                 group_rewards = rewards[j * G : (j + 1) * G]
                 _, data, i = g.new.tag
@@ -150,10 +161,11 @@ class ContinuousSampler:
                     kept_rewards.extend(group_rewards)
             last = (rollouts, rewards)
         batch = assemble_batch(
-            self.cfg,
             kept,
             kept_rewards,
             last,
+            n=n,
+            group_size=G,
             generated=generated,
             gen_tokens=gen_tokens,
             t_rollout=t_rollout,
@@ -171,7 +183,7 @@ class ContinuousSampler:
         more than one adapter version (partial rollouts continued across an update)."""
         versions = [c.versions or [r.adapter_version] for r in rollouts for c in r.completions]
         lags = [self.runtime.steps_behind(min(v)) for v in versions]
-        out = {f"async/lag_{k}": float(lags.count(k)) for k in range(self.cfg.cluster.staleness + 1)}
+        out = {f"async/lag_{k}": float(lags.count(k)) for k in range(self.staleness + 1)}
         out["async/partial_rollouts"] = float(sum(len(set(v)) > 1 for v in versions))
         return out
 

@@ -9,10 +9,15 @@ Reads top to bottom like nanochat's chat_rl.py: each part of a step is a named c
 - outcome rewards only (one scalar per completion), broadcast to every completion token.
 With algorithm=sft (a supervised warm start) a step's samples are demonstrations (rl/data/demos.py) instead of
 sampled and scored rollouts; the rest of the loop is the same.
+
+The loop's one wiring point: `train` takes the resolved `TrainConfig` and hands each part (data, curriculum,
+sampler, probe, evaluation, batch preparation) the groups and values it uses; below this module no loop part names
+the whole config (tests/unit/test_imports.py holds it).
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Callable
@@ -62,16 +67,23 @@ def train(
     data: RolloutSource | Demonstrations
     if demos is not None:
         data = demos
-    elif cfg.cluster.rollout_mode == RolloutMode.continuous:
-        data = ContinuousSampler(runtime, train_data, reward_fn, cfg, steps, tokenizer, curriculum)
     else:
-        data = Sampler(runtime, train_data, reward_fn, cfg, steps, curriculum)
+        data = make_sampler(cfg, runtime, train_data, reward_fn, tokenizer=tokenizer, curriculum=curriculum)
     a = cfg.algorithm
+    evaluate = functools.partial(
+        evaluation.evaluate,
+        runtime,
+        eval_data,
+        reward_fn,
+        cfg.eval,
+        greedy=cfg.sampling_for("greedy"),
+        sampled=cfg.sampling_for("eval"),
+        seed=cfg.run.seed,
+    )
     probe = SyncProbe(
         runtime,
         train_data.prompt_ids[:2],
-        a.temperature,
-        a.top_p,
+        cfg.sampling_for("probe"),
         threshold=cfg.run.sync_probe_threshold,
         deferred=not isinstance(data, Demonstrations) and data.overlapped,
         seed=cfg.run.seed,
@@ -94,7 +106,7 @@ def train(
         )
     start = resume(cfg, runtime, data, logger) + 1
     if cfg.eval.size and start == 1:
-        acc = log_eval(runtime, eval_data, reward_fn, cfg, logger, step=0)
+        acc = log_eval(evaluate, logger, step=0)
     else:  # a resumed run: the evaluation before training is in its metrics
         acc = logger.value_at(0, "eval/accuracy") if cfg.eval.size else None
     if acc is not None:
@@ -122,7 +134,7 @@ def train(
             m |= throughput(m, samples, time.perf_counter() - t_step)
             m |= runtime.pop_idle(m["time/step_s"])
             if cfg.eval.size and cfg.eval.interval and step % cfg.eval.interval == 0 and step != steps:
-                m |= evaluation.evaluate(runtime, eval_data, reward_fn, cfg, step)
+                m |= evaluate(step)
             logger.log(step, m)
             logger.console(step, m)
             if "reward/mean" in m:
@@ -140,9 +152,36 @@ def train(
         raise RunStopped(stop_message(f"learner {e.index} died at step {step} ({e.cause})", cfg.run_dir)) from e
     summary["time/train_s"] = time.perf_counter() - t_run
     checkpoint.export_result(runtime.adapter(), cfg.run_dir, source=Path(cfg.model.path))
-    if cfg.eval.size and (acc := log_eval(runtime, eval_data, reward_fn, cfg, logger, step=steps)) is not None:
+    if cfg.eval.size and (acc := log_eval(evaluate, logger, step=steps)) is not None:
         summary["eval/accuracy_after"] = acc
     return summary
+
+
+def make_sampler(
+    cfg: TrainConfig,
+    runtime: Runtime,
+    data: PromptData,
+    reward_fn: RewardFn,
+    *,
+    steps: int | None = None,
+    tokenizer: Any = None,
+    curriculum: Curriculum | None = None,
+) -> Sampler | ContinuousSampler:
+    """The batch source `cluster.rollout_mode` names, given what it reads of the resolved `cfg`; `steps`: the last
+    step it will be asked for (run.steps); `tokenizer` decodes a continuous rollout's segments."""
+    common: dict[str, Any] = dict(
+        sampling=cfg.sampling_for("train"),
+        steps=cfg.run.steps if steps is None else steps,
+        staleness=cfg.cluster.staleness,
+        correct_threshold=cfg.eval.correct_threshold,
+        curriculum=curriculum,
+    )
+    if cfg.cluster.rollout_mode == RolloutMode.continuous:
+        groups = cfg.groups_in_flight
+        return ContinuousSampler(
+            runtime, data, reward_fn, cfg.run, cfg.algorithm, tokenizer=tokenizer, groups_in_flight=groups, **common
+        )
+    return Sampler(runtime, data, reward_fn, cfg.run, cfg.algorithm, **common)
 
 
 def full_precision_sampler(cfg: TrainConfig) -> bool:
@@ -164,8 +203,9 @@ class RunData:
 def load_data(cfg: TrainConfig, tokenizer: Any, env: Any) -> RunData:
     """The run's data, made before any role starts (rl/app.py), so that data the settings leave empty or a
     curriculum the env cannot run fails in one line at once, not after Ray and the engines have started."""
-    train_data = PromptData(env.train_items(), tokenizer, cfg)
-    eval_data = PromptData(env.eval_items()[: cfg.eval.size], tokenizer, cfg)
+    m, seed = cfg.model, cfg.run.seed
+    train_data = prompt_data(env.train_items(), tokenizer, cfg)
+    eval_data = prompt_data(env.eval_items()[: cfg.eval.size], tokenizer, cfg)
     if len(train_data) == 0:
         raise ConfigError(
             f"no training prompts left: all {train_data.dropped} are longer than model.max_prompt_tokens="
@@ -181,11 +221,17 @@ def load_data(cfg: TrainConfig, tokenizer: Any, env: Any) -> RunData:
         )
     # algorithm=sft trains on demonstrations (a warm start): no rollouts, the actors evaluate and are probed
     a = cfg.algorithm
-    demos = Demonstrations(a.demos, tokenizer, cfg) if a.demos else None
+    demos = Demonstrations(a.demos, tokenizer, m, budget=cfg.completion_tokens, seed=seed) if a.demos else None
     curriculum = None
     if demos is None:
-        curriculum = build_curriculum(cfg, env, lambda items: PromptData(items, tokenizer, cfg))
+        make_data = functools.partial(PromptData, tokenizer=tokenizer, model=m, seed=seed)
+        curriculum = build_curriculum(cfg.curriculum, env, make_data, seed=seed)
     return RunData(train_data, eval_data, demos, curriculum)
+
+
+def prompt_data(items: list[dict], tokenizer: Any, cfg: TrainConfig) -> PromptData:
+    """`items` tokenised as the resolved `cfg` says (its `model` group; run.seed orders them)."""
+    return PromptData(items, tokenizer, cfg.model, seed=cfg.run.seed)
 
 
 def resume(cfg: TrainConfig, runtime: Runtime, data: BatchSource, logger: MetricsLogger) -> int:
@@ -212,13 +258,14 @@ def prepare(
 ) -> tuple[list[TrainSample], dict]:
     """Reward shaping (KL in the reward, overlong penalty) -> advantages -> loss masks -> top-k, the batch's
     metrics, and the step's rollout dump (logger.rollouts_interval; with wandb also its `rollouts` table)."""
-    shaped, kl_metrics = kl_reward_penalty(runtime.reference_logprobs, batch.rollouts, batch.rewards, cfg)
-    token_adv, distill_metrics = distill_advantages(runtime.teacher_logprobs, batch.rollouts, cfg)  # distill
-    samples, adv, metrics = prepare_samples(batch.rollouts, shaped, cfg, token_adv)
+    a, budget = cfg.algorithm, cfg.completion_tokens
+    shaped, kl_metrics = kl_reward_penalty(runtime.reference_logprobs, batch.rollouts, batch.rewards, a)
+    token_adv, distill_metrics = distill_advantages(runtime.teacher_logprobs, batch.rollouts, a)  # distill
+    samples, adv, metrics = prepare_samples(batch.rollouts, shaped, a, budget, token_adv)
     every = cfg.logger.rollouts_interval
     if every and step % every == 0:
         path = Path(cfg.logger.rollouts_dir) / f"{checkpoint.step_dir_name(step)}.jsonl"  # type: ignore[arg-type]  # resolved
-        rows = evaluation.save_rollouts(path, step, tokenizer, batch.rollouts, batch.rewards, shaped, adv, cfg)
+        rows = evaluation.save_rollouts(path, step, tokenizer, batch.rollouts, batch.rewards, shaped, adv, a, budget)
         logger.log_table(step, "rollouts", rows)
     behind = [runtime.steps_behind(r.adapter_version) for r in batch.rollouts]
     return samples, {
@@ -265,11 +312,10 @@ def throughput(m: dict[str, float], samples: list[TrainSample], step_s: float) -
     }
 
 
-def log_eval(
-    runtime: Runtime, data: PromptData, reward_fn: RewardFn, cfg: TrainConfig, logger: MetricsLogger, *, step: int
-) -> float | None:
-    """Evaluate, log (the evaluation before training also on the console) and return the accuracy."""
-    metrics = evaluation.evaluate(runtime, data, reward_fn, cfg, step)
+def log_eval(evaluate: Callable[[int], dict[str, float]], logger: MetricsLogger, *, step: int) -> float | None:
+    """Evaluate (`evaluate(step)`: evaluation.evaluate, wired), log (the evaluation before training also on the
+    console) and return the accuracy."""
+    metrics = evaluate(step)
     if not metrics:
         return None
     logger.log(step, metrics)

@@ -1,9 +1,9 @@
 """Held-out evaluation (greedy accuracy, pass@k, per named eval set) and the per-sample jsonl files a run writes
 (eval/step_N.jsonl, rollouts/step_N.jsonl).
 
-`evaluate` takes the runtime and the resolved `TrainConfig` (its `eval.*` keys), `save_rollouts` the config for the
-reward shaping it re-applies (`algorithm.*`); the metrics and rows are plain functions over plain data (no Ray, no
-config objects).
+`evaluate` takes the runtime, the resolved `eval` group and the two samplings it runs (the schema's sampling_for),
+`save_rollouts` the `algorithm` group for the reward shaping it re-applies; the metrics and rows are plain functions
+over plain data (no Ray, no config objects).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import torch
 
 from rewards.protocol import RewardFn, pop_metrics
 from rl.atomic import atomic_jsonl
-from rl.config.schema import TrainConfig
+from rl.config.run import EvalConfig
+from rl.config.schema import AlgorithmConfig
 from rl.data.prompts import PromptData
 from rl.loop.checkpoint import step_dir_name
 from rl.loop.prepare import episode_metrics, shape_rewards
@@ -30,32 +31,34 @@ from rl.types import Completion, PromptRollout, Sampling, completions_of
 
 
 def evaluate(
-    runtime: Runtime, data: PromptData, reward_fn: RewardFn, cfg: TrainConfig, step: int, *, path: Path | None = None
+    runtime: Runtime,
+    data: PromptData,
+    reward_fn: RewardFn,
+    ev: EvalConfig,
+    step: int,
+    *,
+    greedy: Sampling,
+    sampled: Sampling,
+    seed: int,
+    path: Path | None = None,
 ) -> dict[str, float]:
-    """Greedy accuracy on the held-out prompts and, with eval.n_samples > 0, pass@1 and pass@k (eval.pass_k) over
-    that many samples per prompt at eval.temperature (unbiased estimator, Chen et al. 2021 eq. 1), overall and per
-    named eval set (envs/data.py metadata.eval_set); a completion is correct when its reward >= eval.correct_threshold.
-    Every completion is written to `path` (default <eval.save_dir>/step_N.jsonl)."""
-    ev, max_tokens = cfg.eval, cfg.model.max_new_tokens
+    """Greedy accuracy on the held-out prompts (`greedy`: the schema's sampling_for("greedy")) and, with
+    eval.n_samples > 0, pass@1 and pass@k (eval.pass_k) over that many samples per prompt (`sampled`:
+    sampling_for("eval"); unbiased estimator, Chen et al. 2021 eq. 1), overall and per named eval set (envs/data.py
+    metadata.eval_set); a completion is correct when its reward >= eval.correct_threshold. `seed`: run.seed. Every
+    completion is written to `path` (default <eval.save_dir>/step_N.jsonl)."""
     if len(data) == 0:
         return {}
     t0 = time.perf_counter()
     # greedy ignores the seeds; the sampled completions (pass@k) depend on the step and the prompt only;
     # a multi-turn env's evaluation runs its episodes (the items start them; a single-turn run does not send them)
-    seeds = [prompt_seed(cfg.run.seed, i, "eval", step) for i in range(len(data))]
-    greedy = runtime.generate(
-        data.prompt_ids, Sampling(n=1, temperature=0.0, max_tokens=max_tokens), items=data.items, seeds=seeds
-    )
-    runs = [("greedy", greedy, score(reward_fn, greedy, data.items))]
-    n = ev.n_samples
+    seeds = [prompt_seed(seed, i, "eval", step) for i in range(len(data))]
+    best = runtime.generate(data.prompt_ids, greedy, items=data.items, seeds=seeds)
+    runs = [("greedy", best, score(reward_fn, best, data.items))]
+    n = sampled.n
     if n:
-        sampled = runtime.generate(
-            data.prompt_ids,
-            Sampling(n=n, temperature=ev.temperature, max_tokens=max_tokens),
-            items=data.items,
-            seeds=seeds,
-        )
-        runs.append(("sampled", sampled, score(reward_fn, sampled, data.items)))
+        samples = runtime.generate(data.prompt_ids, sampled, items=data.items, seeds=seeds)
+        runs.append(("sampled", samples, score(reward_fn, samples, data.items)))
     out = eval_metrics(
         runs[0][2],
         [runs[1][2][i * n : (i + 1) * n] for i in range(len(data))] if n else None,
@@ -63,8 +66,8 @@ def evaluate(
         threshold=ev.correct_threshold,
         ks=ev.pass_k,
     )
-    out["eval/length_mean"] = float(np.mean([r.completions[0].model_tokens for r in greedy]))
-    episodes = episode_metrics(completions_of(greedy), runs[0][2], ev.correct_threshold)
+    out["eval/length_mean"] = float(np.mean([r.completions[0].model_tokens for r in best]))
+    episodes = episode_metrics(completions_of(best), runs[0][2], ev.correct_threshold)
     out |= {f"eval/{k[4:]}": v for k, v in episodes.items()}
     out["eval/n"] = float(len(data))
     # the evaluation's reward errors and timeouts are its own, not the next training step's; eval/reward_errors has
@@ -89,14 +92,15 @@ def save_rollouts(
     rewards: list[float],
     shaped: list[float],
     adv: torch.Tensor,
-    cfg: TrainConfig,
+    a: AlgorithmConfig,
+    completion_tokens: int,
 ) -> list[dict]:
     """Every completion of a training step (every logger.rollouts_interval steps) as jsonl, written atomically: task `rewards`,
     the rewards after all shaping (`shaped` is after the KL-in-reward penalty; the overlong penalty is added here,
     as prepare_samples does), the advantages [B*G]. The prompt is decoded from the token ids the model saw.
     Returns the rows written (the driver logs them to wandb as a table too)."""
     lengths = torch.tensor([c.model_tokens for c in completions_of(rollouts)], dtype=torch.float32)
-    final = shape_rewards(shaped, lengths, cfg)[0].tolist()
+    final = shape_rewards(shaped, lengths, a, completion_tokens)[0].tolist()
     prompts = [tokenizer.decode(r.prompt_ids) for r in rollouts]
     written = []
     with atomic_jsonl(path) as f:

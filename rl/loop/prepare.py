@@ -1,9 +1,9 @@
 """From a scored batch to the learner's samples: reward shaping -> advantages -> loss masks -> top-k.
 
-Functions over plain data (no Ray) that read their knobs from the resolved `TrainConfig` (`algorithm.*` and the
-completion budget `cfg.completion_tokens`), where they are declared once. Knobs the chosen advantage estimator does
-not use are ignored by it (rl/algorithms.py). `algorithm.kl_in_reward` needs the reference logprobs, which the
-learner computes: the driver passes a function that returns them.
+Functions over plain data (no Ray) that read their knobs from the resolved `algorithm` group (and the completion
+budget, the schema's completion_tokens), where they are declared once. The advantage estimator gets the algorithm
+config as its knobs and reads those it uses (rl/algorithms/advantages.py). `algorithm.kl_in_reward` needs the
+reference logprobs, which the learner computes: the driver passes a function that returns them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from rl import algorithms
-from rl.config.schema import TrainConfig
+from rl.config.schema import AlgorithmConfig
 from rl.data import filters
 from rl.types import Completion, PromptRollout, TrainSample, completions_of
 
@@ -25,30 +25,24 @@ RefLogprobs = Callable[[list[PromptRollout]], list[list[float]]]  # also the tea
 def prepare_samples(
     rollouts: list[PromptRollout],
     rewards: list[float],
-    cfg: TrainConfig,
+    a: AlgorithmConfig,
+    completion_tokens: int,
     token_advantages: list[list[float]] | None = None,
 ) -> tuple[list[TrainSample], torch.Tensor, dict]:
     """The learner's samples, the advantages [B*G] (before top-k), and metrics. `rewards` are after any KL-in-reward
-    penalty (`kl_reward_penalty`); the overlong penalty is added here. `token_advantages` (one list per completion,
-    `distill_advantages`) ride along, added to each sample's advantage token by token."""
+    penalty (`kl_reward_penalty`); the overlong penalty is added here (`completion_tokens`: the completion budget).
+    `token_advantages` (one list per completion, `distill_advantages`) ride along, added to each sample's advantage
+    token by token."""
     completions = completions_of(rollouts)
     lengths = torch.tensor([c.model_tokens for c in completions], dtype=torch.float32)  # [B*G], loss tokens
-    a = cfg.algorithm
-    shaped, metrics = shape_rewards(rewards, lengths, cfg)
+    shaped, metrics = shape_rewards(rewards, lengths, a, completion_tokens)
     in_loss = (
         filters.truncated_mask([c.finish_reason for c in completions])
         if a.filter_truncated_response
         else [True] * len(completions)
     )
-    adv = algorithms.get_advantage(a.advantage)(
-        shaped,
-        a.group_size,
-        std_normalize=a.std_normalize,
-        std_unbiased=a.std_unbiased,
-        pg_baseline=a.pg_baseline.value,
-        eps=a.adv_eps,
-        lengths=lengths * torch.tensor(in_loss, dtype=torch.float32),
-    )
+    estimator = algorithms.get_advantage(a.advantage)
+    adv = estimator(shaped, a.group_size, knobs=a, lengths=lengths * torch.tensor(in_loss, dtype=torch.float32))
     samples = [
         TrainSample(
             r.prompt_ids,
@@ -76,28 +70,27 @@ def loss_mask(c: Completion, in_loss: bool) -> list[int]:
 
 
 def shape_rewards(
-    rewards: list[float], lengths: torch.Tensor, cfg: TrainConfig
+    rewards: list[float], lengths: torch.Tensor, a: AlgorithmConfig, completion_tokens: int
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The rewards the advantages are computed from [B*G]: weighted by algorithm.task_reward_coef (0 with
     algorithm=distill: the teacher's per-token term is the whole signal), with DAPO's soft overlong punishment
     (eq. 13) added when algorithm.overlong_penalty is on (the resolve step leaves algorithm.overlong_buffer None
-    when it is off)."""
-    a = cfg.algorithm
+    when it is off). `completion_tokens`: the completion budget the overlong penalty counts from."""
     shaped = a.task_reward_coef * torch.tensor(rewards, dtype=torch.float32)  # [B*G]
     if a.overlong_buffer is None:
         return shaped, {}
-    penalty = filters.overlong_penalty(lengths, cfg.completion_tokens, a.overlong_buffer, a.overlong_penalty_factor)
+    penalty = filters.overlong_penalty(lengths, completion_tokens, a.overlong_buffer, a.overlong_penalty_factor)
     return shaped + penalty, {"reward/overlong_penalty_mean": float(penalty.mean())}
 
 
 def kl_reward_penalty(
-    ref_logprobs: RefLogprobs, rollouts: list[PromptRollout], rewards: list[float], cfg: TrainConfig
+    ref_logprobs: RefLogprobs, rollouts: list[PromptRollout], rewards: list[float], a: AlgorithmConfig
 ) -> tuple[list[float], dict[str, float]]:
     """KL folded into the reward (InstructGPT, Ouyang et al. 2022, eq. 2; REINFORCE++): each completion's reward
     becomes r - kl_coef * sum_t kl_t, with kl_t estimated on the sampled tokens from the behaviour logprobs and
     the reference policy (the learner with its adapter disabled). The advantages are then computed on that.
     Without algorithm.kl_in_reward (`reward_kl_coef` 0) the rewards pass through unchanged."""
-    coef, estimator = cfg.algorithm.reward_kl_coef, cfg.algorithm.kl_estimator.value
+    coef, estimator = a.reward_kl_coef, a.kl_estimator.value
     if not coef:
         return rewards, {}
     ref = ref_logprobs(rollouts)
@@ -114,17 +107,17 @@ def kl_reward_penalty(
 
 
 def distill_advantages(
-    teacher_logprobs: RefLogprobs, rollouts: list[PromptRollout], cfg: TrainConfig
+    teacher_logprobs: RefLogprobs, rollouts: list[PromptRollout], a: AlgorithmConfig
 ) -> tuple[list[list[float]] | None, dict[str, float]]:
     """On-policy distillation (algorithm=distill): each sampled token's advantage gains
     -distill_coef * (log pi(y_t) - log pi_T(y_t)), minus the sampled reverse KL to the teacher at that token
-    (rl/algorithms.py distill_reverse_kl), with the behaviour logprobs as the student's and the judge/teacher
+    (rl/algorithms/kl.py distill_reverse_kl), with the behaviour logprobs as the student's and the judge/teacher
     engines' logprobs of the same token ids as the teacher's; 0 on environment tokens. The term is per token and
     undiscounted (each token answers for its own KL, not the rest of the sequence's): lower variance than the
     sequence's sum as a reward, and what makes a few steps enough. None (and no metrics) without
     algorithm.distill_coef. Metrics: `distill/kl_per_token` (the teacher-student KL of the step's samples, nats
     per token), `distill/kl_seq` (per completion), `time/teacher_s`."""
-    coef = cfg.algorithm.distill_coef
+    coef = a.distill_coef
     if not coef:
         return None, {}
     t0 = time.perf_counter()
@@ -205,6 +198,7 @@ def episode_metrics(
             "env/turns_max": float(max(e.turns for e in episodes)),
             "env/tool_calls_per_episode": float(np.mean([e.tool_calls for e in episodes])),
             "env/tool_errors_per_episode": float(np.mean([e.tool_errors for e in episodes])),
+            "env/reward_errors": float(sum(e.reward_errors for e in episodes)),
             "env/tool_s": float(sum(e.tool_seconds for e in episodes)),
             "env/env_token_frac": sum(e.env_tokens for e in episodes) / max(all_tokens, 1),
             "env/truncated_frac": float(np.mean([c.finish_reason == "length" for c in completions])),

@@ -29,8 +29,7 @@ class SyncProbe:
         self,
         runtime: Runtime,
         prompts: list[list[int]],
-        temperature: float,
-        top_p: float,
+        sampling: Sampling,
         *,
         threshold: float,
         deferred: bool,
@@ -40,7 +39,7 @@ class SyncProbe:
         self.runtime, self.prompts, self.threshold, self.deferred = runtime, prompts, threshold, deferred
         self.floor_limit = floor_limit  # None: the floor is reported, never refused
         self.seed = seed  # the run seed: the probe's samples at step t are the same in every run of this seed
-        self.sampling = Sampling(n=2, temperature=temperature, top_p=top_p, max_tokens=16)
+        self.sampling = sampling  # the schema's sampling_for("probe"): drawn as the training samples are
         self.limit = float("inf")
         self._held: tuple[int, list] | None = None  # (step, calls) of a probe read at the next step
 

@@ -34,14 +34,15 @@ from dataclasses import dataclass, field
 import torch
 
 from rewards.protocol import RewardFn, pop_metrics
-from rl.config.schema import TrainConfig
+from rl.config.run import RunConfig
+from rl.config.schema import AlgorithmConfig
 from rl.data import filters
 from rl.data.curriculum import Curriculum, Sequential, pass_rates
 from rl.data.prompts import PromptData
 from rl.runtime.pipeline import PendingGeneration
 from rl.runtime.runtime import Runtime
 from rl.seeds import prompt_seed
-from rl.types import PromptRollout, completions_of
+from rl.types import PromptRollout, Sampling, completions_of
 
 
 def score(reward_fn: RewardFn, rollouts: list[PromptRollout], items: list[dict]) -> list[float]:
@@ -74,19 +75,17 @@ class _Sent:
     generation: PendingGeneration
 
 
-def kept_groups(rewards: list[float], group_size: int, cfg: TrainConfig) -> torch.Tensor:
+def kept_groups(rewards: list[float], group_size: int, a: AlgorithmConfig) -> torch.Tensor:
     """Which groups dynamic sampling keeps (DAPO eq. 11: accuracy inside `algorithm.filter_range`); all when it
     is off."""
-    a = cfg.algorithm
     if not a.dynamic_sampling:
         return torch.ones(len(rewards) // group_size, dtype=torch.bool)
     return filters.keep_groups_in_range(torch.tensor(rewards), group_size, a.filter_range[0], a.filter_range[1])
 
 
-def max_rounds(cfg: TrainConfig) -> int:
+def max_rounds(a: AlgorithmConfig) -> int:
     """Batches' worth of groups generated per step at most: without dynamic sampling every group is kept, so one
     fills the batch."""
-    a = cfg.algorithm
     return a.dynamic_sampling_max_rounds if a.dynamic_sampling else 1
 
 
@@ -110,11 +109,12 @@ def restore_position(state: dict, data: PromptData, curriculum: Curriculum) -> P
 
 
 def assemble_batch(
-    cfg: TrainConfig,
     kept: list[PromptRollout],
     kept_rewards: list[float],
     last: tuple[list[PromptRollout], list[float]],
     *,
+    n: int,
+    group_size: int,
     generated: int,
     gen_tokens: int,
     t_rollout: float,
@@ -123,11 +123,11 @@ def assemble_batch(
     curriculum: Curriculum,
     reward_fn: RewardFn,
 ) -> Batch:
-    """A step's batch: the first `run.prompts_per_step` groups dynamic sampling kept, or, when it kept none, the last
-    round's groups (`last`: rollouts and rewards) as they came; and its data metrics: the share of generated groups
-    kept, the groups trained of `generated`, their tokens, the waits, the data cursor, and the curriculum's and the
-    reward's own counters (reward/errors and reward/timeouts: rewards/runner.py)."""
-    n, G = cfg.run.prompts_per_step, cfg.algorithm.group_size
+    """A step's batch: the first `n` (run.prompts_per_step) groups dynamic sampling kept, or, when it kept none, the
+    last round's groups (`last`: rollouts and rewards) as they came; and its data metrics: the share of generated
+    groups kept, the groups trained of `generated`, their tokens, the waits, the data cursor, and the curriculum's
+    and the reward's own counters (reward/errors and reward/timeouts: rewards/runner.py)."""
+    G = group_size
     utilization = filters.sample_utilization(min(len(kept), n), generated)
     if not kept:
         kept, kept_rewards = last
@@ -145,20 +145,28 @@ def assemble_batch(
 
 
 class Sampler:
-    """Reads run.prompts_per_step, run.seed, cluster.staleness, eval.correct_threshold (the curriculum's pass rate),
-    the sampling settings (`cfg.sampling`) and the dynamic-sampling keys of `algorithm` from the resolved `cfg`;
-    `steps` is the last step it will be asked for (the queue is never filled past it)."""
+    """Reads run.prompts_per_step and run.seed (`run`), group_size and the dynamic-sampling keys of `algorithm`;
+    `sampling`: a step's (the schema's sampling_for("train")); `staleness`: cluster.staleness; `correct_threshold`:
+    eval.correct_threshold (the curriculum's pass rate); `steps` is the last step it will be asked for (the queue is
+    never filled past it)."""
 
     def __init__(
         self,
         runtime: Runtime,
         data: PromptData,
         reward_fn: RewardFn,
-        cfg: TrainConfig,
+        run: RunConfig,
+        algorithm: AlgorithmConfig,
+        *,
+        sampling: Sampling,
         steps: int,
+        staleness: int = 0,
+        correct_threshold: float = 1.0,
         curriculum: Curriculum | None = None,
     ):
-        self.runtime, self.reward_fn, self.cfg, self.steps = runtime, reward_fn, cfg, steps
+        self.runtime, self.reward_fn, self.steps = runtime, reward_fn, steps
+        self.run, self.algorithm, self.sampling = run, algorithm, sampling
+        self.staleness, self.correct_threshold = staleness, correct_threshold
         self.curriculum = curriculum or Sequential()
         self.data = self.curriculum.next_data(data)
         self._pending: deque[_Sent] = deque()
@@ -166,17 +174,17 @@ class Sampler:
     @property
     def overlapped(self) -> bool:
         """Whether generation runs ahead of learning (staleness > 0): the actors are busy between steps."""
-        return self.cfg.cluster.staleness > 0
+        return self.staleness > 0
 
     def _send(self) -> None:
         self.data = self.curriculum.next_data(self.data)
         before = choice_point(self.data, self.curriculum)
         first = self.data.cursor  # the draw number of the batch's first prompt (a curriculum may skip some after it)
-        idx = self.curriculum.choose(self.data, self.cfg.run.prompts_per_step)
-        seeds = [prompt_seed(self.cfg.run.seed, first + k) for k in range(len(idx))]
+        idx = self.curriculum.choose(self.data, self.run.prompts_per_step)
+        seeds = [prompt_seed(self.run.seed, first + k) for k in range(len(idx))]
         sent = self.runtime.submit_generate(
             [self.data.prompt_ids[i] for i in idx],
-            self.cfg.sampling,
+            self.sampling,
             items=[self.data.items[i] for i in idx],
             seeds=seeds,
         )
@@ -184,19 +192,19 @@ class Sampler:
 
     def _fill(self, step: int) -> None:
         """Batches in flight: staleness + 1 from `step` on, never more than the steps left need."""
-        while len(self._pending) < min(self.cfg.cluster.staleness + 1, self.steps - step + 1):
+        while len(self._pending) < min(self.staleness + 1, self.steps - step + 1):
             self._send()
 
     def next(self, step: int) -> Batch:
         """Generate (or collect what was sent ahead), score and filter until `run.prompts_per_step` groups are kept
         or the rounds run out; then train on the groups there are (on the last round's if none was kept)."""
-        n, G, threshold = self.cfg.run.prompts_per_step, self.cfg.algorithm.group_size, self.cfg.eval.correct_threshold
+        n, G, threshold = self.run.prompts_per_step, self.algorithm.group_size, self.correct_threshold
         kept: list[PromptRollout] = []
         kept_rewards: list[float] = []
         generated = gen_tokens = 0
         t_rollout = t_reward = 0.0
         self._fill(step)
-        for _ in range(max_rounds(self.cfg)):
+        for _ in range(max_rounds(self.algorithm)):
             t0 = time.perf_counter()
             if not self._pending:
                 self._send()
@@ -209,7 +217,7 @@ class Sampler:
             self.curriculum.observe(sent.data, sent.idx, pass_rates(rewards, G, threshold))
             generated += len(rollouts)
             gen_tokens += sum(c.model_tokens for c in completions_of(rollouts))
-            keep = kept_groups(rewards, G, self.cfg)
+            keep = kept_groups(rewards, G, self.algorithm)
             for g, r in enumerate(rollouts):
                 if keep[g]:
                     kept.append(r)
@@ -217,10 +225,11 @@ class Sampler:
             if len(kept) >= n:
                 break
         batch = assemble_batch(
-            self.cfg,
             kept,
             kept_rewards,
             (rollouts, rewards),
+            n=n,
+            group_size=G,
             generated=generated,
             gen_tokens=gen_tokens,
             t_rollout=t_rollout,

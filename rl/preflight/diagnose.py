@@ -27,7 +27,7 @@ def explain(role: str, cause: str, cfg: TrainConfig, failed: str = "failed to st
     run's resolved config (model path, memory settings, the step's size, for the suggested values). A judge/teacher
     engine is explained with its own engine config, and its memory key named."""
     if role.startswith("judge/teacher"):
-        from rl.rollout.teacher import teacher_engine_config
+        from rl.resolve import teacher_engine_config
 
         text = explain("engine", cause, teacher_engine_config(cfg), failed)
         key = "cluster.gpu_memory_utilization"
@@ -75,7 +75,7 @@ def _cpu_kv_cache(cause: str, cfg: TrainConfig) -> str | None:
     m = _CPU_KV.search(cause)
     if not m:
         return None
-    from rl.preflight.plan import vllm_cpu_fraction
+    from rl.preflight.memory import vllm_cpu_fraction
 
     node, available, total, kv, requested = m.group(1), *map(float, m.groups()[1:])
     used = requested - kv
@@ -244,7 +244,7 @@ def _cpu_kv_hint(cfg: TrainConfig) -> str:
     if cfg.cluster.use_gpu or cfg.cluster.rollout_backend.value != "vllm":
         return ""
     from rl.preflight.machine import numa_node_memory
-    from rl.preflight.plan import vllm_cpu_fraction, vllm_cpu_non_kv_bytes
+    from rl.preflight.memory import vllm_cpu_fraction, vllm_cpu_non_kv_bytes
     from rl.preflight.shapes import DTYPE_BYTES, load_shape
 
     try:
@@ -270,7 +270,7 @@ def _cpu_kv_hint(cfg: TrainConfig) -> str:
 def _plan_memory(cfg: TrainConfig) -> str:
     """'plan=true estimates actor X GiB, learner Y GiB of a Z GiB GPU; ' for a run's config, or ''."""
     try:
-        from rl.preflight import plan
+        from rl.preflight import memory, plan
         from rl.preflight.machine import detect_gpus
         from rl.preflight.shapes import load_shape
 
@@ -280,7 +280,7 @@ def _plan_memory(cfg: TrainConfig) -> str:
         found = detect_gpus()
         device = found[1] if found else plan.ASSUMED_GPU_GIB * GiB
         m, c = cfg.model, cfg.cluster
-        roles = plan.estimate_memory(
+        roles = memory.estimate_memory(
             shape,
             use_gpu=c.use_gpu,
             device_bytes=device,

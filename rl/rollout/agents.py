@@ -15,16 +15,26 @@ mask 0). So a later call's prompt is the earlier tokens themselves, never the co
 that rewrites the history it got back is refused (HTTP 400). The agent's return value is the episode's reward
 (term `agent/reward`); `reward=episode` adds nothing for the last reply.
 
-Bounds: only the runner's open sessions are served (404 otherwise), requests over `env.max_request_bytes` get 413,
-a session's calls are capped at `env.max_turns` and its tokens after the prompt at `env.max_episode_tokens` (then
-the episode is truncated and further calls get 400), each reply at `model.max_new_tokens` (a request's
-`max_tokens` may only lower it), and an episode at `env.episode_timeout_s` (its session is closed; the agent's
-later calls fail). `n` must be 1; streaming is not offered.
+A call changes its session only when it succeeds: its work (the prompt tokens, every bound) is computed first,
+then the engine samples, then the session takes the call's tokens in one step. So a refused or failed call leaves
+the sample as it was, a retry of it gives the sample a clean call would have given (the same seed), and a retry of
+a call that succeeded but whose answer was lost gets that answer again instead of a second turn.
+
+Bounds, each checked before the engine works (rl/rollout/agent_http.py reads and checks the request itself): only
+the runner's open sessions are served (404), a request's size is `env.max_request_bytes` (413), the first prompt's
+tokens `model.max_prompt_tokens` (413; the engine has room for it and the episode's tokens, so no call of another
+session is failed by it), a session's calls `env.max_turns` and its tokens after the prompt
+`env.max_episode_tokens` (then the episode is truncated and further calls get 400), each reply
+`model.max_new_tokens` (a request's `max_tokens` may only lower it), and a session lasts until its agent returns or
+`env.episode_timeout_s` passes (410 after). `n` must be 1; streaming is not offered. docs/environments.md lists the
+status codes. The module is past 400 lines because the session's one-step commit needs the call's whole path (turn,
+engine batch, answer) in one place.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
@@ -33,29 +43,22 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from envs.tool_calls import parse_tool_calls
+from rl.rollout.agent_http import SESSION_HEADER, AgentServer, ChatRequest, RequestError, parse_request
 from rl.seeds import turn_seed
 from rl.types import Completion, EpisodeInfo, EpisodeSpec, PromptRollout, Sampling
 
-# `generate` below is the engine's one call, rl/rollout/episodes.py's TurnFn (that module imports this one)
+# `generate` below is the engine's one call, rl/rollout/episodes.py's TurnFn (that module imports this one lazily)
 MODEL_NAME = "rlft-policy"
-SESSION_HEADER = "X-Session-ID"
-
-
-class RequestError(Exception):
-    """A request the endpoint refuses: its HTTP status and the message the client reads."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class Session:
-    """One episode's calls: the sample they make (prompt_ids + ids, mask 1 on the sampled tokens)."""
+    """One episode's calls: the sample they make (prompt_ids + ids, mask 1 on the sampled tokens). Only a call that
+    succeeds changes it (`AgentEndpoint._commit`), under `lock`; `refusal` is set once the episode is over."""
 
     seed: tuple[int, int] | None  # (its prompt's seed, its sample index)
     prompt_ids: list[int] | None = None  # the first call's prompt
@@ -70,8 +73,25 @@ class Session:
     last_text: str = ""
     env_tokens: int = 0
     tool_calls: int = 0
-    closed: bool = False
+    last: tuple[list[dict[str, Any]], dict[str, Any]] | None = None  # the last call's messages and its answer
+    refusal: RequestError | None = None  # why later calls are refused: the episode is over
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def close(self, refusal: RequestError) -> None:
+        """End the episode: later calls get `refusal`; a call in flight finishes (and counts) first."""
+        with self.lock:
+            self.refusal = self.refusal or refusal
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A call's work, computed before anything of its session changes."""
+
+    prompt: list[int]  # the engine's prompt
+    first_prompt: list[int] | None  # the first call's rendered messages (None for a later call)
+    env_ids: list[int]  # a later call: the tokens of the messages the agent added since the last reply (mask 0)
+    cap: int  # the reply's token cap
+    seed: int | None
 
 
 def same_message(sent: dict[str, Any], ours: dict[str, Any]) -> bool:
@@ -97,7 +117,8 @@ def reply_message(text: str) -> dict[str, Any]:
 
 class Batcher:
     """The engine for the endpoint's handler threads: calls that wait at the same time go to the engine as one
-    batch (as one turn of every episode does in rl/rollout/episodes.py); the engine is called from one thread."""
+    batch (as one turn of every episode does in rl/rollout/episodes.py); the engine is called from one thread.
+    A batch the engine fails is run again call by call, so that one call's failure is its own only."""
 
     def __init__(self, generate: Callable[..., list[PromptRollout]], sampling: Sampling):
         self.generate, self.sampling = generate, replace(sampling, n=1)
@@ -130,18 +151,26 @@ class Batcher:
                     self.requests.put(None)
                     break
                 batch.append(nxt)
-            seeds = [b[2] for b in batch]
             try:
-                outs = self.generate(
-                    [b[0] for b in batch], self.sampling, [b[1] for b in batch], None if None in seeds else seeds
-                )
-                for b, out in zip(batch, outs):
-                    b[3]["completion"] = out.completions[0]
-            except Exception as e:  # noqa: BLE001 - every waiting call gets the engine's error
-                for b in batch:
-                    b[3]["error"] = e
+                self._generate(batch)
+            except Exception as e:  # noqa: BLE001 - each call's handler answers its own error
+                if len(batch) == 1:
+                    batch[0][3]["error"] = e
+                for b in batch if len(batch) > 1 else []:  # the batch again, call by call (same seeds, same samples)
+                    try:
+                        self._generate([b])
+                    except Exception as own:  # noqa: BLE001
+                        b[3]["error"] = own
             for b in batch:
                 b[3]["event"].set()
+
+    def _generate(self, batch: list[tuple]) -> None:
+        seeds = [b[2] for b in batch]
+        outs = self.generate(
+            [b[0] for b in batch], self.sampling, [b[1] for b in batch], None if None in seeds else seeds
+        )
+        for b, out in zip(batch, outs):
+            b[3]["completion"] = out.completions[0]
 
 
 class AgentEndpoint:
@@ -152,45 +181,7 @@ class AgentEndpoint:
         self.tokenizer = env_tokens.tokenizer
         self.turn_cap, self.version = turn_cap, version
         self.sessions: dict[str, Session] = {}
-        endpoint = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:  # the actor's log is for errors, not one line per call
-                pass
-
-            def do_GET(self) -> None:
-                if self.path.rstrip("/") == "/v1/models":
-                    self._send(200, {"object": "list", "data": [{"id": MODEL_NAME, "object": "model"}]})
-                else:
-                    self._send(404, {"error": {"message": f"no route {self.path}"}})
-
-            def do_POST(self) -> None:
-                try:
-                    if self.path.rstrip("/") != "/v1/chat/completions":
-                        raise RequestError(404, f"no route {self.path}; the endpoint serves /v1/chat/completions")
-                    size = int(self.headers.get("Content-Length") or 0)
-                    if size > endpoint.env.max_request_bytes:
-                        raise RequestError(413, f"request of {size} bytes; env.max_request_bytes allows fewer")
-                    body = json.loads(self.rfile.read(size) or b"{}")
-                    sid = self.headers.get(SESSION_HEADER) or body.get("user")
-                    self._send(200, endpoint.complete(sid, body))
-                except RequestError as e:
-                    self._send(e.status, {"error": {"message": str(e)}})
-                except json.JSONDecodeError as e:
-                    self._send(400, {"error": {"message": f"invalid JSON: {e}"}})
-                except Exception as e:  # noqa: BLE001 - the engine's error, as the client's answer
-                    self._send(500, {"error": {"message": f"{type(e).__name__}: {e}"}})
-
-            def _send(self, status: int, payload: dict) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer((env.host, 0), Handler)
-        self.server.daemon_threads = True
+        self.server = AgentServer(env.host, env.max_concurrent, env.max_request_bytes, self.respond)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
         host, port = self.server.server_address[:2]
@@ -206,87 +197,131 @@ class AgentEndpoint:
         self.sessions[sid] = Session(seed)
         return sid
 
-    def complete(self, sid: str | None, body: dict[str, Any]) -> dict[str, Any]:
+    def respond(self, method: str, path: str, session_header: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+        """One request's answer (rl/rollout/agent_http.py reads it off the socket); RequestError for a refusal."""
+        route = path.split("?")[0].rstrip("/")
+        methods = {"/v1/models": "GET", "/v1/chat/completions": "POST"}
+        if route not in methods:
+            raise RequestError(404, f"no route {path[:80]}; the endpoint serves POST /v1/chat/completions")
+        if method != methods[route]:
+            raise RequestError(405, f"{method} {route}: the route takes {methods[route]}")
+        if method == "GET":
+            return 200, {"object": "list", "data": [{"id": MODEL_NAME, "object": "model"}]}
+        request = parse_request(body)
+        return 200, self.complete(session_header or request.user, request)
+
+    def complete(self, sid: str | None, request: ChatRequest) -> dict[str, Any]:
         session = self.sessions.get(sid or "")
         if session is None:
             raise RequestError(
-                404, f"unknown session {sid!r}: pass the session id given to the agent in {SESSION_HEADER}"
+                404, f"unknown session {str(sid)[:40]!r}: pass the session id given to the agent in {SESSION_HEADER}"
             )
-        if int(body.get("n") or 1) != 1 or body.get("stream"):
-            raise RequestError(400, "n must be 1 and stream false")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise RequestError(400, "messages must be a non-empty list")
         with session.lock:  # one call of a session at a time: each continues the last one's tokens
-            prompt, budget = self._prompt(session, messages, body.get("tools"))
-            cap = min(self.turn_cap, budget, int(body.get("max_completion_tokens") or body.get("max_tokens") or budget))
-            k = len(session.calls)
-            # the first call is the k-th sample of its prompt (vLLM seeds it with seed + k); later ones as episodes' turns
-            seed = None if session.seed is None else (sum(session.seed) if k == 0 else turn_seed(*session.seed, k))
-            c = self.batcher(prompt, max(cap, 1), seed)
-            if session.closed:
-                raise RequestError(408, "the episode's time is up (env.episode_timeout_s)")
-            session.ids += c.token_ids
-            session.logprobs += c.logprobs
-            session.mask += [1] * len(c.token_ids)
-            session.last_text, session.finish = c.text, c.finish_reason
+            if session.refusal is not None:
+                raise RequestError(session.refusal.status, str(session.refusal))
+            if session.last is not None and request.messages == session.last[0]:
+                return session.last[1]  # the client retried a call that succeeded (its answer was lost): same answer
+            turn = self._turn(session, request)
+            c = self.batcher(turn.prompt, turn.cap, turn.seed)
             message = reply_message(c.text)
-            session.tool_calls += len(message.get("tool_calls", []))
-            session.history = [dict(m) for m in messages] + [{"role": "assistant", "content": c.text}]
-            session.calls.append(
-                {
-                    "prompt_ids": prompt,
-                    "completion_ids": c.token_ids,
-                    "logprobs": c.logprobs,
-                    "version": self.version,
-                    "finish_reason": c.finish_reason,
-                }
-            )
-        finish = "tool_calls" if "tool_calls" in message else c.finish_reason
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": MODEL_NAME,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(c.token_ids),
-                "total_tokens": len(prompt) + len(c.token_ids),
-            },
-        }
+            finish = "tool_calls" if "tool_calls" in message else c.finish_reason
+            n_prompt = len(turn.prompt)
+            response = {
+                "id": f"chatcmpl-{uuid.uuid4().hex[:16]}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": MODEL_NAME,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": {
+                    "prompt_tokens": n_prompt,
+                    "completion_tokens": len(c.token_ids),
+                    "total_tokens": n_prompt + len(c.token_ids),
+                },
+            }
+            self._commit(session, request, turn, c, response)
+        return response
 
-    def _prompt(self, s: Session, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], int]:
-        """The call's prompt tokens and the episode's tokens left; a first call renders the messages, a later one
-        continues the session's tokens with the delta of the messages added since its last reply."""
-        if s.closed:
-            raise RequestError(408, "the episode's time is up (env.episode_timeout_s)")
-        if len(s.calls) >= self.spec.max_turns:
+    def _turn(self, s: Session, request: ChatRequest) -> Turn:
+        """The call's prompt tokens and cap, every bound checked; the session is not changed. A first call renders
+        the messages, a later one continues the session's tokens with the delta of the messages added since its
+        last reply."""
+        k = len(s.calls)
+        if k >= self.spec.max_turns:
             raise RequestError(400, f"the episode has made its {self.spec.max_turns} calls (env.max_turns)")
+        # the first call is the k-th sample of its prompt (vLLM seeds it with seed + k); later ones as episodes' turns
+        seed = None if s.seed is None else (sum(s.seed) if k == 0 else turn_seed(*s.seed, k))
         if s.prompt_ids is None:
-            s.tools, s.n_prompt_messages = tools, len(messages)
-            kwargs = {"tools": tools} if tools else {}
-            if self.spec.use_chat_template:
-                enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
-                s.prompt_ids = list(self.tokenizer(enc, add_special_tokens=False)["input_ids"])
-            else:
-                text = "\n".join(str(m.get("content") or "") for m in messages)
-                s.prompt_ids = list(self.tokenizer(text)["input_ids"])
-            return list(s.prompt_ids), self.spec.max_tokens
+            first = self._render_first(request)
+            left = self.spec.max_tokens
+            return Turn(first, first, [], self._cap(request, left), seed)
         n = len(s.history)
-        if len(messages) <= n or not all(same_message(a, b) for a, b in zip(messages[:n], s.history)):
-            raise RequestError(400, "a session's messages must extend its last call's messages and reply unchanged")
-        new = messages[n:]
-        ids = self.env_tokens.encode(new, s.ids[-1] if s.ids else None, s.tools)
-        left = self.spec.max_tokens - len(s.ids) - len(ids)
+        sent = request.messages
+        if len(sent) <= n or not all(same_message(a, b) for a, b in zip(sent[:n], s.history)):
+            raise RequestError(
+                400, "a session's messages must extend its last call's messages and reply unchanged", "messages"
+            )
+        env_ids = self._render(lambda: self.env_tokens.encode(sent[n:], s.ids[-1] if s.ids else None, s.tools))
+        left = self.spec.max_tokens - len(s.ids) - len(env_ids)
         if left <= 0:
-            s.finish = "length"
+            s.finish = "length"  # the episode is cut by its budget, whether or not the agent calls again
             raise RequestError(400, f"the episode's tokens are spent (env.max_episode_tokens={self.spec.max_tokens})")
-        s.ids += ids
-        s.logprobs += [0.0] * len(ids)
-        s.mask += [0] * len(ids)
-        s.env_tokens += len(ids)
-        return s.prompt_ids + s.ids, left
+        return Turn(s.prompt_ids + s.ids + env_ids, None, env_ids, self._cap(request, left), seed)
+
+    def _cap(self, request: ChatRequest, left: int) -> int:
+        return min(self.turn_cap, left, request.max_tokens or left)
+
+    def _render_first(self, request: ChatRequest) -> list[int]:
+        def render() -> list[int]:
+            if not self.spec.use_chat_template:
+                return list(self.tokenizer("\n".join(m["content"] for m in request.messages))["input_ids"])
+            kwargs = {"tools": request.tools} if request.tools else {}
+            text = self.tokenizer.apply_chat_template(
+                request.messages, add_generation_prompt=True, tokenize=False, **kwargs
+            )
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+        ids = self._render(render)
+        limit = self.spec.max_prompt_tokens
+        if limit is not None and len(ids) > limit:
+            raise RequestError(
+                413, f"a first prompt of {len(ids)} tokens; model.max_prompt_tokens={limit} allows fewer", "messages"
+            )
+        return ids
+
+    @staticmethod
+    def _render(render: Callable[[], list[int]]) -> list[int]:
+        """Messages as tokens through the chat template. Their types are checked already (agent_http.py), so what
+        the template raises on is the messages themselves (roles out of order, a field it requires): the request's
+        fault, a 400."""
+        try:
+            return render()
+        except Exception as e:  # noqa: BLE001 - a template's raise_exception and jinja errors alike
+            why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            raise RequestError(
+                400, f"the model's chat template cannot render the messages: {why}", "messages"
+            ) from None
+
+    def _commit(self, s: Session, request: ChatRequest, turn: Turn, c: Completion, response: dict[str, Any]) -> None:
+        """A successful call, added to its session in one step (under its lock)."""
+        if turn.first_prompt is not None:
+            s.prompt_ids, s.tools, s.n_prompt_messages = turn.first_prompt, request.tools, len(request.messages)
+        s.ids += turn.env_ids + c.token_ids
+        s.logprobs += [0.0] * len(turn.env_ids) + c.logprobs
+        s.mask += [0] * len(turn.env_ids) + [1] * len(c.token_ids)
+        s.env_tokens += len(turn.env_ids)
+        s.last_text, s.finish = c.text, c.finish_reason
+        s.tool_calls += len(response["choices"][0]["message"].get("tool_calls", []))
+        s.history = [dict(m) for m in request.messages] + [{"role": "assistant", "content": c.text}]
+        s.calls.append(
+            {
+                "prompt_ids": turn.prompt,
+                "completion_ids": c.token_ids,
+                "logprobs": c.logprobs,
+                "version": self.version,
+                "finish_reason": c.finish_reason,
+            }
+        )
+        s.last = (request.messages, response)
 
 
 def common_prefix(seqs: list[list[int]]) -> list[int]:
@@ -299,9 +334,9 @@ def common_prefix(seqs: list[list[int]]) -> list[int]:
     return list(out)
 
 
-def session_completion(s: Session, group_prompt: list[int], reward: float, failed: bool) -> Completion:
+def session_completion(s: Session, group_prompt: list[int], reward: Any, failed: bool) -> Completion:
     """A session as a multi-turn completion after the group's shared prompt (tokens of its own first prompt past
-    that prefix come first, out of the loss)."""
+    that prefix come first, out of the loss). A reward that is no finite number scores 0, counted (EpisodeInfo)."""
     own = s.prompt_ids[len(group_prompt) :]
     info = EpisodeInfo(
         turns=len(s.calls),
@@ -325,9 +360,9 @@ def run_agent_episodes(
     seeds: list[int] | None = None,
 ) -> list[PromptRollout]:
     """`sampling.n` episodes of `env.agent` per item through the endpoint; rollouts in item order. `env_tokens`
-    renders the messages an agent adds between calls (rl/rollout/episodes.py EnvTokens). An agent that
-    raises or runs past `env.episode_timeout_s` scores 0 and its episode counts as truncated; an agent that never
-    called the endpoint is an error of its code."""
+    renders the messages an agent adds between calls (rl/rollout/episodes.py EnvTokens). A session takes calls
+    until its agent returns (then 410); an agent that raises or runs past `env.episode_timeout_s` scores 0 and its
+    episode counts as truncated; an agent that never called the endpoint is an error of its code."""
     from hydra.utils import get_method
 
     agent = get_method(env.agent) if isinstance(env.agent, str) else env.agent
@@ -338,28 +373,45 @@ def run_agent_episodes(
     ]
     pool = ThreadPoolExecutor(max_workers=env.max_concurrent)
     errors: dict[str, BaseException] = {}
+    returned = RequestError(410, "the episode is over: its agent has returned its reward")
+    timed_out = RequestError(410, f"the episode's time is up (env.episode_timeout_s={env.episode_timeout_s})")
+
+    def closer(session: Session) -> Callable[[Any], None]:  # the session ends when its agent returns
+        return lambda _: session.close(returned)
+
     try:
-        futures = [[pool.submit(agent, endpoint.base_url, sid, item) for sid in g] for g, item in zip(sids, items)]
+        futures = []
+        for group, item in zip(sids, items):
+            for sid in group:
+                futures.append(pool.submit(agent, endpoint.base_url, sid, item))
+                futures[-1].add_done_callback(closer(endpoint.sessions[sid]))
         deadline = time.monotonic() + env.episode_timeout_s
-        results: list[list[tuple[float, bool]]] = []
-        for group, futs in zip(sids, futures):
-            results.append([])
-            for sid, fut in zip(group, futs):
-                try:
-                    results[-1].append((float(fut.result(timeout=max(deadline - time.monotonic(), 0.0))), False))
-                except FutureTimeout:
-                    results[-1].append((0.0, True))
-                except Exception as e:  # noqa: BLE001 - the agent's own error: its episode scores 0
-                    errors[sid] = e
-                    results[-1].append((0.0, True))
+        results: dict[str, tuple[Any, bool]] = {}
+        for sid, fut in zip([sid for g in sids for sid in g], futures):
+            try:
+                results[sid] = (fut.result(timeout=max(deadline - time.monotonic(), 0.0)), False)
+            except FutureTimeout:
+                results[sid] = (0.0, True)
+            except Exception as e:  # noqa: BLE001 - the agent's own error: its episode scores 0
+                errors[sid] = e
+                results[sid] = (0.0, True)
     finally:
         for session in endpoint.sessions.values():  # a timed-out agent's next call is refused, so its thread ends
-            session.closed = True
+            session.close(timed_out)
         pool.shutdown(wait=False, cancel_futures=True)
         endpoint.close()
         batcher.close()
+    if errors:
+        first = next(iter(errors.values()))
+        log.warning(
+            "%d of %d agents raised (their episodes score 0, truncated); the first: %s: %s",
+            len(errors),
+            len(results),
+            type(first).__name__,
+            str(first)[:300],
+        )
     rollouts = []
-    for group, res in zip(sids, results):
+    for group in sids:
         sessions = [endpoint.sessions[sid] for sid in group]
         for sid, s in zip(group, sessions):
             if s.prompt_ids is None:
@@ -368,6 +420,6 @@ def run_agent_episodes(
                 )
                 raise RuntimeError(f"env.agent={env.agent} made no call to the endpoint: {why}")
         prompt = common_prefix([s.prompt_ids for s in sessions])
-        completions = [session_completion(s, prompt, r, failed) for s, (r, failed) in zip(sessions, res)]
+        completions = [session_completion(s, prompt, *results[sid]) for sid, s in zip(group, sessions)]
         rollouts.append(PromptRollout(prompt, completions, version))
     return rollouts

@@ -3,9 +3,9 @@
 The protocol is envs/protocol.py's. Turn 1 is exactly the single-turn call (`sampling.n` samples of each prompt);
 each later turn is one call with every episode that is still going (n=1 each, its own token budget). The engine's
 token ids are kept exactly as generated (model text is decoded for the env, never re-tokenised); the env's messages
-become tokens through the chat template (`EnvTokens`) and enter the completion with mask 0 and a placeholder
-logprob 0.0, so the learner sees prompt_ids + one completion of interleaved model and env tokens, and trains on the
-model's only.
+become tokens through the chat template (`EnvTokens`, rl/data/prompts.py) and enter the completion with mask 0 and a
+placeholder logprob 0.0, so the learner sees prompt_ids + one completion of interleaved model and env tokens, and
+trains on the model's only.
 
 Used by both engines (rl/rollout/vllm.py, rl/rollout/hf.py): each passes its one generation function, which is
 where a per-request option (a seed list, say) would go.
@@ -19,13 +19,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from envs.protocol import Episode, MultiTurnEnvironment
+from rl.data.prompts import EnvTokens
 from rl.seeds import turn_seed
 from rl.types import Completion, EpisodeInfo, EpisodeSpec, PromptRollout, Sampling
 
 # generate(prompts, sampling, max_tokens per prompt or None) -> one PromptRollout per prompt (sampling.n each)
 # an engine's one call: (prompts, sampling, max_tokens per prompt or None, seeds per prompt or None)
 TurnFn = Callable[[list[list[int]], Sampling, "list[int] | None", "list[int] | None"], list[PromptRollout]]
-MARK = "<<rlft-model-turn>>"  # stands for a model turn when the env's messages are rendered (see EnvTokens)
 
 
 def build_env(spec: EpisodeSpec) -> MultiTurnEnvironment:
@@ -36,38 +36,6 @@ def build_env(spec: EpisodeSpec) -> MultiTurnEnvironment:
     if not isinstance(env, MultiTurnEnvironment):  # resolve checked the class; an instance may still lack a limit
         raise TypeError(f"env {type(env).__name__} runs episodes but lacks start/step/max_turns/max_episode_tokens")
     return env
-
-
-class EnvTokens:
-    """Token ids of the env's messages as they follow a model turn in the chat template.
-
-    Re-rendering the whole conversation and taking the new suffix would break on templates that render earlier
-    turns differently once a later one exists (Qwen3 drops an earlier answer's reasoning, some templates move tool
-    results): the prefix would no longer match the tokens the model saw. So only the delta is rendered: a fixed
-    stand-in conversation (a user message, an assistant turn whose content is MARK) followed by the env's messages
-    and the generation prompt; the text after MARK is the template's end of the assistant turn, the env's messages
-    and the start of the next assistant turn. The model's own end-of-turn token (its EOS, which it generated) is
-    taken off the front when the text starts with it, so the closing is not doubled. Without a chat template the
-    messages are joined by newlines, as rl/data/prompts.py joins a prompt's."""
-
-    def __init__(self, tokenizer: Any, use_chat_template: bool):
-        self.tokenizer, self.use_chat_template = tokenizer, use_chat_template
-
-    def encode(self, messages: list[dict], last_token: int | None, tools: list[dict] | None = None) -> list[int]:
-        if not self.use_chat_template:
-            text = "\n" + "\n".join(str(m["content"]) for m in messages) + "\n"
-        else:
-            stand_in = [{"role": "user", "content": "."}, {"role": "assistant", "content": MARK}]
-            kwargs = {"tools": tools} if tools else {}
-            rendered = self.tokenizer.apply_chat_template(
-                stand_in + list(messages), tokenize=False, add_generation_prompt=True, **kwargs
-            )
-            text = rendered[rendered.index(MARK) + len(MARK) :]
-            if last_token is not None:
-                own = self.tokenizer.decode([last_token])
-                if own and text.startswith(own):
-                    text = text[len(own) :]
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 @dataclass

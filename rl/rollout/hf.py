@@ -8,16 +8,20 @@ from typing import Any
 
 import torch
 
-from rl.config.schema import TrainConfig
+from rl.config.schema import ModelConfig
 from rl.rollout.episodes import EpisodeEngine
-from rl.types import Adapter, Completion, PromptRollout, Sampling
+from rl.types import Adapter, Completion, EpisodeSpec, PromptRollout, Sampling
 
 
 class HFRollout(EpisodeEngine):
-    def __init__(self, cfg: TrainConfig):
+    """The resolved `model` group's weights (model.actor_path, else model.path) in model.dtype; `seed` seeds the
+    per-prompt seeds drawn for calls without their own."""
+
+    def __init__(self, model: ModelConfig, *, seed: int, episodes: EpisodeSpec | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        m, seed = cfg.model, cfg.run.seed
+        m = model
+
         model_path, dtype, trust_remote_code = m.actor_path or m.path, m.dtype.value, m.trust_remote_code
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
@@ -34,7 +38,7 @@ class HFRollout(EpisodeEngine):
         self.seed = seed
         self.version = 0
         self.asleep = False
-        self.episodes, self._env = cfg.episodes, None  # a multi-turn env, built at its first episodes
+        self.episodes, self._env = episodes, None  # a multi-turn env, built at its first episodes
 
     def load_adapter(self, adapter: Adapter) -> dict:
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
@@ -113,7 +117,8 @@ def hf_generate(
     seeds: list[int] | None = None,
 ) -> list[PromptRollout]:
     """Sample `sampling.n` completions per prompt with transformers `generate`; the behaviour logprobs are of the
-    processed distribution (after temperature and top-p), the one sampled from, as vLLM's processed_logprobs.
+    processed distribution (after the filters: temperature, top-p, min-p), the one sampled from, as vLLM's
+    processed_logprobs (transformers applies min-p after top-p, vLLM before it: the same with either one alone).
     Shared by HFRollout and the learners' own generation (Learner.generate). Each prompt's n samples are one
     `generate` call on a freshly seeded torch RNG: with `seeds` (one per prompt, rl/seeds.py prompt_seed) the
     samples depend only on the prompt's seed, as a vLLM request's do; without, the seed is drawn from `generator`
@@ -129,13 +134,13 @@ def hf_generate(
         seed = seeds[k] if seeds is not None else int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
         torch.manual_seed(seed)
         greedy = sampling.temperature == 0
+        filters = sampling.filters()
         gen = model.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=sampling.max_tokens if max_tokens is None else max_tokens[k],
             do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p,
+            **{name: None if greedy or not value else value for name, value in filters.items()},
             top_k=None,
             pad_token_id=pad,
             output_scores=True,

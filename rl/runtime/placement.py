@@ -16,14 +16,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic
+from typing import Any, Generic, NamedTuple
 
 from rl.config.cluster import ClusterConfig
-from rl.config.schema import TrainConfig
 from rl.errors import RoleStartFailed, UserFacingError, cause_of
 from rl.logs import role_log_env
 from rl.runtime.groups import Handle, MemberDied, RestartFailed, method_name
-from rl.runtime.roles import Method, P, R, T, Teacher
+from rl.runtime.roles import Learner, Method, P, R, RolloutActor, T, Teacher
 from rl.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -316,18 +315,32 @@ def wait_placed(
             )
 
 
-Role = tuple[type, dict[str, str]]  # (class, environment of its process); its constructor takes the config
+class Role(NamedTuple):
+    """How one role's actors start: the class, its constructor's keyword arguments (the config groups and named
+    values it takes, rl/app.py: small plain objects, pickled into each actor) and the environment of its process."""
+
+    cls: type
+    kwargs: dict[str, Any]
+    env: dict[str, str]
 
 
-def build_ray_runtime(cfg: TrainConfig, *, rollout: Role, learner: Role, teacher: Role | None = None) -> Runtime:
-    """Place and start the roles. Rollout actors (and judge/teacher engines, `teacher`) are restarted by Ray up to
-    `cluster.actor_max_restarts` times, with
-    no task retries: a call in flight when one dies fails, and the Runtime sends its work to a live actor. Learners
-    are never restarted (their optimizer state would be lost): a learner's death ends the run."""
+def build_ray_runtime(
+    c: ClusterConfig,
+    log_dir: Path,
+    *,
+    rollout: Role,
+    learner: Role,
+    teacher: Role | None = None,
+    episodes: bool = False,
+) -> Runtime:
+    """Place and start the roles of the resolved `cluster` group `c`; each writes its output under `log_dir`.
+    Rollout actors (and judge/teacher engines, `teacher`) are restarted by Ray up to `cluster.actor_max_restarts`
+    times, with no task retries: a call in flight when one dies fails, and the Runtime sends its work to a live
+    actor. Learners are never restarted (their optimizer state would be lost): a learner's death ends the run.
+    `episodes`: the actors run multi-turn episodes."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    c = cfg.cluster
     pg, plans = place_roles(c)
     handles: dict[str, list] = {"actor": [], "learner": [], "teacher": []}
     names = {"actor": "rollout actor", "learner": "learner", "teacher": "judge/teacher"}
@@ -353,8 +366,8 @@ def build_ray_runtime(cfg: TrainConfig, *, rollout: Role, learner: Role, teacher
                 ray.get([h.sleep.remote() for h in handles["actor"]])
         if c.use_gpu and plan.role == "teacher" and plan.index == 0:
             wait_ready("learner")  # as above: a teacher's engine measures free memory on a GPU it may share
-        cls, env = roles[plan.role]
-        env = dict(env) | role_log_env(cfg.log_dir, plan.role, plan.index)  # its output: <run dir>/logs/<role>.log
+        role = roles[plan.role]
+        env = dict(role.env) | role_log_env(log_dir, plan.role, plan.index)  # its output: <run dir>/logs/<role>.log
         opts = dict(
             num_cpus=plan.resources["CPU"],
             num_gpus=plan.resources.get("GPU", 0),
@@ -365,7 +378,7 @@ def build_ray_runtime(cfg: TrainConfig, *, rollout: Role, learner: Role, teacher
             max_restarts=0 if plan.role == "learner" else c.actor_max_restarts,
             max_task_retries=0,
         )
-        handles[plan.role].append(ray.remote(**opts)(cls).remote(cfg))
+        handles[plan.role].append(ray.remote(**opts)(role.cls).remote(**role.kwargs))
     wait_ready("actor")
     wait_ready("learner")
     wait_ready("teacher")
@@ -379,9 +392,9 @@ def build_ray_runtime(cfg: TrainConfig, *, rollout: Role, learner: Role, teacher
     teachers: RayGroup[Teacher] | None = (
         RayGroup(handles["teacher"], pg, "judge/teacher") if handles["teacher"] else None
     )
-    return Runtime(
-        RayGroup(handles["actor"], pg, "rollout actor"), RayGroup(handles["learner"], pg, "learner"), cfg, teachers
-    )
+    actors: RayGroup[RolloutActor] = RayGroup(handles["actor"], pg, "rollout actor")
+    learners: RayGroup[Learner] = RayGroup(handles["learner"], pg, "learner")
+    return Runtime(actors, learners, c, teachers, episodes=episodes)
 
 
 def connect_learners(learners: list[Any], pg: Any, *, first_bundle: int) -> None:
@@ -410,13 +423,13 @@ def connect_learners(learners: list[Any], pg: Any, *, first_bundle: int) -> None
     log.info("placement: %d learners in one torch.distributed group at %s:%d", len(learners), address, port)
 
 
-def run_task(fn: Any, *args: Any, gpus: float, cpus: float, env: dict[str, str]) -> Any:
-    """`fn(*args)` once, as a Ray task in a fresh process with these resources and environment (outside the
-    roles' placement group: called before it exists); its result."""
+def run_task(fn: Any, *args: Any, gpus: float, cpus: float, env: dict[str, str], **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` once, as a Ray task in a fresh process with these resources and environment (outside
+    the roles' placement group: called before it exists); its result."""
     import ray
 
     task = ray.remote(num_gpus=gpus, num_cpus=cpus, runtime_env={"env_vars": env}, max_retries=0)(fn)
-    return ray.get(task.remote(*args))
+    return ray.get(task.remote(*args, **kwargs))
 
 
 def stop_ray(started_here: bool) -> None:

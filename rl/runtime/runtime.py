@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rl.config.schema import TrainConfig
+from rl.config.cluster import ClusterConfig
 from rl.runtime.groups import Group, merge_learner_metrics, shard, shard_groups
 from rl.runtime.pipeline import PendingGeneration, Pipeline
 from rl.runtime.pool import ActorPool, Call
@@ -31,19 +31,22 @@ class PendingStep:
 
 
 class Runtime:
-    """Splits work over the roles and keeps the actors' adapter versions honest. `cfg` (resolved) gives the
-    cluster's staleness, restarts, learner chunk, weight sync and colocation (None: the schema's defaults).
-    `teachers`: the judge/teacher engines (cluster.num_teachers; None when there are none), restarted as actors are."""
+    """Splits work over the roles and keeps the actors' adapter versions honest. `cluster` (the resolved group)
+    gives the staleness, restarts, learner chunk, weight sync, colocation and a continuous stream's segments (None:
+    the schema's defaults). `teachers`: the judge/teacher engines (cluster.num_teachers; None when there are none),
+    restarted as actors are. `episodes`: the actors run multi-turn episodes (the config's `episodes` is set)."""
 
     def __init__(
         self,
         actors: Group[RolloutActor],
         learners: Group[Learner],
-        cfg: TrainConfig | None = None,
+        cluster: ClusterConfig | None = None,
         teachers: Group[Teacher] | None = None,
+        *,
+        episodes: bool = False,
     ):
-        cfg = cfg or TrainConfig()
-        c = cfg.cluster
+        c = self.cluster = cluster or ClusterConfig()
+        self.episodes = episodes
         self.actors, self.learners, self.teachers = actors, learners, teachers
         self.teacher_pool = ActorPool(teachers, c.actor_max_restarts, "judge/teacher") if teachers else None
         self.colocate = c.colocate  # actors sleep while the learners train (one GPU per actor/learner pair)
@@ -55,7 +58,7 @@ class Runtime:
             learners,
             self.versions,
             learner_chunk_size=c.learner_chunk_size,
-            episodes=cfg.episodes is not None,
+            episodes=episodes,
         )
 
     @property
@@ -99,19 +102,21 @@ class Runtime:
 
     def stream(
         self,
-        cfg: TrainConfig,
+        sampling: Sampling,
+        groups_in_flight: int,
         draw: Callable[[], NewGroup | None],
         decode: Callable[[list[list[int]]], list[str]],
     ) -> Stream:
-        """Continuous generation on the live actors (cluster.rollout_mode=continuous, rl/runtime/stream.py)."""
+        """Continuous generation on the live actors (cluster.rollout_mode=continuous, rl/runtime/stream.py);
+        `groups_in_flight` is the schema's derived value of that name."""
         return Stream(
             self.pool,
             self.versions,
-            cfg.sampling,
-            segment_tokens=cfg.cluster.segment_tokens,
-            groups_in_flight=cfg.groups_in_flight,
-            bound=cfg.cluster.staleness,
-            episodes=cfg.episodes is not None,
+            sampling,
+            segment_tokens=self.cluster.segment_tokens,
+            groups_in_flight=groups_in_flight,
+            bound=self.cluster.staleness,
+            episodes=self.episodes,
             draw=draw,
             decode=decode,
         )

@@ -17,7 +17,7 @@ the shape of this runtime, where a rollout actor runs its calls one at a time, i
 - Multi-turn episodes run whole in one call (the env decides when a turn ends), every token with the call's
   version.
 - An actor that dies during a segment: the segment goes to a live actor (rl/runtime/pool.py); no sample is lost.
-The learner's side, the decoupled objective over these tokens, is `importance_terms` in rl/algorithms.py.
+The learner's side, the decoupled objective over these tokens, is `importance_terms` in rl/algorithms/losses.py.
 """
 
 from __future__ import annotations

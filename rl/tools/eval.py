@@ -19,6 +19,7 @@ per completion). vLLM spawns processes: this module must stay runnable only unde
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ from typing import Any
 
 from rl.config.schema import ConfigError, TrainConfig, check, register_configs
 from rl.entry import build_target, compose_checked, fail, writable_folder
-from rl.resolve import resolve
+from rl.resolve import first_names, resolve
 from rl.types import TrainedPolicy
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -124,7 +125,7 @@ def evaluate_policies(
     from transformers import AutoTokenizer
 
     from rl import logs
-    from rl.app import actor_env
+    from rl.app import role_envs, rollout_args
     from rl.data.prompts import PromptData
     from rl.loop import evaluation
     from rl.loop.checkpoint import read_adapter
@@ -139,7 +140,7 @@ def evaluate_policies(
             "the env gives no eval prompts: a dataset env (env=jsonl, gsm8k, math500) evaluates on "
             "env.eval_sets={name: file} or env.eval_holdout=N training items"
         )
-    data = PromptData(items, tokenizer, cfg)
+    data = PromptData(items, tokenizer, cfg.model, seed=cfg.run.seed)
     if len(data) == 0:
         raise ConfigError(
             f"no eval prompts left: all {data.dropped} are longer than model.max_prompt_tokens="
@@ -154,16 +155,24 @@ def evaluate_policies(
             runs[0] = ("base+trained", cfg)  # one engine: the base first, then the adapter loaded into it
         else:
             runs.append(("trained", trained))
-    os.environ.update(actor_env(cfg))  # the engine's environment, as a run's actor gets it (CPU cores)
+    os.environ.update(role_envs(cfg)["actor"])  # the engine's environment, as a run's actor gets it (CPU cores)
     # the engine's own output (vLLM's configuration and notices, its processes') goes to a file, as a run's actor's
     log = None if cfg.run.verbose else out_dir / "logs" / "engine.log"
     for name, engine_cfg in runs:
         with logs.output_to(log):
-            engine = rollout_class(engine_cfg)(engine_cfg)
-        # a CPU engine's core runs in this process (rl/app.py actor_env): its later INFO lines (prefix-cache resets
+            engine = rollout_class(engine_cfg.cluster.rollout_backend)(**rollout_args(engine_cfg))
+        # a CPU engine's core runs in this process (process_env.actor_env): its later INFO lines (prefix-cache resets
         # after an adapter load) would reach the console; its warnings still do
         logs.quiet_console(logging.getLogger("vllm"), cfg.run.verbose)
-        runtime = Runtime(LocalGroup([engine]), LocalGroup([]), engine_cfg)
+        runtime = Runtime(
+            LocalGroup([engine]), LocalGroup([]), engine_cfg.cluster, episodes=engine_cfg.episodes is not None
+        )
+        evaluate = functools.partial(
+            evaluation.evaluate,
+            greedy=cfg.sampling_for("greedy"),
+            sampled=cfg.sampling_for("eval"),
+            seed=cfg.run.seed,
+        )
         try:
             for label in name.split("+"):
                 if label == "trained" and policy.adapter is not None:
@@ -171,7 +180,7 @@ def evaluate_policies(
                     runtime.version = 1  # the version every later sample must carry
                 t0 = time.perf_counter()
                 path = out_dir / f"{label}.jsonl"
-                results[label] = evaluation.evaluate(runtime, data, reward_fn, cfg, 0, path=path)
+                results[label] = evaluate(runtime, data, reward_fn, cfg.eval, 0, path=path)
                 print(f"{label}: {len(data)} prompts in {time.perf_counter() - t0:.0f} s -> {path}", flush=True)
         finally:
             with logs.output_to(log):
@@ -257,6 +266,12 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         fail(str(e))
     env, reward = build_target(dcfg.env, "env"), build_target(dcfg.reward, "reward")
+    held = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if held:  # an earlier evaluation's results.json, or someone's own files: never replaced
+        fail(
+            f"eval_out={out_dir} holds files already ({first_names(held)}): an evaluation writes results.json and "
+            "one jsonl per policy only into a new or empty folder; give another eval_out"
+        )
     writable_folder(out_dir, "eval_out")  # before an engine starts: results.json and the per-sample files go there
     print(f"model: {cfg.model.path}" + (f"\ntrained: {policy.describe()}" if policy else ""), flush=True)
     try:

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rl.tools.runs import read_metrics
+from rl.run_files import read_metrics
 
 # (file, title, y label, metric keys: one line per key and run)
 LINE_FIGURES = [

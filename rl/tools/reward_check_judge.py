@@ -84,7 +84,7 @@ def start_judge(conf_dir: str, overrides: list[str]) -> tuple[Judge, Callable[[]
     import os
     from dataclasses import replace
 
-    from rl.app import actor_env
+    from rl.app import role_envs, teacher_args
     from rl.config.schema import TrainConfig
     from rl.entry import compose_checked
     from rl.errors import StartupError, cause_of
@@ -96,7 +96,9 @@ def start_judge(conf_dir: str, overrides: list[str]) -> tuple[Judge, Callable[[]
     out = Path(tempfile.mkdtemp(prefix="rewards-check-"))
     cfg = resolve(cfg, out, new_run=False)
     log = out / "judge_engine.log"
-    os.environ.update(actor_env(cfg))  # the engine's environment, as a run's gets it (CPU cores, in-process core)
+    os.environ.update(
+        role_envs(cfg)["actor"]
+    )  # the engine's environment, as a run's gets it (CPU cores, in-process core)
     import transformers
     from transformers import AutoTokenizer
 
@@ -109,7 +111,7 @@ def start_judge(conf_dir: str, overrides: list[str]) -> tuple[Judge, Callable[[]
 
     try:
         with logs.output_to(log):  # vLLM's own output, as a run's engine log
-            engine = TeacherEngine(cfg)
+            engine = TeacherEngine(**teacher_args(cfg))
     except Exception as e:
         raise StartupError(f"{explain('judge/teacher 0', cause_of(e), cfg)} (engine log: {log})") from e
     t = cfg.teacher

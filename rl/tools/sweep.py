@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from rl import run_files
 from rl.atomic import replace_when_done
-from rl.tools import runs
 
 FILES = ("sweep_summary.csv", "sweep_summary.md", "sweep_summary.png")
 
@@ -59,7 +58,7 @@ BARS = [
 
 
 def read_metrics(path: Path) -> list[dict]:
-    return runs.read_metrics(path) if path.is_file() else []  # a job that never logged a step has no file
+    return run_files.read_metrics(path) if path.is_file() else []  # a job that never logged a step has no file
 
 
 def _mean(values: list[float]) -> float | None:
@@ -115,8 +114,10 @@ def job_row(job_dir: Path) -> dict[str, Any]:
     run_dir = run_dir_of(job_dir)
     rows = read_metrics(run_dir / "metrics.jsonl")
     steps = [r for r in rows if "train/loss" in r or "time/step_s" in r]
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    try:
+        summary = run_files.read_summary(run_dir / "summary.json") or {}
+    except run_files.DamagedFile:  # a row all the same, its job counted as not finished
+        summary = {}
     before = [r["eval/accuracy"] for r in rows if r.get("step") == 0 and "eval/accuracy" in r]
     actor_idle, learner_idle = idle_fractions(steps)
     rewards = _col(steps, "reward/mean")

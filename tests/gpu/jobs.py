@@ -50,9 +50,10 @@ def learner(model: str, kind: str) -> dict:
     """Logprobs of the fixed batch under a fresh learner of this kind, then three on-policy steps on it."""
     from transformers import AutoTokenizer
 
+    from rl.app import learner_args
     from rl.learner import Learner
 
-    learner = Learner(from_overrides(model, *COMMON, *LEARNER[kind]))
+    learner = Learner(**learner_args(from_overrides(model, *COMMON, *LEARNER[kind])))
     samples = fixed_batch(AutoTokenizer.from_pretrained(model))
     logprobs = learner.sequence_logprobs([s.prompt_ids for s in samples], [s.completion_ids for s in samples])
     for s, lp in zip(samples, logprobs):
@@ -75,6 +76,7 @@ def actor_vs_learner(model: str, lora_mode: str) -> dict:
     import torch
     from transformers import AutoTokenizer
 
+    from rl.app import learner_args, rollout_args
     from rl.learner import Learner
     from rl.loop.probe import SyncProbe
     from rl.rollout.vllm import VLLMRollout
@@ -90,12 +92,12 @@ def actor_vs_learner(model: str, lora_mode: str) -> dict:
         "cluster.gpu_memory_utilization=0.3",
         "model.max_new_tokens=24",
     )
-    actor = VLLMRollout(cfg)  # engines first: vLLM measures free memory while it starts
-    lrn = Learner(cfg)
+    actor = VLLMRollout(**rollout_args(cfg))  # engines first: vLLM measures free memory while it starts
+    lrn = Learner(**learner_args(cfg))
     tok = AutoTokenizer.from_pretrained(model)
     prompts = [chat_ids(tok, p) for p in PROMPTS]
-    runtime = Runtime(LocalGroup([actor]), LocalGroup([lrn]), cfg)
-    probe = SyncProbe(runtime, prompts[:2], 1.0, 1.0, threshold=0.2, deferred=False)
+    runtime = Runtime(LocalGroup([actor]), LocalGroup([lrn]), cfg.cluster)
+    probe = SyncProbe(runtime, prompts[:2], cfg.sampling_for("probe"), threshold=0.2, deferred=False)
     floor = probe.measure_floor()
     greedy = Sampling(n=1, temperature=0.0, max_tokens=16)
     base = [r.completions[0].token_ids for r in actor.generate(prompts, greedy)]
@@ -140,6 +142,7 @@ def quantized_mismatch(model: str, kind: str, actor_base: str) -> dict:
     from transformers import AutoTokenizer
 
     from bench.quantized_base import make_actor_base, nf4_codes, sampled_mismatch
+    from rl.app import learner_args, rollout_args
     from rl.learner import Learner
     from rl.rollout.vllm import VLLMRollout
 
@@ -152,8 +155,8 @@ def quantized_mismatch(model: str, kind: str, actor_base: str) -> dict:
         "model.max_new_tokens=64",
     )
     made_s = make_actor_base(cfg)
-    actor = VLLMRollout(cfg)
-    lrn = Learner(cfg)
+    actor = VLLMRollout(**rollout_args(cfg))
+    lrn = Learner(**learner_args(cfg))
     tok = AutoTokenizer.from_pretrained(model)
     mismatch, tokens = sampled_mismatch(actor, lrn, [chat_ids(tok, p) for p in PROMPTS * 2])
     codes = nf4_codes(actor, lrn) if actor_base == "quantized" else None
@@ -260,6 +263,7 @@ def packed_vs_padded(model: str, kind: str, attention: str) -> dict:
     import torch
     from transformers import AutoTokenizer
 
+    from rl.app import learner_args
     from rl.config.schema import ConfigError
     from rl.learner import Learner
     from rl.learner.packing import varlen_kernel
@@ -285,10 +289,12 @@ def packed_vs_padded(model: str, kind: str, attention: str) -> dict:
         "learner.micro_batch_size=4",
         "learner.micro_batch_tokens=0",
     ]
-    reference = Learner(from_overrides(model, *fp32))  # PEFT, fp32 base weights, padded
+    reference = Learner(**learner_args(from_overrides(model, *fp32)))  # PEFT, fp32 base weights, padded
     ref = reference.sequence_logprobs(prompts, comps)
     del reference
-    padded = Learner(from_overrides(model, *keys, "learner.micro_batch_size=4", "learner.micro_batch_tokens=0"))
+    padded = Learner(
+        **learner_args(from_overrides(model, *keys, "learner.micro_batch_size=4", "learner.micro_batch_tokens=0"))
+    )
     want, m_padded = logprobs_and_step(padded)
     del padded
     torch.cuda.empty_cache()
@@ -296,7 +302,7 @@ def packed_vs_padded(model: str, kind: str, attention: str) -> dict:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            packed = Learner(from_overrides(model, *keys, *packed_keys))
+            packed = Learner(**learner_args(from_overrides(model, *keys, *packed_keys)))
     except (ConfigError, RuntimeError) as e:
         return {"refused": str(e), "kernel": varlen_kernel()}
     if packed.batcher.packed is None:  # the start-up check found mixed sequences: the learner trains padded
@@ -333,11 +339,12 @@ def step_syncs(model: str, kind: str, tokens: int) -> dict:
 
     import torch
 
+    from rl.app import learner_args
     from rl.learner import Learner
     from rl.types import TrainSample
 
     keys = [*COMMON, *LEARNER[kind], "learner.micro_batch_size=4", f"learner.micro_batch_tokens={tokens}"]
-    learner = Learner(from_overrides(model, *keys))
+    learner = Learner(**learner_args(from_overrides(model, *keys)))
     rng = random.Random(0)
 
     def ids(n: int) -> list[int]:

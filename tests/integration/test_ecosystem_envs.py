@@ -83,6 +83,7 @@ import json, os, sys
 from rl.resolve import from_overrides
 from rl.loop.prepare import prepare_samples
 from rl.rollout.episodes import build_env
+from rl.app import rollout_args
 from rl.rollout.vllm import VLLMRollout, cpu_threads_env
 from rl.types import Sampling
 
@@ -90,7 +91,7 @@ if __name__ == "__main__":  # vLLM may spawn its engine process
     os.environ.update(cpu_threads_env(None))
     model, envs = sys.argv[1], json.loads(sys.argv[2])
     base = ["model.dtype=float32", "algorithm.group_size=2", "cluster.gpu_memory_utilization=0.1"]
-    r = VLLMRollout(from_overrides(model, *base, *envs[0]))
+    r = VLLMRollout(**rollout_args(from_overrides(model, *base, *envs[0])))
     calls = []
     engine = r._generate
 
@@ -110,7 +111,7 @@ if __name__ == "__main__":  # vLLM may spawn its engine process
                                                          tokenize=True, return_dict=True)["input_ids"]) for it in items]
         rollouts = r.generate(prompts, Sampling(n=2, temperature=1.0, max_tokens=12), [7, 8], items)
         rewards = [sum(c.episode.terms.values()) for ro in rollouts for c in ro.completions]
-        samples, _, _ = prepare_samples(rollouts, rewards, cfg)
+        samples, _, _ = prepare_samples(rollouts, rewards, cfg.algorithm, cfg.completion_tokens)
         report.append({"calls": calls[:], "samples": [[s.prompt_ids, s.completion_ids, s.old_logprobs, s.loss_mask]
                                                       for s in samples],
                        "turns": [c.episode.turns for ro in rollouts for c in ro.completions],

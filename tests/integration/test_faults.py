@@ -27,8 +27,8 @@ class KilledOnce(HFRollout):
 
     marker = ""  # set on a subclass made per test (the class travels to the actors by value)
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.calls = 0
 
     def generate(self, prompts, sampling, seeds=None):
@@ -91,9 +91,9 @@ class FaultRun:
 
     def expected_groups(self) -> list[list[tuple[int, ...]]]:
         """Env's prompts in data order, a step's worth each: every prompt of every step trained once, in order."""
-        from rl.data.prompts import PromptData
+        from rl.loop.driver import prompt_data
 
-        data = PromptData(Env().train_items(), self.tokenizer, self.cfg)
+        data = prompt_data(Env().train_items(), self.tokenizer, self.cfg)
         n = self.cfg.run.prompts_per_step
         return [[tuple(data.prompt_ids[i]) for i in data.next_batch(n)] for _ in range(self.cfg.run.steps)]
 
@@ -110,7 +110,7 @@ def train_with(tiny_model, tmp_path, monkeypatch, actor_class: type | None, cfg,
     from rl.resolve import resolve
 
     if actor_class is not None:
-        monkeypatch.setattr(rl.rollout, "rollout_class", lambda cfg: actor_class)
+        monkeypatch.setattr(rl.rollout, "rollout_class", lambda backend: actor_class)
     cfg = resolve(cfg, tmp_path / "run", model_path=str(tiny_model))
     runtime, teardown = app.build_runtime(cfg)
     steps: list[list[Any]] = []
@@ -154,10 +154,10 @@ class RefusesItsRestart(KilledOnce):
     """KilledOnce whose restart raises in __init__, as a vLLM engine does when the memory it needs is gone: Ray
     does not try that actor again."""
 
-    def __init__(self, cfg):
+    def __init__(self, *args, **kwargs):
         if Path(self.marker).is_file():
             raise ValueError("no room for the KV cache on this restart")
-        super().__init__(cfg)
+        super().__init__(*args, **kwargs)
 
 
 def test_an_actor_whose_restart_fails_is_left_out_at_once(tiny_model, tmp_path, monkeypatch, capsys):
@@ -188,8 +188,8 @@ class TeacherKilledOnce(TeacherEngine):
 
     marker = ""  # set on a subclass made per test (the class travels to the actor by value)
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.calls = 0
 
     def token_logprobs(self, prompts, completions):
@@ -322,8 +322,8 @@ class KilledInASegment(HFRollout):
 
     marker = ""
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.calls = 0
 
     def continue_samples(self, prompts, sampling, caps, seeds):

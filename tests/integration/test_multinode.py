@@ -287,8 +287,8 @@ def killed_actor_run(address: str, model: str, run_dir: str) -> None:
     from rl.config.choices import DType
     from rl.config.cluster import ClusterConfig
     from rl.config.schema import AlgorithmConfig, CheckpointConfig, EvalConfig, ModelConfig, RunConfig, TrainConfig
-    from rl.data.prompts import PromptData
     from rl.loop import driver
+    from rl.loop.driver import prompt_data
     from rl.metrics import MetricsLogger
     from rl.resolve import resolve
 
@@ -310,7 +310,7 @@ def killed_actor_run(address: str, model: str, run_dir: str) -> None:
         ),
     )
     killer = type("KilledOnceVLLMHere", (KilledOnceVLLM,), {"marker": str(Path(run_dir) / "killed.pid")})
-    rl.rollout.rollout_class = lambda cfg: killer  # app.build_runtime looks it up at call time
+    rl.rollout.rollout_class = lambda backend: killer  # app.build_runtime looks it up at call time
     cfg = resolve(cfg, Path(run_dir), model_path=model)
     tokenizer = AutoTokenizer.from_pretrained(model)
     logger = MetricsLogger(Path(run_dir), kind="none", total_steps=cfg.run.steps)
@@ -326,7 +326,7 @@ def killed_actor_run(address: str, model: str, run_dir: str) -> None:
     finally:
         teardown()
         logger.close()
-    data = PromptData(Env().train_items(), tokenizer, cfg)
+    data = prompt_data(Env().train_items(), tokenizer, cfg)
     expected = [[list(data.prompt_ids[i]) for i in data.next_batch(2)] for _ in range(cfg.run.steps)]
     (Path(run_dir) / "trained.json").write_text(json.dumps({"trained": trained, "expected": expected}))
 

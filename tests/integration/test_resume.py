@@ -208,3 +208,42 @@ def test_an_interrupted_run_ends_with_the_command_that_continues_it(tiny_model, 
     resumed = run_train([*(a if not a.startswith("run.steps=") else steps for a in command[2:])])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {last}" in resumed.stdout
+
+
+def test_a_damaged_newest_checkpoint_is_passed_over_and_a_finished_run_without_checkpoints_is_left_alone(
+    tiny_model, tmp_path
+):
+    """The resume takes the newest whole checkpoint and names the damaged one in one line; a run finished without
+    checkpoints is recognised by its summary (nothing retrained, nothing rewritten); a folder of the user's own files
+    is refused before anything is written into it."""
+    out = tmp_path / "run"
+    common = ["eval.size=0", "checkpoint.keep_last=0"]
+    first = run_train(args(tiny_model, out, *common, "run.steps=2", "checkpoint.interval=1"), timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (out / "summary.json").unlink()  # as if killed after step 2's checkpoint, which a bad copy then truncated
+    pkl = out / "checkpoints" / "step_0002" / "learner.pkl"
+    pkl.write_bytes(pkl.read_bytes()[:100])
+    resumed = run_train(args(tiny_model, out, *common, "run.steps=2", "checkpoint.interval=1", "run.resume=auto"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{pkl.parent} is damaged (learner.pkl has 100 bytes" in resumed.stdout
+    assert f"resumed from {out / 'checkpoints' / 'step_0001'}: step 1" in resumed.stdout
+    assert [r["step"] for r in metric_rows(out) if "train/loss" in r] == [1, 2]
+    assert checkpoint.latest(out).name == "step_0002"  # saved again, whole
+
+    done = tmp_path / "done"
+    first = run_train(args(tiny_model, done, *common, "run.steps=1", "checkpoint.interval=0"), timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    files = {p.name: p.read_bytes() for p in (done / "summary.json", done / "metrics.jsonl")}
+    again = run_train(args(tiny_model, done, *common, "run.steps=1", "checkpoint.interval=0", "run.resume=auto"))
+    assert again.returncode == 0 and "finished; nothing to do" in again.stdout, again.stderr[-3000:]
+    more = run_train(args(tiny_model, done, *common, "run.steps=2", "checkpoint.interval=0", "run.resume=auto"))
+    assert more.returncode == 2 and "finished 1 steps and holds no checkpoint to continue from" in more.stderr
+    assert {p.name: p.read_bytes() for p in (done / "summary.json", done / "metrics.jsonl")} == files
+
+    mine = tmp_path / "mine"
+    (mine / "adapter").mkdir(parents=True)
+    (mine / "adapter" / "adapter_config.json").write_text("{}")
+    (mine / "notes.txt").write_text("mine")
+    refused = run_train(args(tiny_model, mine, *common, "run.steps=1"), timeout=120)
+    assert refused.returncode == 2 and "holds files that are not a run's (adapter, notes.txt)" in refused.stderr
+    assert sorted(p.name for p in mine.rglob("*")) == ["adapter", "adapter_config.json", "notes.txt"]

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from rl.preflight import plan
+from rl.preflight import memory
 from tests.helpers import run_train, tiny_args
 
 SMALL_RUN = [
@@ -60,11 +60,11 @@ def test_kv_cache_share_too_small_on_cpu(tiny_model, tmp_path):
     assert m, last_line(proc)
     total, used, suggested = float(m.group(3)), float(m.group(4)), float(m.group(6))
     assert suggested * total >= 1.1 * used  # the suggested share holds the engine, with room for its KV cache
-    assert suggested == plan.vllm_cpu_fraction(used * 2**30, 8 * 272 * 2 * 2 * 64 * 4, total * 2**30)
+    assert suggested == memory.vllm_cpu_fraction(used * 2**30, 8 * 272 * 2 * 2 * 64 * 4, total * 2**30)
     assert_no_driver_traceback(proc)
     log = (tmp_path / "hydra" / "train.log").read_text()
     assert "rl.errors.RoleStartFailed: rollout actor 0 failed to start: ValueError: Available memory" in log
-    # the engine's own traceback: on CPU the engine core runs in the actor's process (rl/app.py actor_env), so the
+    # the engine's own traceback: on CPU the engine core runs in the actor's process (rl/runtime/process_env.py actor_env), so the
     # worker's frames are in the role's traceback; a separate engine process's would come as "vLLM engine output"
     assert "cpu_worker.py" in log
 

@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.tier2]  # about 60 s each on the 2-c
 SCRIPT = r"""
 import json, os, sys
 from rl.rollout.vllm import cpu_threads_env
+from rl.app import teacher_args
 from rl.rollout.teacher import TeacherEngine
 from rl.types import Sampling
 from rl.resolve import from_overrides
@@ -24,7 +25,7 @@ if __name__ == "__main__":  # vLLM may spawn its engine process
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     cfg = from_overrides(sys.argv[1], "model.dtype=float32", "model.max_prompt_tokens=64", "model.max_new_tokens=12",
                          "cluster.num_teachers=1", "cluster.gpu_memory_utilization=0.05", *sys.argv[2:])
-    t = TeacherEngine(cfg)
+    t = TeacherEngine(**teacher_args(cfg))
     prompts = [[1, 520, 1314, 42], [1, 7, 8, 9, 10, 11]]
     rollouts = t.generate(prompts, Sampling(n=2, temperature=1.0, max_tokens=12), [3, 4])
     pairs = [(r.prompt_ids, c) for r in rollouts for c in r.completions]

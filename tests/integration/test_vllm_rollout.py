@@ -14,6 +14,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPT = r"""
 import json, os, sys
+from rl.app import rollout_args
 from rl.rollout.vllm import VLLMRollout, cpu_threads_env
 from rl.types import Sampling
 from rl.resolve import from_overrides
@@ -21,7 +22,7 @@ from rl.resolve import from_overrides
 if __name__ == "__main__":  # vLLM may spawn its engine process
     os.environ.update(cpu_threads_env(None))
     from vllm import SamplingParams
-    r = VLLMRollout(from_overrides(sys.argv[1], "model.dtype=float32", "model.max_prompt_tokens=256"))
+    r = VLLMRollout(**rollout_args(from_overrides(sys.argv[1], "model.dtype=float32", "model.max_prompt_tokens=256")))
     prompts = [[1, 520, 1314, 42], [1, 7, 8, 9, 10, 11], [1, 300], [1, 2000, 3000]]
     ours = r.generate(prompts, Sampling(n=1, temperature=0.0, max_tokens=12))
     params = SamplingParams(n=1, temperature=0.0, max_tokens=12, logprobs=0)  # vLLM's defaults: detokenised, dicts

@@ -1,11 +1,12 @@
-"""Advantage estimators, policy losses, aggregations and KL: hand-computed cases, invariants, gradients, and
-agreement with verl's implementation (tests/unit/verl_reference.py) on random inputs."""
+"""Policy losses, aggregations and KL (rl/algorithms/): the properties every registered loss and aggregation must
+have, run over the registries themselves (a new entry is tested the day it is registered), hand-computed cases,
+gradients, and agreement with verl's implementation (tests/unit/verl_reference.py) on random inputs. The advantage
+estimators are tests/unit/test_advantages.py's."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -19,9 +20,13 @@ needs_verl = pytest.mark.skipif(
     VERL is None, reason="verl not installed (pip install --no-deps -r requirements-dev.txt)"
 )
 
-ADVANTAGES = ["grpo", "dr_grpo", "rloo", "pg", "reinforce_pp"]
-LOSSES = ["pg", "clipped", "gspo", "cispo"]
-AGGS = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
+LOSSES = sorted(alg.POLICY_LOSSES)
+AGGS = sorted(alg.LOSS_AGGREGATIONS)
+# Losses that do not read the advantages (test_the_losses_that_ignore_advantages_are_these checks the list)
+IGNORES_ADVANTAGES = {"sft"}
+# Losses whose gradient is not the derivative of their value on purpose (a stop-gradient weight): no gradcheck
+STOP_GRADIENT_WEIGHT = {"cispo"}
+PG_LOSSES = [n for n in LOSSES if n not in IGNORES_ADVANTAGES]
 
 
 def approx(x, **kw):
@@ -42,11 +47,10 @@ def random_batch(B=6, T=7, seed=0, dtype=torch.float64):
 # ----------------------------------------------------------------------------------------------- registry
 
 
-def test_every_issue_entry_is_registered():
-    assert set(ADVANTAGES) <= set(alg.ADVANTAGE_ESTIMATORS)
-    assert set(LOSSES) <= set(alg.POLICY_LOSSES)
-    assert set(AGGS) <= set(alg.LOSS_AGGREGATIONS)
-    assert all(getattr(alg.get_loss_agg(n), "unit", None) in ("token", "seq") for n in AGGS)
+def test_the_documented_entries_are_registered():
+    assert {"grpo", "dr_grpo", "rloo", "pg", "reinforce_pp"} <= set(alg.ADVANTAGE_ESTIMATORS)
+    assert {"pg", "clipped", "gspo", "cispo", "sft"} <= set(alg.POLICY_LOSSES)
+    assert {"token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"} <= set(AGGS)
 
 
 def test_unknown_name_lists_valid_names_and_duplicates_are_refused():
@@ -55,59 +59,6 @@ def test_unknown_name_lists_valid_names_and_duplicates_are_refused():
     with pytest.raises(ValueError, match="registered twice"):
         alg.register_advantage("grpo")(lambda r, g, **_: r)
     assert alg.get_advantage("grpo") is alg.grpo_advantages
-
-
-# ----------------------------------------------------------------------------------------------- advantages
-
-
-def test_grpo_hand_computed_unbiased_and_population_std():
-    r = torch.tensor([1.0, 0.0, 0.0])
-    s = math.sqrt(1 / 3)  # sample std of [1, 0, 0]
-    assert alg.grpo_advantages(r, 3, eps=0.0).tolist() == approx([2 / 3 / s, -1 / 3 / s, -1 / 3 / s])
-    p = math.sqrt(2 / 9)  # population std
-    assert alg.grpo_advantages(r, 3, std_unbiased=False, eps=0.0).tolist() == approx(
-        [2 / 3 / p, -1 / 3 / p, -1 / 3 / p]
-    )
-    assert alg.grpo_advantages(r, 3, std_normalize=False).tolist() == approx([2 / 3, -1 / 3, -1 / 3])
-
-
-def test_dr_grpo_rloo_pg_hand_computed():
-    r = torch.tensor([1.0, 0.0, 0.0, 3.0, 1.0, 2.0])
-    assert alg.dr_grpo_advantages(r, 3).tolist() == approx([2 / 3, -1 / 3, -1 / 3, 1, -1, 0])
-    # leave-one-out: 1 - mean(0, 0) = 1; 0 - mean(1, 0) = -0.5; 3 - mean(1, 2) = 1.5; 1 - 2.5; 2 - 2
-    assert alg.rloo_advantages(r, 3).tolist() == approx([1, -0.5, -0.5, 1.5, -1.5, 0])
-    assert alg.pg_advantages(r, 3).tolist() == approx(r.tolist())
-    assert alg.pg_advantages(r, 3, pg_baseline="group_mean").tolist() == approx([2 / 3, -1 / 3, -1 / 3, 1, -1, 0])
-    with pytest.raises(KeyError, match="pg_baseline"):
-        alg.pg_advantages(r, 3, pg_baseline="ema")
-
-
-def test_reinforce_pp_divides_by_the_batch_std():
-    r = torch.tensor([1.0, 0.0, 1.0, 1.0])  # centred per group: [0.5, -0.5, 0, 0], batch mean 0
-    var = (0.25 + 0.25) / 3  # unbiased over 4 completions
-    expected = [0.5 / math.sqrt(var), -0.5 / math.sqrt(var), 0.0, 0.0]
-    assert alg.reinforce_pp_advantages(r, 2, eps=0.0).tolist() == approx(expected)
-    # token weighting: a 3-token completion counts three times in the batch statistics
-    lengths = torch.tensor([3.0, 1.0, 1.0, 1.0])
-    c = torch.tensor([0.5, -0.5, 0.0, 0.0])
-    mean = (c * lengths).sum() / 6
-    std = math.sqrt(float(((c - mean) ** 2 * lengths).sum() / 5))
-    assert alg.reinforce_pp_advantages(r, 2, eps=0.0, lengths=lengths).tolist() == approx(((c - mean) / std).tolist())
-
-
-@pytest.mark.parametrize("name", ADVANTAGES)
-def test_uniform_reward_group_gives_zero_advantage(name):
-    r = torch.tensor([0.7, 0.7, 0.7, 0.7, 1.0, 0.0, 0.0, 1.0])
-    adv = alg.get_advantage(name)(r, 4, pg_baseline="group_mean", eps=1e-6)
-    assert adv.shape == (8,)
-    assert adv[:4].abs().max() == 0.0
-    assert adv[4:].abs().max() > 0.1
-
-
-@pytest.mark.parametrize("name", ADVANTAGES)
-def test_every_estimator_accepts_the_drivers_keyword_set(name):
-    kwargs = dict(std_normalize=True, std_unbiased=True, pg_baseline="none", eps=1e-6, lengths=torch.ones(4))
-    assert torch.isfinite(alg.get_advantage(name)(torch.tensor([1.0, 0.0, 0.5, 0.5]), 2, **kwargs)).all()
 
 
 # ----------------------------------------------------------------------------------------------- aggregation
@@ -128,6 +79,35 @@ def test_fully_masked_sequences_are_not_counted():
     for name in ("seq_mean_token_mean", "token_mean"):
         assert float(alg.get_loss_agg(name)(per_token, mask)) == approx(2.0)
     assert float(alg.agg_seq_mean_token_sum(per_token, mask)) == approx(4.0)
+
+
+@pytest.mark.parametrize("agg_name", AGGS)
+def test_aggregation_is_a_masked_scalar_that_ignores_fully_masked_rows(agg_name):
+    agg = alg.get_loss_agg(agg_name)
+    assert agg.unit in ("token", "seq")
+    x, _, _, mask = random_batch(seed=12)
+    value = agg(x, mask, norm_length=11)
+    assert value.dim() == 0 and torch.isfinite(value)
+    garbage = torch.where(mask > 0, x, torch.full_like(x, 1e6))
+    assert float(agg(garbage, mask, norm_length=11)) == approx(float(value), abs=1e-9)
+    extra_row = torch.cat([x, torch.full_like(x[:1], 7.0)]), torch.cat([mask, torch.zeros_like(mask[:1])])
+    assert float(agg(*extra_row, norm_length=11)) == approx(float(value), abs=1e-9)
+
+
+@pytest.mark.parametrize("agg_name", AGGS)
+def test_micro_batches_weighted_by_the_unit_add_up_to_the_whole_batch(agg_name):
+    """What the learner's gradient accumulation relies on: each micro-batch's value weighted by its share of the
+    batch's units (unmasked tokens, or sequences with a token: the aggregation's `unit`) sums to the batch's."""
+    agg = alg.get_loss_agg(agg_name)
+    x, _, _, mask = random_batch(B=8, seed=13)
+    mask[3] = 0  # a fully masked sequence
+
+    def units(m):
+        return m.sum() if agg.unit == "token" else (m.sum(1) > 0).to(m.dtype).sum()
+
+    parts = [(x[i : i + 3], mask[i : i + 3]) for i in range(0, 8, 3)]
+    accumulated = sum(units(m) / units(mask) * agg(xs, m, norm_length=11) for xs, m in parts)
+    assert float(accumulated) == approx(float(agg(x, mask, norm_length=11)), abs=1e-9)
 
 
 # ----------------------------------------------------------------------------------------------- KL, entropy
@@ -247,7 +227,41 @@ def test_masked_tokens_contribute_nothing_to_loss_or_gradient(loss_name, agg_nam
     assert garbage_logp.grad[mask > 0].abs().max() > 0
 
 
-@pytest.mark.parametrize("loss_name", ["pg", "clipped", "gspo"])
+@pytest.mark.parametrize("loss_name", LOSSES)
+@pytest.mark.parametrize("agg_name", AGGS)
+def test_loss_is_a_finite_scalar_with_namespaced_metrics(loss_name, agg_name):
+    logp, old, adv, mask = random_batch(seed=14)
+    fn = alg.get_policy_loss(loss_name)
+    loss, metrics = fn(logp.requires_grad_(), old, adv, mask, agg=alg.get_loss_agg(agg_name))
+    assert loss.dim() == 0 and torch.isfinite(loss) and loss.requires_grad
+    for key, value in metrics.items():  # floats or detached 0-d tensors (read once per step, no device sync)
+        assert "/" in key and (isinstance(value, float) or (value.dim() == 0 and not value.requires_grad)), key
+
+
+@pytest.mark.parametrize("loss_name", LOSSES)
+def test_the_losses_that_ignore_advantages_are_these(loss_name):
+    logp, old, adv, mask = random_batch(seed=16)
+    fn = alg.get_policy_loss(loss_name)
+    flipped = (
+        fn(logp, old, adv, mask, agg=alg.agg_token_mean)[0] != fn(logp, old, -adv, mask, agg=alg.agg_token_mean)[0]
+    )
+    assert bool(flipped) == (loss_name not in IGNORES_ADVANTAGES)
+
+
+@pytest.mark.parametrize("loss_name", LOSSES)
+def test_per_token_advantages_equal_to_their_sequences_give_the_same_loss_and_gradient(loss_name):
+    """Advantages [B] and the same values per token [B, T] (the shape algorithm=distill's samples carry) agree."""
+    logp, old, adv, mask = random_batch(seed=15)
+    fn, results = alg.get_policy_loss(loss_name), []
+    for a in (adv, adv.unsqueeze(1).expand_as(mask)):
+        x = logp.clone().requires_grad_()
+        loss, _ = fn(x, old, a, mask, agg=alg.agg_seq_mean_token_mean)
+        loss.backward()
+        results.append((loss.detach(), x.grad))
+    assert torch.allclose(results[0][0], results[1][0]) and torch.allclose(results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize("loss_name", [n for n in LOSSES if n not in STOP_GRADIENT_WEIGHT])
 def test_loss_gradient_matches_finite_differences(loss_name):
     """autograd's gradient against torch's numerical gradcheck on tiny float64 inputs (smooth region).
     Not cispo: its stop-gradient on the weight makes its gradient differ from the derivative of its value on
@@ -262,15 +276,18 @@ def test_loss_gradient_matches_finite_differences(loss_name):
     )
 
 
-def test_on_policy_clipped_pg_and_cispo_share_the_policy_gradient():
-    """At ratio 1 (on-policy) PPO, CISPO and vanilla PG have the same gradient: -A grad log pi."""
+@pytest.mark.parametrize("loss_name", PG_LOSSES)
+@pytest.mark.parametrize("agg_name", AGGS)
+def test_on_policy_every_policy_gradient_loss_has_the_reinforce_gradient(loss_name, agg_name):
+    """At ratio 1 (on-policy) every loss that reads advantages (PPO's clip, GSPO's sequence ratio, CISPO's clipped
+    weight...) has vanilla PG's gradient, -A grad log pi under the aggregation."""
     logp, _, adv, mask = random_batch(seed=5)
     grads = []
-    for name in ("pg", "clipped", "cispo"):
+    for name in ("pg", loss_name):
         x = logp.clone().requires_grad_()
-        alg.get_policy_loss(name)(x, logp, adv, mask, agg=alg.agg_token_mean)[0].backward()
+        alg.get_policy_loss(name)(x, logp, adv, mask, agg=alg.get_loss_agg(agg_name))[0].backward()
         grads.append(x.grad)
-    assert torch.allclose(grads[0], grads[1]) and torch.allclose(grads[0], grads[2])
+    assert torch.allclose(*grads)
 
 
 def test_truncated_importance_sampling_weights_and_skip_threshold():
@@ -315,44 +332,8 @@ def test_mismatch_mask_zeroes_tokens_outside_the_ratio_band():
 # ----------------------------------------------------------------------------------------------- against verl
 
 
-def _verl_index(B, G):
-    return np.repeat(np.arange(B), G)
-
-
-def _token_rewards(rewards, mask):
-    """verl takes token-level rewards; an outcome reward sits on the last response token."""
-    last = mask.sum(1).long() - 1
-    out = torch.zeros_like(mask)
-    out[torch.arange(len(rewards)), last] = rewards.to(mask.dtype)
-    return out
-
-
 @needs_verl
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_advantages_agree_with_verl(seed):
-    B, G, T = 5, 4, 6
-    g = torch.Generator().manual_seed(seed)
-    rewards = torch.randint(0, 3, (B * G,), generator=g).double() / 2  # ties and uniform groups happen
-    rewards[:G] = 1.0  # one uniform group for sure
-    _, _, _, mask = random_batch(B=B * G, T=T, seed=seed)
-    tr, idx = _token_rewards(rewards, mask), _verl_index(B, G)
-
-    def ours(a):
-        return a.unsqueeze(1) * mask
-
-    ref, _ = VERL.compute_grpo_outcome_advantage(tr.clone(), mask, idx, epsilon=1e-6, norm_adv_by_std_in_grpo=True)
-    assert torch.allclose(ours(alg.grpo_advantages(rewards, G, eps=1e-6)), ref, atol=1e-6)
-    ref, _ = VERL.compute_grpo_outcome_advantage(tr.clone(), mask, idx, norm_adv_by_std_in_grpo=False)
-    assert torch.allclose(ours(alg.dr_grpo_advantages(rewards, G)), ref, atol=1e-6)
-    ref, _ = VERL.compute_rloo_outcome_advantage(tr.clone(), mask, idx)
-    assert torch.allclose(ours(alg.rloo_advantages(rewards, G)), ref, atol=1e-6)
-    ref, _ = VERL.compute_reinforce_plus_plus_baseline_outcome_advantage(tr.clone(), mask, idx)
-    got = alg.reinforce_pp_advantages(rewards, G, eps=1e-8, lengths=mask.sum(1))
-    assert torch.allclose(ours(got), ref, atol=1e-6)
-
-
-@needs_verl
-@pytest.mark.parametrize("agg_name", AGGS)
+@pytest.mark.parametrize("agg_name", AGGS)  # verl has every aggregation, under the same name with dashes
 def test_aggregations_agree_with_verl(agg_name):
     logp, _, _, mask = random_batch(seed=7)
     mask[2] = 0  # a fully masked sequence (a masked truncated response)
@@ -368,37 +349,46 @@ def _verl_loss(fn, logp, old, adv, mask, mode, **cfg):
     )[0]
 
 
+# (our loss, verl's function, our knobs, verl's config) for the same objective
+VERL_LOSS_CASES = [
+    (
+        "clipped",
+        "compute_policy_loss_vanilla",
+        dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0),
+        dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0),
+    ),
+    (
+        "clipped",
+        "compute_policy_loss_vanilla",
+        dict(clip_low=0.1, clip_high=0.1),
+        dict(clip_ratio=0.1, clip_ratio_c=1e9),
+    ),  # a huge c switches verl's always-on dual clip off
+    (
+        "gspo",
+        "compute_policy_loss_gspo",
+        dict(clip_low=0.05, clip_high=0.08),
+        dict(clip_ratio_low=0.05, clip_ratio_high=0.08),
+    ),
+    (
+        "cispo",
+        "compute_policy_loss_cispo",
+        dict(clip_low=0.2, clip_high=0.28),
+        dict(clip_ratio_low=0.2, clip_ratio_high=0.28),
+    ),
+    ("pg", "compute_policy_loss_gpg", {}, {}),
+]
+# losses verl has no counterpart of, and why (a new loss goes in one of the two)
+NO_VERL_LOSS = {"sft": "verl fine-tunes on demonstrations in a trainer of its own, not through a policy loss"}
+
+
+def test_every_loss_has_a_verl_reference_or_a_reason():
+    assert {case[0] for case in VERL_LOSS_CASES} | set(NO_VERL_LOSS) == set(LOSSES)
+    assert not {case[0] for case in VERL_LOSS_CASES} & set(NO_VERL_LOSS)
+
+
 @needs_verl
 @pytest.mark.parametrize("agg_name", ["token_mean", "seq_mean_token_mean"])
-@pytest.mark.parametrize(
-    ("ours_name", "verl_name", "knobs", "cfg"),
-    [
-        (
-            "clipped",
-            "compute_policy_loss_vanilla",
-            dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0),
-            dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0),
-        ),
-        (
-            "clipped",
-            "compute_policy_loss_vanilla",
-            dict(clip_low=0.1, clip_high=0.1),
-            dict(clip_ratio=0.1, clip_ratio_c=1e9),
-        ),  # a huge c switches verl's always-on dual clip off
-        (
-            "gspo",
-            "compute_policy_loss_gspo",
-            dict(clip_low=0.05, clip_high=0.08),
-            dict(clip_ratio_low=0.05, clip_ratio_high=0.08),
-        ),
-        (
-            "cispo",
-            "compute_policy_loss_cispo",
-            dict(clip_low=0.2, clip_high=0.28),
-            dict(clip_ratio_low=0.2, clip_ratio_high=0.28),
-        ),
-    ],
-)
+@pytest.mark.parametrize(("ours_name", "verl_name", "knobs", "cfg"), VERL_LOSS_CASES)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_policy_losses_and_gradients_agree_with_verl(ours_name, verl_name, knobs, cfg, agg_name, seed):
     logp, old, adv, mask = random_batch(seed=seed)
@@ -420,7 +410,7 @@ def test_kl_estimators_agree_with_verl(estimator):
     assert torch.allclose(alg.kl_penalty(logp, ref, estimator), VERL.kl_penalty(logp, ref, estimator), atol=1e-6)
 
 
-@pytest.mark.parametrize("loss_name", LOSSES)
+@pytest.mark.parametrize("loss_name", PG_LOSSES)
 def test_positive_weight_scales_only_the_positive_samples(loss_name):
     """W-REINFORCE (algorithm.positive_weight): the loss and gradient of positive-advantage samples are scaled by
     the weight, those of negative-advantage samples are untouched, in every policy loss."""
@@ -440,7 +430,5 @@ def test_positive_weight_scales_only_the_positive_samples(loss_name):
 
 
 def test_positive_weight_is_checked():
-    from rl.config.schema import ConfigError
-
     with pytest.raises(ConfigError, match="algorithm.positive_weight must be >= 0"):
         Knobs(positive_weight=-1.0)

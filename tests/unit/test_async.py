@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rl.config.schema import ConfigError, TrainConfig
-from rl.data.prompts import PromptData
 from rl.errors import RunStopped
-from rl.loop.sampler import Sampler
+from rl.loop.driver import make_sampler, prompt_data
 from rl.runtime.groups import LocalGroup
 from rl.runtime.runtime import Runtime
 from rl.runtime.sync import VersionMismatch
@@ -28,7 +27,7 @@ from tests.helpers import metric_rows
 
 def expected_batches(steps: int) -> list[list[int]]:
     """The prompt indices the data order serves, step by step (same seed as run_loop)."""
-    data = PromptData(Env(5).train_items(), NumberTokenizer(), fake_config())
+    data = prompt_data(Env(5).train_items(), NumberTokenizer(), fake_config())
     return [data.next_batch(2) for _ in range(steps)]
 
 
@@ -96,10 +95,10 @@ def test_an_actor_past_its_restarts_is_left_out_and_the_last_one_dying_stops_the
 
 
 def test_sampler_sends_ahead_and_checkpoints_the_data_before_what_is_in_flight():
-    data = PromptData(Env(5).train_items(), NumberTokenizer(), fake_config())
+    data = prompt_data(Env(5).train_items(), NumberTokenizer(), fake_config())
     actor = FakeActor()
     runtime = fake_runtime([actor], FakeLearner(), staleness=1)
-    sampler = Sampler(runtime, data, length_reward, fake_config("cluster.staleness=1"), steps=2)
+    sampler = make_sampler(fake_config("cluster.staleness=1"), runtime, data, length_reward, steps=2)
     assert sampler.overlapped and sampler.state_dict()["cursor"] == 0
     batch = sampler.next(1)
     assert data.cursor == 4 and len(actor.prompts) == 4  # its own batch and the next step's were sent
@@ -142,7 +141,7 @@ def test_a_dead_learner_stops_the_run_naming_the_checkpoint_and_how_to_resume(tm
 
 def test_learner_generation_takes_the_first_chunk_of_prompts_per_learner():
     actors, learner = [FakeActor(0), FakeActor(1)], FakeLearner()
-    runtime = Runtime(LocalGroup(actors), LocalGroup([learner]), fake_config("cluster.learner_chunk_size=2"))
+    runtime = Runtime(LocalGroup(actors), LocalGroup([learner]), fake_config("cluster.learner_chunk_size=2").cluster)
     rollouts = runtime.generate([[1], [2], [3], [4], [5]], Sampling(n=1))
     assert [r.prompt_ids[0] for r in rollouts] == [1, 2, 3, 4, 5]
     assert [r.actor for r in rollouts] == [-1, -1, 0, 0, 1]  # learner 0 is -1
@@ -193,7 +192,7 @@ def test_dynamic_sampling_rounds_take_prompts_in_data_order(staleness):
                 out = [PromptRollout(r.prompt_ids, [Completion([7], [-1.0], "stop", "")] * 2, 0) for r in out]
             return out
 
-    data = PromptData(Env(5).train_items(), NumberTokenizer(), fake_config())
+    data = prompt_data(Env(5).train_items(), NumberTokenizer(), fake_config())
     runtime = fake_runtime([FlatFirst()], FakeLearner(), staleness=staleness)
     cfg = fake_config(
         f"cluster.staleness={staleness}",
@@ -201,7 +200,7 @@ def test_dynamic_sampling_rounds_take_prompts_in_data_order(staleness):
         "algorithm.filter_range=[0.01,0.99]",
         "algorithm.dynamic_sampling_max_rounds=2",
     )
-    sampler = Sampler(runtime, data, length_reward, cfg, steps=3)
+    sampler = make_sampler(cfg, runtime, data, length_reward, steps=3)
     batch = sampler.next(1)
     assert [r.prompt_ids[0] for r in batch.rollouts] == expected_batches(2)[1]  # the second round's prompts
     assert batch.rewards == [0.0, 1.0, 0.0, 1.0] and batch.stats["data/sample_utilization"] == 0.5
@@ -286,11 +285,10 @@ def test_data_the_settings_leave_empty_or_a_curriculum_the_env_lacks_fails_befor
 
 def test_a_tokenizer_without_a_chat_template_fails_in_one_line_naming_the_key():
     from rl.config.errors import ConfigError
-    from rl.data.prompts import PromptData
 
     class NoTemplate(NumberTokenizer):
         chat_template = None
 
     with pytest.raises(ConfigError, match=r"has no chat template .*set model.use_chat_template=false"):
-        PromptData(Env(2).train_items(), NoTemplate(), fake_config("model.use_chat_template=true"))
-    assert len(PromptData(Env(2).train_items(), NoTemplate(), fake_config("model.use_chat_template=false"))) == 2
+        prompt_data(Env(2).train_items(), NoTemplate(), fake_config("model.use_chat_template=true"))
+    assert len(prompt_data(Env(2).train_items(), NoTemplate(), fake_config("model.use_chat_template=false"))) == 2

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rl.config.schema import CheckpointConfig, ConfigError, RunConfig, TrainConfig
-from rl.data.prompts import PromptData
 from rl.loop import checkpoint
+from rl.loop.driver import prompt_data
 from rl.metrics import MetricsLogger
 from rl.resolve import from_overrides
 from rl.types import Adapter, Sampling
@@ -53,6 +53,9 @@ def test_half_written_checkpoints_are_never_listed_and_keep_last_prunes(tmp_path
     assert trainer == {"step": 10, "data": {"cursor": 20}}
     assert learner["adapter"] == fake_learner_state(10)["adapter"] and learner["optimizer"] == b"opt"
     meta = json.loads((checkpoint.latest(tmp_path) / "meta.json").read_text())
+    assert meta.pop("files") == {
+        name: (checkpoint.latest(tmp_path) / name).stat().st_size for name in checkpoint.FILES
+    }  # written last, the size of every other file: what makes the folder count as whole
     assert meta == {"step": 10, "adapter_version": 10, "data_cursor": 20}
 
 
@@ -102,7 +105,7 @@ def test_data_order_and_cursor_round_trip():
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": str(i)} for i in range(5)]
 
     def data():
-        return PromptData(items, CharTokenizer(), data_config(3))
+        return prompt_data(items, CharTokenizer(), data_config(3))
 
     a = data()
     a.next_batch(3)  # mid-pass: the rest of the current shuffled pass must survive
@@ -113,7 +116,7 @@ def test_data_order_and_cursor_round_trip():
     assert b.cursor == 3
     assert [b.next_batch(3) for _ in range(4)] == expected
     with pytest.raises(ConfigError, match="5 training prompts, this run has 4"):
-        PromptData(items[:4], CharTokenizer(), data_config(3)).load_state(state)
+        prompt_data(items[:4], CharTokenizer(), data_config(3)).load_state(state)
 
 
 def test_learner_state_round_trip_is_exact(tiny_model, tmp_path):
@@ -144,9 +147,12 @@ def test_learner_state_round_trip_is_exact(tiny_model, tmp_path):
 
 
 def test_hf_rollout_sampling_resumes_exactly(tiny_model):
+    from rl.app import rollout_args
     from rl.rollout.hf import HFRollout
 
-    rollout = HFRollout(from_overrides(str(tiny_model), "cluster.rollout_backend=hf", "model.dtype=float32"))
+    rollout = HFRollout(
+        **rollout_args(from_overrides(str(tiny_model), "cluster.rollout_backend=hf", "model.dtype=float32"))
+    )
     prompts, sampling = [[1, 2, 3, 4]], Sampling(n=3, temperature=1.0, max_tokens=6)
     state = rollout.state_dict()
     first = [c.token_ids for c in rollout.generate(prompts, sampling)[0].completions]
@@ -197,16 +203,16 @@ def test_restore_run_pushes_the_adapter_and_hands_each_engine_its_state(tmp_path
 
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": str(i)} for i in range(4)]
     cfg = data_config(0)
-    data = PromptData(items, CharTokenizer(), cfg)
+    data = prompt_data(items, CharTokenizer(), cfg)
     data.next_batch(3)
-    runtime = Runtime(LocalGroup([EngineWithoutRngState()]), LocalGroup([FakeLearner(version=7)]), cfg)
+    runtime = Runtime(LocalGroup([EngineWithoutRngState()]), LocalGroup([FakeLearner(version=7)]), cfg.cluster)
     path = checkpoint.save_run(tmp_path, 7, runtime, data, config={"seed": 0})
     assert checkpoint.load(path)[0]["rollout"] == [{}]  # nothing to save for such an engine
     assert json.loads((path / "config.json").read_text()) == {"seed": 0}
 
     actor, learner = EngineWithoutRngState(), FakeLearner()
-    fresh = Runtime(LocalGroup([actor]), LocalGroup([learner]), cfg)
-    data2 = PromptData(items, CharTokenizer(), cfg)
+    fresh = Runtime(LocalGroup([actor]), LocalGroup([learner]), cfg.cluster)
+    data2 = prompt_data(items, CharTokenizer(), cfg)
     assert checkpoint.restore_run(path, fresh, data2) == 7
     assert learner.loaded["adapter"].version == 7 and actor.version == fresh.version == 7  # versions continue
     assert actor.loaded_states == [{}]

@@ -37,9 +37,9 @@ def test_colocate_reaches_every_role_through_one_key(tmp_path):
     """The engine's sleep mode, the learner's memory release, the bundles and the runtime's sleep/wake all read
     cluster.colocate from the one resolved config: nothing copies it."""
     cfg = resolve(typed_config(**GPU, **{"cluster.colocate": True}), tmp_path, model_path=str(tmp_path))
-    assert cfg.cluster.colocate and Runtime(LocalGroup([]), LocalGroup([]), cfg).colocate
+    assert cfg.cluster.colocate and Runtime(LocalGroup([]), LocalGroup([]), cfg.cluster).colocate
     plain = resolve(typed_config(**GPU), tmp_path, model_path=str(tmp_path))
-    assert not (plain.cluster.colocate or Runtime(LocalGroup([]), LocalGroup([]), plain).colocate)
+    assert not (plain.cluster.colocate or Runtime(LocalGroup([]), LocalGroup([]), plain.cluster).colocate)
 
 
 def test_colocated_pairs_share_a_bundle_and_split_its_gpu():
@@ -86,7 +86,7 @@ class Recorder:
 def test_actors_sleep_for_the_learner_step_and_wake_for_the_sync(colocate, tmp_path):
     log: list[str] = []
     cfg = resolve(typed_config(**GPU, **{"cluster.colocate": colocate}), tmp_path, model_path=str(tmp_path))
-    runtime = Runtime(LocalGroup([Recorder("actor", log)]), LocalGroup([Recorder("learner", log)]), cfg)
+    runtime = Runtime(LocalGroup([Recorder("actor", log)]), LocalGroup([Recorder("learner", log)]), cfg.cluster)
     metrics = runtime.train_step([TrainSample([1], [2], [-1.0], 1.0)]) | runtime.sync()
     if colocate:
         assert log == ["actor.sleep", "learner.train_step", "actor.wake_up", "actor.load_adapter"]

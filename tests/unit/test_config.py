@@ -46,10 +46,11 @@ def test_every_config_option_composes_into_the_typed_schema_and_its_specs(group,
         cfg.cluster.use_gpu = True  # a GPU-only model file: the config check asks for GPUs (tested below)
     typed = OmegaConf.to_object(cfg)
     assert isinstance(typed, TrainConfig)
-    run = specs.resolve(typed, tmp_path, model_path="/fake/model")  # registry names resolve, autos are filled
+    run_dir = tmp_path / "run"  # beside the demonstrations file: a run writes only into a folder of its own
+    run = specs.resolve(typed, run_dir, model_path="/fake/model")  # registry names resolve, autos are filled
     assert run.cluster.lora_mode in ("merged", "native") and run.model.learner_backend in ("peft", "unsloth")
     assert run.model.learner_dtype != "auto" and run.learner.micro_batch_tokens is not None
-    assert run.eval.save_dir == str(tmp_path / "eval") and run.run.output_dir == str(tmp_path)
+    assert run.eval.save_dir == str(run_dir / "eval") and run.run.output_dir == str(run_dir)
 
 
 @pytest.mark.parametrize("option", sorted(f.stem for f in (CONF / "cluster").glob("*.yaml") if f.stem != "local"))
@@ -278,8 +279,8 @@ def test_native_lora_slots_take_a_rank_vllm_allows(tmp_path):
 
     from vllm.config.lora import MaxLoRARanks
 
-    from rl.resolve import VLLM_LORA_RANKS, lora_slot_rank
-    from rl.rollout.vllm import engine_kwargs
+    from rl.model_path import VLLM_LORA_RANKS, lora_slot_rank
+    from tests.helpers import actor_engine_kwargs as engine_kwargs
 
     assert VLLM_LORA_RANKS == tuple(sorted(typing.get_args(MaxLoRARanks)))  # the set plan=true uses is vLLM's
     assert [lora_slot_rank(r) for r in (1, 2, 4, 8, 12, 16, 24, 64, 300)] == [1, 8, 8, 8, 16, 16, 32, 64, 320]
@@ -302,7 +303,7 @@ def test_quantized_actors_load_the_model_in_nf4_with_native_lora(tmp_path):
     counts the actor's weights at 4 bits. Settings that cannot hold fail in one line naming the knob."""
     from rl.preflight.plan import plan_for_config
     from rl.preflight.shapes import ModelShape
-    from rl.rollout.vllm import engine_kwargs
+    from tests.helpers import actor_engine_kwargs as engine_kwargs
 
     gpu4 = ("cluster.use_gpu=true", "model.load_in_4bit=true", "model.learner_backend=peft")
     shared_gpu = ("cluster.gpus_per_actor=0.5", "cluster.gpus_per_learner=0.5")

@@ -11,9 +11,8 @@ import pytest
 from envs.reasoning_gym import ReasoningGymEnv
 from rl.config.schema import ConfigError, CurriculumConfig, TrainConfig
 from rl.data.curriculum import DifficultyCurriculum, PassRateCurriculum, build_curriculum, histogram, pass_rates
-from rl.data.prompts import PromptData
 from rl.loop import checkpoint
-from rl.loop.sampler import Sampler
+from rl.loop.driver import make_sampler, prompt_data
 from rl.resolve import from_overrides
 from rl.runtime.groups import LocalGroup
 from rl.runtime.runtime import Runtime
@@ -37,7 +36,7 @@ def config(*overrides: str, n: int = 2, staleness: int = 0, max_prompt_tokens: i
 
 
 def fake_runtime(cfg: TrainConfig) -> Runtime:
-    return Runtime(LocalGroup([FakeActor()]), LocalGroup([FakeLearner()]), cfg)
+    return Runtime(LocalGroup([FakeActor()]), LocalGroup([FakeLearner()]), cfg.cluster)
 
 
 def kinds_env(kinds: str) -> list[dict]:
@@ -51,12 +50,13 @@ def kind_reward(texts, *, answer, **_):
 
 def sampler_for(kinds, curriculum, *, staleness=0, steps=20, n=2, reward=kind_reward):
     cfg = config(n=n, staleness=staleness)
-    data = PromptData(kinds_env(kinds), NumberTokenizer(), cfg)
-    return Sampler(fake_runtime(cfg), data, reward, cfg, steps, curriculum)
+    data = prompt_data(kinds_env(kinds), NumberTokenizer(), cfg)
+    return make_sampler(cfg, fake_runtime(cfg), data, reward, steps=steps, curriculum=curriculum)
 
 
 def pass_rate(*overrides: str) -> PassRateCurriculum:
-    return PassRateCurriculum(config("curriculum.kind=pass_rate", *overrides))
+    cfg = config("curriculum.kind=pass_rate", *overrides)
+    return PassRateCurriculum(cfg.curriculum, seed=cfg.run.seed)
 
 
 def prompts(batch) -> list[int]:
@@ -132,9 +132,9 @@ def difficulty_sampler(*overrides: str, staleness=0, reward=always_right):
         "chain_sum", size=40, eval_size=4, config=dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)
     )
     cfg = config("curriculum.kind=difficulty", *overrides, n=4, staleness=staleness, max_prompt_tokens=500)
-    make = lambda items: PromptData(items, char_tokenizer(), cfg)  # noqa: E731
-    curriculum = build_curriculum(cfg, env, make)
-    sampler = Sampler(fake_runtime(cfg), make(env.train_items()), reward, cfg, 30, curriculum)
+    make = lambda items: prompt_data(items, char_tokenizer(), cfg)  # noqa: E731
+    curriculum = build_curriculum(cfg.curriculum, env, make, seed=cfg.run.seed)
+    sampler = make_sampler(cfg, fake_runtime(cfg), make(env.train_items()), reward, steps=30, curriculum=curriculum)
     return sampler, curriculum, env
 
 
@@ -169,7 +169,7 @@ def test_difficulty_stays_below_the_threshold_and_at_max_level():
 
 def test_difficulty_needs_a_reasoning_gym_env():
     with pytest.raises(ConfigError, match="curriculum=difficulty needs a reasoning-gym env"):
-        build_curriculum(config("curriculum.kind=difficulty"), object(), lambda items: None)
+        build_curriculum(config("curriculum.kind=difficulty").curriculum, object(), lambda items: None, seed=0)
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
@@ -216,7 +216,9 @@ def test_curriculum_keys_are_checked_and_reach_the_resolved_config():
     cfg = from_overrides("/m", "eval.correct_threshold=0.5", "curriculum.kind=pass_rate", "curriculum.revisit_prob=0.2")
     c = cfg.curriculum
     assert (c.kind.value, c.revisit_prob, cfg.eval.correct_threshold, c.window) == ("pass_rate", 0.2, 0.5, 32)
-    assert isinstance(build_curriculum(cfg, object(), lambda items: None), PassRateCurriculum)
+    assert isinstance(
+        build_curriculum(cfg.curriculum, object(), lambda items: None, seed=cfg.run.seed), PassRateCurriculum
+    )
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
@@ -225,9 +227,11 @@ def test_pass_rate_composes_with_dynamic_sampling_and_staleness(staleness):
     still drops what it drops; batches sent ahead are chosen with the rates known when they were sent."""
     dynamic = ("algorithm.dynamic_sampling=true", "algorithm.filter_range=[0.01,0.99]")
     cfg = config(*dynamic, "algorithm.dynamic_sampling_max_rounds=4", staleness=staleness)
-    data = PromptData(kinds_env("smhm" * 2), NumberTokenizer(), cfg)
-    curriculum = PassRateCurriculum(config("curriculum.kind=pass_rate", "curriculum.revisit_prob=0.0"))
-    sampler = Sampler(fake_runtime(cfg), data, kind_reward, cfg, 30, curriculum)
+    data = prompt_data(kinds_env("smhm" * 2), NumberTokenizer(), cfg)
+    curriculum = PassRateCurriculum(
+        config("curriculum.kind=pass_rate", "curriculum.revisit_prob=0.0").curriculum, seed=3
+    )
+    sampler = make_sampler(cfg, fake_runtime(cfg), data, kind_reward, steps=30, curriculum=curriculum)
     batches = [sampler.next(s) for s in range(1, 13)]
     assert all(("smhm" * 2)[r.prompt_ids[0]] == "m" for b in batches for r in b.rollouts)  # only mixed kept
     assert set(curriculum.rates) == set(range(8))  # solved and hopeless groups were observed, then filtered

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from rl import errors
-from rl.preflight import diagnose, plan
+from rl.preflight import diagnose, memory, shapes
 from rl.runtime import placement
 from tests.helpers import QWEN_05B, REPO, run_spec
 
@@ -128,9 +128,9 @@ def test_cause_of_a_role_here_and_through_ray():
 
 def test_kv_cache_too_small_on_cpu_names_the_key_and_a_value_that_fits(spec):
     line = diagnose.explain("rollout actor 0", f"ValueError: {KV_CAUSE}", spec)
-    shape = plan.ModelShape.from_hf_config(QWEN_05B)
+    shape = shapes.ModelShape.from_hf_config(QWEN_05B)
     need = 64 * 288 * shape.kv_bytes_per_token(2)  # the step's 8 x 8 sequences of 256 + 32 tokens, bf16
-    fits = plan.vllm_cpu_fraction(0.68 * GiB, need, 15.84 * GiB)
+    fits = memory.vllm_cpu_fraction(0.68 * GiB, need, 15.84 * GiB)
     assert fits * 15.84 >= 0.68 * 1.1 + need / GiB
     assert line == (
         "rollout actor 0 failed to start: no memory left for vLLM's KV cache: cluster.gpu_memory_utilization=0.01 "

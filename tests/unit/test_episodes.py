@@ -139,12 +139,13 @@ def test_episode_budget_truncates(tok):
 def test_single_turn_env_gives_todays_samples_exactly(tiny_model, tok):
     """Through the episode loop, an env that ends after one turn gives the engine's own generate output; and a
     single-turn run never goes through it (no EpisodeSpec, the actors are not sent items)."""
+    from rl.app import rollout_args
     from rl.rollout.hf import HFRollout
 
     cfg = from_overrides(str(tiny_model), "cluster.rollout_backend=hf", "model.dtype=float32")
     assert cfg.episodes is None  # the actors run no episodes, and the runtime sends them no items
     assert _args([[1]], Sampling(), None, None) == ([[1]], Sampling())
-    engine = HFRollout(cfg)
+    engine = HFRollout(**rollout_args(cfg))
     prompts = [chat_ids(tok, [{"role": "user", "content": q}]) for q in ("2+2?", "Name a colour.")]
     sampling = Sampling(n=3, temperature=1.0, max_tokens=12)
     state = engine.state_dict()
@@ -168,8 +169,8 @@ def test_single_turn_env_gives_todays_samples_exactly(tiny_model, tok):
         assert a.mask is None and b.mask == [1] * len(b.token_ids)
     groups_of_3 = from_overrides(str(tiny_model), "algorithm.group_size=3")
     rewards = [float(k % 2) for k in range(6)]
-    s_today, adv_today, _ = prepare_samples(today, rewards, groups_of_3)
-    s_loop, adv_loop, _ = prepare_samples(via_loop, rewards, groups_of_3)
+    s_today, adv_today, _ = prepare_samples(today, rewards, groups_of_3.algorithm, groups_of_3.completion_tokens)
+    s_loop, adv_loop, _ = prepare_samples(via_loop, rewards, groups_of_3.algorithm, groups_of_3.completion_tokens)
     assert all(s.loss_mask == [] for s in s_today)  # today's samples: no mask
     assert torch.equal(adv_today, adv_loop)
     learner = make_learner(tiny_model)
@@ -201,7 +202,7 @@ def test_prepare_samples_uses_the_mask_and_model_lengths(tiny_model):
         episode_completion(),
     ]
     rollouts = [PromptRollout([1, 2], comps[:2], 0), PromptRollout([1, 3], comps[2:], 0)]
-    samples, _, m = prepare_samples(rollouts, [1.0, 0.0, 1.0, 0.0], cfg)
+    samples, _, m = prepare_samples(rollouts, [1.0, 0.0, 1.0, 0.0], cfg.algorithm, cfg.completion_tokens)
     assert samples[0].loss_mask == comps[0].mask
     assert samples[1].loss_mask == [0] * len(comps[1].token_ids)  # truncated episode: out of the loss
     # the overlong penalty counts model tokens only: 5 model tokens of 8 allowed, 4 of buffer -> -0.25 each,
@@ -215,9 +216,9 @@ def test_kl_in_reward_skips_env_tokens(tiny_model):
     c = episode_completion()
     rollouts = [PromptRollout([1], [c], 0)]
     ref = [[-1.5 if m else -9.0 for m in c.mask]]
-    shaped, _ = kl_reward_penalty(lambda _: ref, rollouts, [1.0], cfg)
+    shaped, _ = kl_reward_penalty(lambda _: ref, rollouts, [1.0], cfg.algorithm)
     ref_other_env = [[-1.5 if m else -0.1 for m in c.mask]]
-    assert kl_reward_penalty(lambda _: ref_other_env, rollouts, [1.0], cfg)[0] == shaped
+    assert kl_reward_penalty(lambda _: ref_other_env, rollouts, [1.0], cfg.algorithm)[0] == shaped
     assert shaped[0] < 1.0
 
 

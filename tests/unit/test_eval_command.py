@@ -34,9 +34,8 @@ def test_find_policy_reads_the_four_layouts(tmp_path):
     assert checkpoint.find_policy(folder) == TrainedPolicy("adapter", adapter=folder)
 
     run = tmp_path / "run"
-    ckpt = run / "checkpoints" / "step_0004"
-    adapter_folder(ckpt / "adapter")
-    (ckpt / "trainer.pkl").write_bytes(b"")
+    adapter = Adapter(3, {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}, b"w")
+    ckpt = checkpoint.save(run, 4, learner_state={"adapter": adapter}, trainer_state={})  # a whole checkpoint
     assert checkpoint.find_policy(ckpt) == TrainedPolicy("checkpoint", adapter=ckpt / "adapter")
     # a run stopped before its result export: its latest checkpoint; with the export: the export
     assert checkpoint.find_policy(run) == TrainedPolicy("run", adapter=ckpt / "adapter")
@@ -135,14 +134,15 @@ def test_results_json_is_written_whole(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
 
 
-@pytest.mark.parametrize("make", ["file", "under_a_file"])
+@pytest.mark.parametrize("make", ["file", "under_a_file", "holding_results"])
 def test_an_eval_out_it_cannot_write_is_one_line_before_any_engine_starts(tmp_path, make):
     (tmp_path / "f").write_text("")
-    out = tmp_path / "f" if make == "file" else tmp_path / "f" / "sub"
+    out = {"file": tmp_path / "f", "under_a_file": tmp_path / "f" / "sub", "holding_results": tmp_path}[make]
     cmd = [sys.executable, "-m", "rl.tools.eval", "eval.size=2", f"eval_out={out}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
     assert proc.stderr.startswith(f"error: eval_out={out}")
+    assert (tmp_path / "f").read_text() == ""  # an earlier evaluation's (or anyone's) files stay as they were
 
 
 def test_a_dataset_env_without_eval_sets_names_them_not_the_prompt_length(tiny_model, tmp_path):

@@ -165,7 +165,7 @@ class EchoRuntime:
 
 
 def test_evaluation_keeps_its_reward_counters_out_of_the_next_training_step(tmp_path):
-    from rl.data.prompts import PromptData
+    from rl.loop.driver import prompt_data
     from rl.loop.evaluation import evaluate
     from rl.resolve import from_overrides
     from tests.fakes import NumberTokenizer
@@ -173,9 +173,10 @@ def test_evaluation_keeps_its_reward_counters_out_of_the_next_training_step(tmp_
     keys = ("eval.size=3", "eval.n_samples=2", "model.max_prompt_tokens=8", "model.use_chat_template=false")
     cfg = from_overrides("/m", *keys, run_dir=tmp_path)
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": str(i)} for i in range(3)]
-    data = PromptData(items, NumberTokenizer(), cfg)
+    data = prompt_data(items, NumberTokenizer(), cfg)
     reward = CountingReward()
-    m = evaluate(EchoRuntime(["0", "1", "2"]), data, reward, cfg, step=0)
+    samplings = dict(greedy=cfg.sampling_for("greedy"), sampled=cfg.sampling_for("eval"), seed=cfg.run.seed)
+    m = evaluate(EchoRuntime(["0", "1", "2"]), data, reward, cfg.eval, 0, **samplings)
     assert m["eval/accuracy"] == 1.0 and m["eval/pass@1"] == 0.0
     assert m["eval/reward_errors"] == 3 + 3 * 2  # greedy and sampled completions, reported with the evaluation
     assert reward.pop_metrics() == {"reward/errors": 0.0}  # nothing left for the sampler's next step

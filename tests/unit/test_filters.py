@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from rl.data import filters
-from rl.data.prompts import PromptData
+from rl.loop.driver import make_sampler, prompt_data
 from rl.loop.prepare import prepare_samples
-from rl.loop.sampler import Sampler
 from rl.resolve import from_overrides
 from rl.types import Completion, PromptRollout
 from tests.fakes import ConstantTokenizer, ScriptedRuntime
@@ -69,20 +68,21 @@ def test_prepare_samples_shapes_rewards_masks_truncated_and_selects_top_k():
     ]
     cfg = from_overrides("/fake/model", *keys, "algorithm.top_k=2")
     rollouts = [rollout([(2, "stop"), (6, "stop"), (8, "length"), (3, "stop")])]
-    samples, adv, metrics = prepare_samples(rollouts, [1.0, 1.0, 0.0, 0.0], cfg)
+    samples, adv, metrics = prepare_samples(rollouts, [1.0, 1.0, 0.0, 0.0], cfg.algorithm, cfg.completion_tokens)
     shaped = torch.tensor([1.0, 1.0 - 0.5, 0.0 - 1.0, 0.0])  # L_max 8, L_cache 4: length 6 -> -0.5, 8 -> -1
     assert adv.tolist() == pytest.approx((shaped - shaped.mean()).tolist())
     assert metrics["response/masked_truncated_frac"] == 0.25
     assert [len(s.completion_ids) for s in samples] == [2, 6]  # the two best shaped rewards, statistics from all 4
     assert all(s.loss_mask == [] for s in samples)
-    samples, _, _ = prepare_samples(rollouts, [1.0, 1.0, 0.0, 0.0], from_overrides("/fake/model", *keys))
+    top = from_overrides("/fake/model", *keys)
+    samples, _, _ = prepare_samples(rollouts, [1.0, 1.0, 0.0, 0.0], top.algorithm, top.completion_tokens)
     assert samples[2].loss_mask == [0] * 8 and samples[0].loss_mask == []
 
 
 def test_dynamic_sampling_generates_until_the_batch_is_full():
     items = [{"messages": [{"role": "user", "content": f"q{i}"}], "answer": "yes"} for i in range(4)]
     cfg = from_overrides("/m", "model.max_prompt_tokens=10", "model.use_chat_template=false")
-    data = PromptData(items, ConstantTokenizer(), cfg)
+    data = prompt_data(items, ConstantTokenizer(), cfg)
     right, wrong = ["yes", "yes"], ["no", "no"]
     runtime = ScriptedRuntime([[right, ["yes", "no"]], [wrong, ["no", "yes"]], [right, right]])
 
@@ -98,7 +98,7 @@ def test_dynamic_sampling_generates_until_the_batch_is_full():
             "algorithm.filter_range=[0.01,0.99]",
             f"algorithm.dynamic_sampling_max_rounds={max_rounds}",
         )
-        return Sampler(runtime, data, reward, cfg, steps=1).next(1)
+        return make_sampler(cfg, runtime, data, reward, steps=1).next(1)
 
     batch = sample(runtime, max_rounds=3)
     assert runtime.calls == 2  # the second batch filled the two slots

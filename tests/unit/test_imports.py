@@ -1,13 +1,14 @@
-"""No import cycles between the project's modules (rl/, rewards/, envs/, train.py).
+"""No import cycles between the project's modules (rl/, rewards/, envs/, train.py), no import that runs back up a
+layer (LAYERS), and the whole config (`TrainConfig`) named only at the wiring points, never by the roles and the loop.
 
 Read from the source with `ast`, nothing is imported (fast, no torch). Every import counts: at module level and
 inside functions (a lazy import hides a cycle from Python's import machinery, not from the design). `from rl import
 x` is the module rl.x when rl/x.py or rl/x/ exists, else the package rl; relative imports are resolved against the
 importing module's package. A cycle is reported as `a -> b -> a`, with the file and line of each import.
 
-Read the same way: every module (bench/ too) says at its top why it exists, and past 400 lines why it is that big;
-and no test module imports another (shared test code is in tests/helpers.py and tests/fakes.py, which do not import
-bench/).
+Read the same way: every module (bench/ too) says at its top why it exists, past 400 lines why it is that big, and
+none is over 500 lines; and no test module imports another (shared test code is in tests/helpers.py and
+tests/fakes.py, which do not import bench/).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def test_every_import_form_is_resolved(tmp_path):
         "from rl import config\n"
         "from rl import ConfigError_not_a_module\n"
         "from rl.types import Sampling\n"
-        "from . import runs\n"
+        "from . import sweep\n"
         "from ..loop.checkpoint import save\n"
         "def later():\n"
         "    from rewards import math\n"
@@ -149,7 +150,7 @@ def test_every_import_form_is_resolved(tmp_path):
         "rl.config",
         "rl",
         "rl.types",
-        "rl.tools.runs",
+        "rl.tools.sweep",
         "rl.loop.checkpoint",
         "rewards.math",
     ]
@@ -181,6 +182,128 @@ def test_every_module_says_why_it_exists_and_past_400_lines_why_it_is_that_big()
             big.append(f"{path.relative_to(ROOT)} ({lines} lines)")
     assert not missing, f"modules without a docstring saying why they exist: {missing}"
     assert not big, f"modules past 400 lines whose docstring does not say why (a sentence with '400 lines'): {big}"
+
+
+def test_no_module_is_over_500_lines():
+    files = [*project_files().values(), *sorted((ROOT / "bench").rglob("*.py"))]
+    over = [f"{p.relative_to(ROOT)} ({n} lines)" for p in files if (n := p.read_text().count("\n")) > 500]
+    assert not over, f"modules over 500 lines (split one along a seam a reader can name): {over}"
+
+
+# The layers of the project, lowest first: a module may import its own layer and those below, never one above. A
+# module belongs to the layer of its longest listed prefix (exactly the name, or the name followed by a dot).
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    # the environments and the sandbox: nothing of rl/ (the schema's `sandbox` group is envs/sandbox.py's)
+    ("envs", ("envs",)),
+    # the ground floor: the schema, plain data that crosses processes, errors, small helpers without a role
+    (
+        "ground",
+        (
+            "rl",
+            "rl.config",
+            "rl.types",
+            "rl.errors",
+            "rl.seeds",
+            "rl.atomic",
+            "rl.flat",
+            "rl.logs",
+            "rl.metrics",
+            "rl.run_files",
+        ),
+    ),
+    # inputs and pure functions the roles and the loop share: prompts and data, losses and advantages, weights on
+    # disk, the rewards
+    ("inputs", ("rl.data", "rl.algorithms", "rl.model_path", "rewards")),
+    ("roles", ("rl.rollout", "rl.learner")),  # each role's plain class, no Ray
+    ("runtime", ("rl.runtime",)),  # the roles driven as one, and the only Ray
+    ("loop", ("rl.loop",)),  # one training step's parts, in the order the driver calls them
+    ("resolve", ("rl.resolve",)),  # the one resolve step, above what it reads
+    # the commands: a run (train.py, rl/app.py, the roles' wiring), its CLI, the preflight, the user tools
+    (
+        "commands",
+        (
+            "train",
+            "rl.app",
+            "rl.entry",
+            "rl.preflight",
+            "rl.tools",
+            "rewards.check",  # `python -m rewards.check`: the reward gate's command name, forwarding to rl/tools
+        ),
+    ),
+]
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of `module`'s longest listed prefix (KeyError when none: a new top-level name is placed)."""
+    best, found = -1, None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, found = len(p), index
+    if found is None:
+        raise KeyError(f"{module} is in no layer of tests/unit/test_imports.py LAYERS: place it")
+    return found
+
+
+def test_layer_of_takes_the_longest_prefix():
+    assert LAYERS[layer_of("rl.loop.driver")][0] == "loop"
+    assert LAYERS[layer_of("rl.config.schema")][0] == "ground"
+    assert LAYERS[layer_of("rewards.math")][0] == "inputs"
+    assert LAYERS[layer_of("rewards.check")][0] == "commands"
+    assert LAYERS[layer_of("rl")][0] == "ground"
+
+
+def test_no_import_runs_back_up_a_layer():
+    """Every module is in a layer, and each of its imports (lazy ones too) reaches its own layer or one below."""
+    graph, where = import_graph()
+    for module in graph:
+        layer_of(module)  # placed
+    up = [
+        f"{a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]})  {where[(a, b)]}"
+        for a in sorted(graph)
+        for b in sorted(graph[a])
+        if layer_of(b) > layer_of(a)
+    ]
+    assert not up, "imports that run back up a layer:\n" + "\n".join(up)
+
+
+# Where the whole config is read and handed out as its groups and named values: the roles' wiring (rl/app.py) and the
+# loop's (rl/loop/driver.py `train`). Below them, a part takes what it uses.
+WIRING_POINTS = ("rl.loop.driver",)
+NO_WHOLE_CONFIG = ("rl.rollout", "rl.learner", "rl.runtime", "rl.loop", "rl.data")
+
+
+def names_train_config(path: Path) -> list[int]:
+    """Lines where a module imports `TrainConfig` or reaches it as an attribute (`schema.TrainConfig`)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and any(a.name == "TrainConfig" for a in node.names):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Attribute) and node.attr == "TrainConfig":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_names_train_config_reads_imports_and_attributes(tmp_path):
+    source = tmp_path / "fake.py"
+    source.write_text(
+        "from rl.config.schema import ModelConfig, TrainConfig\nimport rl.config.schema as s\nx = s.TrainConfig\n"
+    )
+    assert names_train_config(source) == [1, 3]
+
+
+def test_the_roles_runtime_and_loop_parts_never_take_the_whole_config():
+    """Nothing under the roles', the runtime's, the loop's and the data's packages names TrainConfig (the loop's
+    wiring point aside): what a role or loop part reads is in its signature, and what crosses a process is small."""
+    files = project_files()
+    found = [
+        f"{files[m].relative_to(ROOT)}:{line}"
+        for m in sorted(files)
+        if m.startswith(tuple(p + "." for p in NO_WHOLE_CONFIG) + NO_WHOLE_CONFIG) and m not in WIRING_POINTS
+        for line in names_train_config(files[m])
+    ]
+    assert len([m for m in files if m.startswith(NO_WHOLE_CONFIG)]) > 20  # the scan saw those packages
+    assert not found, f"TrainConfig named below the wiring points: {found}"
 
 
 def imported_by(start: str, graph: dict[str, set[str]]) -> set[str]:

@@ -136,7 +136,7 @@ def test_the_ipc_sync_hands_the_learners_handles_to_every_actor_then_releases_th
     log: list[str] = []
     actors = LocalGroup([Recorder("actor0", log), Recorder("actor1", log)])
     cfg = ipc_runtime_config(f"cluster.colocate={colocate}")
-    runtime = Runtime(actors, LocalGroup([Recorder("learner", log)]), cfg)
+    runtime = Runtime(actors, LocalGroup([Recorder("learner", log)]), cfg.cluster)
     metrics = runtime.sync()
     loads = [f"actor{i}.load_weights_ipc v3 ['ipc_handle', 'lora_config', 'names', 'shapes']" for i in (0, 1)]
     woke = ["actor0.wake_up", "actor1.wake_up"] if colocate else []
@@ -155,7 +155,7 @@ def test_a_restarted_actor_gets_the_published_policy_as_bytes():
     runtime = Runtime(
         LocalGroup([Recorder("actor0", log), Recorder("actor1", log)]),
         LocalGroup([learner]),
-        ipc_runtime_config("cluster.staleness=1"),
+        ipc_runtime_config("cluster.staleness=1").cluster,
     )
     runtime.sync()
     log.clear()

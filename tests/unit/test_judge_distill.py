@@ -231,13 +231,13 @@ def test_distillation_gives_each_token_minus_its_reverse_kl_as_advantage():
     rollouts = [
         PromptRollout([1, 2], [Completion([5, 6], [-1.0, -1.0], "stop", "a"), Completion([7], [-2.0], "stop", "b")], 0)
     ]
-    token_adv, m = distill_advantages(lambda rs: [[-2.0, -1.5], [-2.0]], rollouts, cfg)
+    token_adv, m = distill_advantages(lambda rs: [[-2.0, -1.5], [-2.0]], rollouts, cfg.algorithm)
     assert token_adv == [pytest.approx([-0.5, -0.25]), pytest.approx([0.0])]
     assert m["distill/kl_per_token"] == pytest.approx(1.5 / 3) and m["distill/kl_seq"] == pytest.approx(0.75)
-    samples, adv, _ = prepare_samples(rollouts, [1.0, 0.0], cfg, token_adv)
+    samples, adv, _ = prepare_samples(rollouts, [1.0, 0.0], cfg.algorithm, cfg.completion_tokens, token_adv)
     assert adv.tolist() == [0.0, 0.0]  # task_reward_coef 0: the teacher's term is the whole signal
     assert [s.token_advantages for s in samples] == token_adv
-    assert distill_advantages(lambda rs: 1 / 0, rollouts, typed_config()) == (None, {})
+    assert distill_advantages(lambda rs: 1 / 0, rollouts, typed_config().algorithm) == (None, {})
 
 
 def test_the_distillation_loss_descends_the_exact_reverse_kl():
@@ -314,7 +314,7 @@ def test_a_teacher_with_another_tokenizer_is_refused_in_one_line():
 
 
 def test_the_teacher_engine_serves_the_teacher_model_with_room_for_prompt_and_completion():
-    from rl.rollout.teacher import teacher_engine_config
+    from rl.resolve import teacher_engine_config
 
     cfg = typed_config(
         **{
@@ -332,8 +332,7 @@ def test_the_teacher_engine_serves_the_teacher_model_with_room_for_prompt_and_co
 def test_a_teacher_on_the_students_model_serves_the_base_the_actors_serve(tmp_path):
     """teacher.path null: the student's model as the actors serve it. Beside a 4-bit learner that is its NF4 base
     dequantized, the base a teacher adapter from a run of the same config was trained on, not the bf16 weights."""
-    from rl.resolve import from_overrides
-    from rl.rollout.teacher import teacher_engine_config
+    from rl.resolve import from_overrides, teacher_engine_config
 
     model = tmp_path / "m"
     model.mkdir()
@@ -358,9 +357,8 @@ def test_a_teacher_on_nf4_actors_serves_their_nf4_base_with_its_adapter_as_nativ
     another model serves that model's weights."""
     from rl.preflight.plan import plan_for_config
     from rl.preflight.shapes import ModelShape
-    from rl.resolve import from_overrides
-    from rl.rollout.teacher import teacher_engine_config
-    from rl.rollout.vllm import engine_kwargs
+    from rl.resolve import from_overrides, teacher_engine_config
+    from tests.helpers import actor_engine_kwargs as engine_kwargs
 
     model, other, adapter = tmp_path / "m", tmp_path / "judge", tmp_path / "adapter"
     for folder in (model, other, adapter):
@@ -414,14 +412,14 @@ def test_the_runtime_shards_teacher_calls_and_keeps_their_order():
     from rl.types import Sampling
 
     cfg = typed_config(**{"cluster.num_teachers": 1})
-    runtime = Runtime(LocalGroup([]), LocalGroup([]), cfg, LocalGroup([FakeTeacher(0), FakeTeacher(1)]))
+    runtime = Runtime(LocalGroup([]), LocalGroup([]), cfg.cluster, LocalGroup([FakeTeacher(0), FakeTeacher(1)]))
     verdicts = runtime.teacher_generate([[1], [2], [3]], Sampling())
     assert [r.prompt_ids for r in verdicts] == [[1], [2], [3]]
     assert [r.completions[0].text for r in verdicts] == ["Score: 0", "Score: 0", "Score: 1"]
     rollouts = [PromptRollout([1], [Completion([4, 5], [0, 0], "stop", "")] * 2, 0)]
     assert runtime.teacher_logprobs(rollouts) == [[-1.0, -1.0], [-2.0, -2.0]]
     assert runtime.pop_counts()["fault/teacher_restarts"] == 0
-    no_teacher = Runtime(LocalGroup([]), LocalGroup([]), cfg)
+    no_teacher = Runtime(LocalGroup([]), LocalGroup([]), cfg.cluster)
     with pytest.raises(RuntimeError, match="cluster.num_teachers"):
         no_teacher.teacher_logprobs(rollouts)
 

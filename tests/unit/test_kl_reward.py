@@ -22,10 +22,10 @@ def test_penalty_is_coef_times_summed_token_kl():
         PromptRollout([1, 2], [Completion([5, 6], [-1.0, -2.0], "stop", "a"), Completion([7], [-0.5], "stop", "b")], 0)
     ]
     ref = [[-1.5, -2.0], [-0.5]]
-    shaped, metrics = kl_reward_penalty(lambda _: ref, rollouts, [1.0, 0.0], config(0.1, "k1"))
+    shaped, metrics = kl_reward_penalty(lambda _: ref, rollouts, [1.0, 0.0], config(0.1, "k1").algorithm)
     # k1 on sample 1: (-1 - -1.5) + (-2 - -2) = 0.5; sample 2: 0
     assert shaped == pytest.approx([1.0 - 0.05, 0.0])
-    shaped3, _ = kl_reward_penalty(lambda _: ref, rollouts, [1.0, 0.0], config(1.0, "k3"))
+    shaped3, _ = kl_reward_penalty(lambda _: ref, rollouts, [1.0, 0.0], config(1.0, "k3").algorithm)
     assert shaped3[0] == pytest.approx(1.0 - (math.exp(-0.5) - 1 + 0.5))
     assert metrics["reward/kl_penalty_mean"] == pytest.approx(0.1 * 0.25)
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers.integrations.sdpa_attention as sdpa_module
 
+from rl.app import learner_args
 from rl.learner import Learner
 from rl.resolve import from_overrides
 from rl.types import Sampling, TrainSample
@@ -192,7 +193,9 @@ def test_full_finetune_trains_every_parameter_against_a_frozen_reference(tiny_mo
 
 
 def full_learner(model, *overrides: str) -> Learner:
-    return Learner(from_overrides(str(model), *LEARNER_TEST_OVERRIDES, "model.full_finetune=true", *overrides))
+    return Learner(
+        **learner_args(from_overrides(str(model), *LEARNER_TEST_OVERRIDES, "model.full_finetune=true", *overrides))
+    )
 
 
 def test_cuda_only_backends_fail_clearly_on_a_process_without_gpu(tiny_model):
@@ -205,9 +208,9 @@ def test_cuda_only_backends_fail_clearly_on_a_process_without_gpu(tiny_model):
     with pytest.raises(
         RuntimeError, match="model.learner_backend=unsloth needs a CUDA GPU, and this learner's process sees none"
     ):
-        Learner(on_gpu("model.learner_backend=unsloth"))
+        Learner(**learner_args(on_gpu("model.learner_backend=unsloth")))
     with pytest.raises(RuntimeError, match="model.load_in_4bit=true needs a CUDA GPU"):
-        Learner(on_gpu("model.learner_backend=peft", "model.load_in_4bit=true"))
+        Learner(**learner_args(on_gpu("model.learner_backend=peft", "model.load_in_4bit=true")))
     assert from_overrides(str(tiny_model)).model.learner_backend == "peft"  # auto without GPUs
 
 
@@ -321,7 +324,7 @@ def test_a_learner_started_from_an_adapter_trains_it_and_keeps_it_as_the_kl_refe
     start = donor.sequence_logprobs(prompts, completions)
     base = donor.sequence_logprobs(prompts, completions, reference=True)
     overrides = (*LEARNER_TEST_OVERRIDES, f"model.init_adapter={tmp_path / 'start'}", "algorithm.kl_coef=0.1")
-    learner = Learner(run_spec(tiny_model, *overrides, "algorithm.lr=1e-2"))
+    learner = Learner(**learner_args(run_spec(tiny_model, *overrides, "algorithm.lr=1e-2")))
     assert learner.sequence_logprobs(prompts, completions) == start != base
     learner.train_step(samples)
     assert learner.sequence_logprobs(prompts, completions) != start  # the step trained the starting adapter

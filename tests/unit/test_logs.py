@@ -91,7 +91,13 @@ def test_a_role_process_sends_its_output_and_its_children_to_its_log_file(tmp_pa
 
 
 def test_deterministic_reaches_the_learner_and_gpu_engines(tiny_model, monkeypatch):
-    from rl.app import actor_env, learner_env
+    from rl.app import role_envs
+
+    def actor_env(cfg):
+        return role_envs(cfg)["actor"]
+
+    def learner_env(cfg):
+        return role_envs(cfg)["learner"]
 
     # actor_env passes the driver's VLLM_* on; tests that run an engine in this process (local mode, rl.tools.eval) set some
     for key in [k for k in os.environ if k.startswith("VLLM_")]:

@@ -36,8 +36,8 @@ def test_the_dequantized_base_folder_follows_the_weights_it_is_made_from(tmp_pat
     (model / "config.json").write_text("{}")
     (model / "model.safetensors").write_bytes(b"x" * 10)
     gpu4 = ("cluster.use_gpu=true", "model.load_in_4bit=true", "model.learner_backend=peft")
-    first = dequantized_folder(from_overrides(str(model), *gpu4))
-    assert first == dequantized_folder(from_overrides(str(model), *gpu4))  # the same inputs, the same cache entry
-    assert first != dequantized_folder(from_overrides(str(model), *gpu4, "model.dtype=float16"))
+    first = dequantized_folder(from_overrides(str(model), *gpu4).model)
+    assert first == dequantized_folder(from_overrides(str(model), *gpu4).model)  # the same inputs, the same cache entry
+    assert first != dequantized_folder(from_overrides(str(model), *gpu4, "model.dtype=float16").model)
     (model / "model.safetensors").write_bytes(b"x" * 11)  # other weights under the same name
-    assert first != dequantized_folder(from_overrides(str(model), *gpu4))
+    assert first != dequantized_folder(from_overrides(str(model), *gpu4).model)

@@ -123,7 +123,7 @@ def test_auto_packs_on_cpu_and_falls_back_to_padded_where_the_model_refuses(tiny
     from tests.helpers import LEARNER_TEST_OVERRIDES
 
     auto = make_learner(tiny_model)
-    assert auto.batcher.packed == "sdpa" and auto.cfg.learner.micro_batch_tokens == CPU_PACKED_TOKENS
+    assert auto.batcher.packed == "sdpa" and auto.learner_cfg.micro_batch_tokens == CPU_PACKED_TOKENS
 
     def gpu_tokens(*keys: str) -> int:
         cfg = from_overrides(str(tiny_model), *LEARNER_TEST_OVERRIDES, "cluster.use_gpu=true", *keys)

@@ -1,5 +1,6 @@
-"""Preflight plan (rl/preflight/plan.py, `train.py plan=true`): parameter counts and memory of Qwen2.5 shapes against hand
-arithmetic and published numbers, the GPU map, the config-facing wrapper, and the CLI (no Ray, no vLLM, no torch)."""
+"""Preflight plan (rl/preflight/plan.py, memory.py; `train.py plan=true`): parameter counts and memory of Qwen2.5
+shapes against hand arithmetic and published numbers, the GPU map, the config-facing wrapper, and the CLI (no Ray,
+no vLLM, no torch)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from rl.config.schema import ConfigError, TrainConfig
-from rl.preflight import plan
+from rl.preflight import machine, memory, plan, shapes
 from tests.helpers import QWEN_05B, REPO, run_train
 
 # config.json fields of Qwen/Qwen2.5-7B-Instruct (written by hand from the hub file; QWEN_05B is the 0.5B's)
@@ -36,7 +37,7 @@ def model_dir(tmp_path, cfg, name="model"):
 
 
 def test_parameter_counts_match_hand_arithmetic_and_the_model_cards():
-    small, big = plan.ModelShape.from_hf_config(QWEN_05B), plan.ModelShape.from_hf_config(QWEN_7B)
+    small, big = shapes.ModelShape.from_hf_config(QWEN_05B), shapes.ModelShape.from_hf_config(QWEN_7B)
     # 0.5B: per layer q 896*896 + k,v 896*128 each + o 896*896 + MLP 3*896*4864 = 14,909,440 linear weights,
     # q/k/v biases 896+128+128, two norms; tied 151936x896 embedding; final norm
     linear = 24 * (896 * 896 * 2 + 896 * 128 * 2 + 3 * 896 * 4864)
@@ -53,7 +54,7 @@ def test_parameter_counts_match_hand_arithmetic_and_the_model_cards():
 
 @pytest.mark.parametrize("config", [QWEN_05B, QWEN_7B], ids=["0.5B", "7B"])
 def test_weight_bytes_bf16_and_4bit(config):
-    shape = plan.ModelShape.from_hf_config(config)
+    shape = shapes.ModelShape.from_hf_config(config)
     assert shape.weight_bytes(2) == 2 * shape.params
     # by hand: half a byte per linear weight of the blocks, bf16 for embeddings, head, norms and biases;
     # NF4's per-block constants add 0.127 bit per weight on top
@@ -64,7 +65,7 @@ def test_weight_bytes_bf16_and_4bit(config):
 
 
 def test_7b_4bit_is_about_a_third_of_bf16():
-    shape = plan.ModelShape.from_hf_config(QWEN_7B)
+    shape = shapes.ModelShape.from_hf_config(QWEN_7B)
     assert shape.weight_bytes(2) / 2**30 == pytest.approx(14.185, abs=0.001)
     assert shape.weight_bytes(2, load_in_4bit=True) / 2**30 == pytest.approx(5.166, abs=0.001)
 
@@ -86,11 +87,11 @@ def estimate(shape, **overrides):
         gpus_per_actor=1,
         gpu_memory_utilization=0.5,
     )
-    return plan.estimate_memory(shape, **{**kwargs, **overrides})
+    return memory.estimate_memory(shape, **{**kwargs, **overrides})
 
 
 def test_learner_parts_lora_full_and_4bit():
-    shape = plan.ModelShape.from_hf_config(QWEN_05B)
+    shape = shapes.ModelShape.from_hf_config(QWEN_05B)
     lora = estimate(shape)["learner"]
     assert lora.parts["gradients"] == 4 * 8_798_208  # fp32 LoRA gradients
     assert lora.parts["AdamW moments"] == 2 * 4 * 8_798_208
@@ -106,11 +107,11 @@ def test_learner_parts_lora_full_and_4bit():
 
 
 def test_activations_scale_with_tokens_and_checkpointing_saves_memory():
-    shape = plan.ModelShape.from_hf_config(QWEN_05B)
+    shape = shapes.ModelShape.from_hf_config(QWEN_05B)
     a = dict(seq_len=1024, completion_len=512, act_bytes=2)
-    one = plan.activation_bytes(shape, sequences=1, checkpointing=False, **a)
-    assert plan.activation_bytes(shape, sequences=4, checkpointing=False, **a) == pytest.approx(4 * one)
-    ckpt = plan.activation_bytes(shape, sequences=1, checkpointing=True, **a)
+    one = memory.activation_bytes(shape, sequences=1, checkpointing=False, **a)
+    assert memory.activation_bytes(shape, sequences=4, checkpointing=False, **a) == pytest.approx(4 * one)
+    ckpt = memory.activation_bytes(shape, sequences=1, checkpointing=True, **a)
     # without checkpointing every block keeps 4h + 2q + 2kv + 4i = 25,088 values per token; with it, each block
     # keeps its input (h = 896) and one block's worth is live again during its recomputation
     assert one - ckpt == 1024 * 2 * (24 * 25_088 - (24 * 896 + 25_088))
@@ -118,7 +119,7 @@ def test_activations_scale_with_tokens_and_checkpointing_saves_memory():
 
 
 def test_actor_kv_cache_is_what_vllm_share_leaves():
-    shape = plan.ModelShape.from_hf_config(QWEN_7B)
+    shape = shapes.ModelShape.from_hf_config(QWEN_7B)
     actor = estimate(shape)["actor"]
     assert actor.budget == 40 * 2**30  # 0.5 of 80 GiB
     assert actor.total == pytest.approx(actor.budget)
@@ -133,18 +134,18 @@ def test_actor_kv_cache_is_what_vllm_share_leaves():
 def test_cpu_actor_kv_cache_is_the_node_share_minus_what_the_engine_uses():
     """vLLM's CPU worker: the fraction is of one NUMA node and covers the engine's whole process (weights,
     libraries, buffers); the KV cache is the rest, and none left means the engine does not start."""
-    shape = plan.ModelShape.from_hf_config(QWEN_05B)
+    shape = shapes.ModelShape.from_hf_config(QWEN_05B)
     weights = shape.weight_bytes(2)
     node = 16 * 2**30
     cpu = estimate(shape, use_gpu=False, device_bytes=node, gpu_memory_utilization=0.2, native_lora=False)["actor"]
     assert cpu.budget == pytest.approx(0.2 * node)
-    engine = plan.VLLM_CPU_BASE_BYTES + plan.VLLM_CPU_WEIGHT_FACTOR * weights
+    engine = memory.VLLM_CPU_BASE_BYTES + memory.VLLM_CPU_WEIGHT_FACTOR * weights
     assert cpu.parts["KV cache"] == pytest.approx(0.2 * node - engine)
     assert cpu.total == pytest.approx(cpu.budget) and not cpu.warnings
     starved = estimate(shape, use_gpu=False, device_bytes=node, gpu_memory_utilization=0.05, native_lora=False)["actor"]
     assert starved.parts["KV cache"] == 0
     (warning,) = starved.warnings
-    fits = plan.vllm_cpu_fraction(engine, 64 * 1024 * shape.kv_bytes_per_token(2), node)
+    fits = memory.vllm_cpu_fraction(engine, 64 * 1024 * shape.kv_bytes_per_token(2), node)
     assert "would fail to start (no KV cache): cluster.gpu_memory_utilization=0.05 gives it 0.80 GiB" in warning
     assert warning.endswith(f"set cluster.gpu_memory_utilization={fits:g} (64 sequences of 1024 tokens at once)")
     at_fit = estimate(shape, use_gpu=False, device_bytes=node, gpu_memory_utilization=fits, native_lora=False)["actor"]
@@ -153,9 +154,9 @@ def test_cpu_actor_kv_cache_is_the_node_share_minus_what_the_engine_uses():
 
 def test_vllm_cpu_fraction_rounds_up_and_keeps_headroom():
     gib = 2**30
-    assert plan.vllm_cpu_fraction(1.0 * gib, 0.0, 10 * gib) == 0.11  # 1.1 GiB of 10
-    assert plan.vllm_cpu_fraction(0.68 * gib, 0.001 * gib, 15.84 * gib) == 0.05
-    assert plan.vllm_cpu_fraction(20 * gib, 0.0, 10 * gib) == 1.0
+    assert memory.vllm_cpu_fraction(1.0 * gib, 0.0, 10 * gib) == 0.11  # 1.1 GiB of 10
+    assert memory.vllm_cpu_fraction(0.68 * gib, 0.001 * gib, 15.84 * gib) == 0.05
+    assert memory.vllm_cpu_fraction(20 * gib, 0.0, 10 * gib) == 1.0
 
 
 def write_node(root, node=0, cpus="0-1", total_kb=16_000_000, free_kb=6_000_000, file_kb=(1_000_000, 500_000)):
@@ -172,19 +173,19 @@ def write_node(root, node=0, cpus="0-1", total_kb=16_000_000, free_kb=6_000_000,
 def test_numa_node_memory_reads_the_cpus_node_as_vllm_does(tmp_path):
     write_node(tmp_path, 0, "0-1", total_kb=16_000_000)
     write_node(tmp_path, 1, "2-3", total_kb=8_000_000, free_kb=2_000_000)
-    first = plan.numa_node_memory(cpu=0, sys_root=str(tmp_path))
+    first = machine.numa_node_memory(cpu=0, sys_root=str(tmp_path))
     assert (first.node, first.total) == (0, 16_000_000 * 1024)
     assert first.available == (6_000_000 + 1_000_000 + 500_000 + 100_000) * 1024  # free + file pages + reclaimable
-    second = plan.numa_node_memory(cpu=3, sys_root=str(tmp_path))
+    second = machine.numa_node_memory(cpu=3, sys_root=str(tmp_path))
     assert (second.node, second.total) == (1, 8_000_000 * 1024)
     cgroup = tmp_path / "fs/cgroup"
     cgroup.mkdir(parents=True)
     (cgroup / "memory.max").write_text(str(4 * 2**30))
     (cgroup / "memory.current").write_text(str(3 * 2**30))
-    capped = plan.numa_node_memory(cpu=0, sys_root=str(tmp_path))
+    capped = machine.numa_node_memory(cpu=0, sys_root=str(tmp_path))
     assert (capped.total, capped.available) == (4 * 2**30, 2**30)  # the cgroup's limit and what is left under it
     (cgroup / "memory.max").write_text("max")
-    assert plan.numa_node_memory(cpu=0, sys_root=str(tmp_path)).total == 16_000_000 * 1024
+    assert machine.numa_node_memory(cpu=0, sys_root=str(tmp_path)).total == 16_000_000 * 1024
 
 
 def test_cli_plan_cpu_warns_before_a_kv_cache_that_would_not_fit(tmp_path):
@@ -208,14 +209,14 @@ def test_gpu_map_whole_fractional_and_tensor_parallel():
 def test_plan_for_config_sizes_lora_full_finetune_and_4bit(tmp_path):
     cfg = TrainConfig()
     cfg.cluster.use_gpu = True
-    shape = plan.ModelShape.from_hf_config(QWEN_05B)
-    lora = plan.plan_for_config(cfg, shape, 80 * 2**30)["learner"]
+    shape = shapes.ModelShape.from_hf_config(QWEN_05B)
+    lora = memory.plan_for_config(cfg, shape, 80 * 2**30)["learner"]
     assert any(k.startswith("LoRA weights") for k in lora.parts)
     full_cfg = replace(cfg, model=replace(cfg.model, full_finetune=True))
-    full = plan.plan_for_config(full_cfg, shape, 80 * 2**30)["learner"]
+    full = memory.plan_for_config(full_cfg, shape, 80 * 2**30)["learner"]
     assert full.parts["gradients"] == 2 * shape.params
     cfg.model = replace(cfg.model, load_in_4bit=True)
-    assert "weights (4-bit NF4)" in plan.plan_for_config(cfg, shape, 80 * 2**30)["learner"].parts
+    assert "weights (4-bit NF4)" in memory.plan_for_config(cfg, shape, 80 * 2**30)["learner"].parts
 
 
 def test_cli_plan_gpu_7b_prints_map_and_warns_when_it_does_not_fit(tmp_path):
@@ -246,7 +247,7 @@ def test_cli_plan_gpu_7b_prints_map_and_warns_when_it_does_not_fit(tmp_path):
 
 
 def test_cli_plan_cpu_mode_imports_no_ray_vllm_or_transformers(tmp_path):
-    """The plan starts nothing; it imports torch only for the algorithm registries (rl/algorithms.py), whose names it
+    """The plan starts nothing; it imports torch only for the algorithm registries (rl/algorithms/), whose names it
     checks as a run would before it starts."""
     model = model_dir(tmp_path, QWEN_05B)
     code = (
@@ -338,12 +339,12 @@ def test_plan_counts_the_judge_teacher_engines_gpus_and_memory(tmp_path, monkeyp
     assert "need 1 (1 actor(s) x 0.3 + 1 learner(s) x 0.3 + 1 judge/teacher engine(s) x 0.4)" in text
     assert "GPU 0: actor 0 (0.3), learner 0 (0.3), teacher 0 (0.4)" in text
     assert "judge/teacher model: " in text and "7.616 B parameters" in text
-    roles = plan.plan_for_config(
-        cfg, plan.ModelShape.from_hf_config(QWEN_05B), 80 * 2**30, plan.load_shape(cfg.teacher.path)[0]
+    roles = memory.plan_for_config(
+        cfg, shapes.ModelShape.from_hf_config(QWEN_05B), 80 * 2**30, shapes.load_shape(cfg.teacher.path)[0]
     )
     teacher = roles["teacher"]
     assert teacher.budget == pytest.approx(0.35 * 80 * 2**30)
-    assert teacher.parts["weights (bfloat16)"] == plan.ModelShape.from_hf_config(QWEN_7B).weight_bytes(2)
+    assert teacher.parts["weights (bfloat16)"] == shapes.ModelShape.from_hf_config(QWEN_7B).weight_bytes(2)
     assert "LoRA slot" not in teacher.parts
     assert "vLLM takes cluster.teacher_memory_utilization=0.35" in teacher.notes[0]
     assert warnings == []
@@ -362,16 +363,16 @@ def test_continuous_rollouts_size_the_actors_kv_cache_for_one_call_of_the_groups
     cfg = TrainConfig()
     cfg.model.path = str(model_dir(tmp_path, QWEN_05B))
     cfg.cluster = replace(cfg.cluster, num_actors=2)
-    shape = plan.ModelShape.from_hf_config(QWEN_05B)
+    shape = shapes.ModelShape.from_hf_config(QWEN_05B)
     per_step = cfg.run.prompts_per_step * cfg.algorithm.group_size // 2
     assert cfg.actor_sequences == per_step
-    batch = plan.plan_for_config(cfg, shape, 16 * 2**30)["actor"]
+    batch = memory.plan_for_config(cfg, shape, 16 * 2**30)["actor"]
     cfg.cluster = replace(cfg.cluster, rollout_mode="continuous", staleness=1)
     cfg.algorithm.tis_cap = 2.0
     assert cfg.actor_sequences == per_step
     cfg.cluster = replace(cfg.cluster, groups_in_flight=4 * cfg.run.prompts_per_step)
     assert cfg.actor_sequences == 2 * per_step
-    continuous = plan.plan_for_config(cfg, shape, 16 * 2**30)["actor"]
+    continuous = memory.plan_for_config(cfg, shape, 16 * 2**30)["actor"]
     assert f"{per_step} sequences x" in batch.notes[-1] and f"{2 * per_step} sequences x" in continuous.notes[-1]
 
 

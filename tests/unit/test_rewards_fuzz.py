@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envs.jsonl import read_jsonl
-from rewards.check import build_reward
 from rewards.code_tests import extract_code, score_output
 from rewards.reasoning_gym import final_number
+from rl.tools.reward_check import build_reward
 
 TOKENS = [
     "\\boxed{", "\\fbox{", "}", "{", "\\{", "<answer>", "</answer>", "<think>", "</think>", " ", "  ", "\n", "\t",

@@ -41,7 +41,7 @@ def test_seeds_travel_with_their_prompts_to_a_live_actor_when_one_dies():
     log: list = []
     actors = [SeedActor(0, die_on=(1,), log=log), SeedActor(1, log=log)]
     cfg = from_overrides("/m", "cluster.actor_max_restarts=1")
-    runtime = Runtime(LocalGroup(actors), LocalGroup([FakeLearner()]), cfg)
+    runtime = Runtime(LocalGroup(actors), LocalGroup([FakeLearner()]), cfg.cluster)
     prompts, seeds = [[1], [2], [3], [4]], [11, 12, 13, 14]
     rollouts = runtime.generate(prompts, Sampling(n=2), seeds)
     assert [r.prompt_ids[0] for r in rollouts] == [1, 2, 3, 4] and {r.actor for r in rollouts} == {1}
@@ -58,14 +58,14 @@ def test_learner_generation_gets_the_seeds_of_its_share():
 
     actor = SeedActor()
     cfg = from_overrides("/m", "cluster.learner_chunk_size=1")
-    runtime = Runtime(LocalGroup([actor]), LocalGroup([SeedLearner()]), cfg)
+    runtime = Runtime(LocalGroup([actor]), LocalGroup([SeedLearner()]), cfg.cluster)
     runtime.generate([[1], [2], [3]], Sampling(n=1), [21, 22, 23])
     assert log == [("learner", 1, 21)] and actor.log == [(2, 22, 1), (3, 23, 1)]
 
 
 def train_seeds(tmp_path, actors, *, learner=None, staleness=0, steps=4, **kw) -> None:
     cfg = from_overrides("/m", f"cluster.staleness={staleness}", "cluster.actor_max_restarts=1")
-    runtime = Runtime(LocalGroup(actors), LocalGroup([learner or FakeLearner()]), cfg)
+    runtime = Runtime(LocalGroup(actors), LocalGroup([learner or FakeLearner()]), cfg.cluster)
     run_loop(tmp_path, runtime, steps=steps, staleness=staleness, **kw)
 
 
@@ -116,9 +116,12 @@ def test_hf_samples_of_a_seeded_prompt_do_not_depend_on_its_batch(tiny_model, ro
     from tests.helpers import make_learner
 
     if rollout == "hf":
+        from rl.app import rollout_args
         from rl.rollout.hf import HFRollout
 
-        engine = HFRollout(from_overrides(str(tiny_model), "model.dtype=float32", "cluster.rollout_backend=hf"))
+        engine = HFRollout(
+            **rollout_args(from_overrides(str(tiny_model), "model.dtype=float32", "cluster.rollout_backend=hf"))
+        )
     else:
         engine = make_learner(tiny_model)
     a, b = [1, 2, 3, 4, 5], [6, 7, 8, 9]

@@ -94,19 +94,19 @@ def test_demonstrations_serve_in_seeded_passes_and_drop_what_does_not_fit(tiny_m
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = composed(tiny_model, tmp_path, "env=calc_products", "algorithm=sft", f"algorithm.demos={path}")
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    demos = Demonstrations(cfg.algorithm.demos, tok, cfg)
+    demos = Demonstrations(cfg.algorithm.demos, tok, cfg.model, budget=cfg.completion_tokens, seed=cfg.run.seed)
     assert len(demos) == 6 and demos.dropped == 0
     first, metrics = demos.next(4)
     second, _ = demos.next(4)  # the pass ends and a new shuffled one begins
     assert demos.cursor == 8 and all(s.advantage == 1.0 for s in first + second)
     assert metrics["sft/demos"] == 4 and metrics["sft/env_tokens_mean"] > 0
     state = demos.state_dict()
-    again = Demonstrations(cfg.algorithm.demos, tok, cfg)
+    again = Demonstrations(cfg.algorithm.demos, tok, cfg.model, budget=cfg.completion_tokens, seed=cfg.run.seed)
     again.load_state(state)
     assert [s.completion_ids for s in again.next(3)[0]] == [s.completion_ids for s in demos.next(3)[0]]
     short = composed(tiny_model, tmp_path, "algorithm=sft", f"algorithm.demos={path}", "model.max_prompt_tokens=8")
     with pytest.raises(ConfigError, match="all 6 demonstrations are longer than model.max_prompt_tokens=8"):
-        Demonstrations(short.algorithm.demos, tok, short)
+        Demonstrations(short.algorithm.demos, tok, short.model, budget=short.completion_tokens, seed=short.run.seed)
 
 
 def test_sft_and_init_adapter_keys_fail_in_one_line(tiny_model, tmp_path):
@@ -120,7 +120,7 @@ def test_sft_and_init_adapter_keys_fail_in_one_line(tiny_model, tmp_path):
     bad.write_text('{"prompt": [{"role": "user", "content": "q"}], "messages": [{"role": "user", "content": "x"}]}\n')
     cfg = composed(tiny_model, tmp_path, "algorithm=sft", f"algorithm.demos={bad}")
     with pytest.raises(ConfigError, match=r"bad.jsonl, line 1: \"messages\" must hold the conversation"):
-        Demonstrations(cfg.algorithm.demos, None, cfg)
+        Demonstrations(cfg.algorithm.demos, None, cfg.model, budget=cfg.completion_tokens, seed=cfg.run.seed)
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}))

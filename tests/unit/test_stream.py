@@ -11,10 +11,9 @@ import pytest
 
 from rl import resolve as specs
 from rl.config.schema import ConfigError
-from rl.data.prompts import PromptData
 from rl.errors import RunStopped
 from rl.loop.continuous import ContinuousSampler
-from rl.loop.driver import train
+from rl.loop.driver import make_sampler, prompt_data, train
 from rl.metrics import MetricsLogger
 from rl.runtime.groups import LocalGroup, MemberDied
 from rl.runtime.runtime import Runtime
@@ -78,7 +77,7 @@ class DecodingTokenizer(NumberTokenizer):
 
 
 def make_stream(actor, published=(0,), *, bound=1, capacity=3, draws=None, n=2, segment=2):
-    runtime = Runtime(LocalGroup([actor]), LocalGroup([FakeLearner()]), continuous_config())
+    runtime = Runtime(LocalGroup([actor]), LocalGroup([FakeLearner()]), continuous_config().cluster)
     runtime.versions.published = list(published)
     queue = list(draws if draws is not None else range(10))
 
@@ -164,7 +163,7 @@ class EpisodeActor(SegmentActor):
 
 def test_multi_turn_episodes_run_whole_in_one_call_with_the_calls_version():
     actor = EpisodeActor()
-    runtime = Runtime(LocalGroup([actor]), LocalGroup([FakeLearner()]), continuous_config())
+    runtime = Runtime(LocalGroup([actor]), LocalGroup([FakeLearner()]), continuous_config().cluster)
     queue = [0, 1, 2]
 
     def draw():
@@ -189,7 +188,7 @@ def run_continuous(tmp_path, actor, learner, *, steps, save_interval=0, resume=N
         **{"model.max_new_tokens": 10, "model.max_prompt_tokens": 9},
     )
     cfg = specs.resolve(cfg, tmp_path, model_path="/fake/model")
-    runtime = Runtime(LocalGroup([actor]), LocalGroup([learner]), cfg)
+    runtime = Runtime(LocalGroup([actor]), LocalGroup([learner]), cfg.cluster)
     logger = MetricsLogger(tmp_path, kind="none", total_steps=steps)
     try:
         train(cfg, runtime, DecodingTokenizer(), Env(n_prompts), length_reward, logger, resolved={})
@@ -217,7 +216,7 @@ def test_prompts_trained_out_of_order_are_neither_repeated_nor_skipped_after_a_r
         run_continuous(tmp_path, SegmentActor(), first, steps=6, save_interval=2, extra=loose, n_prompts=40)
     ckpt = tmp_path / "checkpoints" / "step_0004"
     saved = pickle.loads((ckpt / "trainer.pkl").read_bytes())["data"]
-    draws = PromptData(Env(40).train_items(), NumberTokenizer(), continuous_config()).next_batch(20)
+    draws = prompt_data(Env(40).train_items(), NumberTokenizer(), continuous_config()).next_batch(20)
     before = [p for step in first.trained[:4] for p in step]
     oldest = saved["cursor"]  # the oldest draw still in flight at the checkpoint: a long prompt
     assert target_length(draws[oldest]) == 9 and saved["skip"]  # and draws after it were trained already
@@ -236,9 +235,9 @@ def test_a_checkpoint_taken_before_a_resume_passed_its_skipped_draws_keeps_them(
     """Resumed with draws 5 and 7 to skip and checkpointed again before drawing that far: the new checkpoint still
     names them, so a second resume does not train them twice."""
     cfg = continuous_config()
-    data = PromptData(Env(40).train_items(), NumberTokenizer(), cfg)
-    runtime = Runtime(LocalGroup([SegmentActor()]), LocalGroup([FakeLearner()]), cfg)
-    sampler = ContinuousSampler(runtime, data, length_reward, cfg, steps=6, tokenizer=DecodingTokenizer())
+    data = prompt_data(Env(40).train_items(), NumberTokenizer(), cfg)
+    runtime = Runtime(LocalGroup([SegmentActor()]), LocalGroup([FakeLearner()]), cfg.cluster)
+    sampler = make_sampler(cfg, runtime, data, length_reward, steps=6, tokenizer=DecodingTokenizer())
     state = sampler.state_dict() | {"cursor": 4, "skip": [5, 7]}
     sampler.load_state(state)
     assert sampler.state_dict()["skip"] == [5, 7]
