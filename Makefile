@@ -50,7 +50,7 @@ demo:  ## train SmolLM2-135M with GRPO on a reasoning-gym task (Ray + vLLM + LoR
 test:  ## the CPU tests but tier 2 (unit + integration with real Ray and vLLM on a tiny model)
 	$(BIN)/python -m pytest -q -m "not tier2"
 
-test-slow:  ## tier 2: a two-node Ray cluster, Ray per sweep job, the benches' smoke run, bit-for-bit vLLM runs, no KV cache
+test-slow:  ## tier 2: a two-node Ray cluster, a one-node SLURM (apt-get install slurm-wlm munge), Ray per sweep job, the benches' smoke run, bit-for-bit vLLM runs, no KV cache
 	$(BIN)/python -m pytest -q -m tier2
 
 test-fast:  ## unit tests only (no Ray, no vLLM)

@@ -243,7 +243,8 @@ def build_runtime(cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
     from rl.runtime import placement
     from rl.runtime.placement import Role
 
-    started = placement.start_ray(c.address, c.ray_num_cpus, cfg.run.verbose)
+    gpus = (c.gpus_needed, c.gpus_per_role_max) if c.use_gpu else (0.0, 0.0)  # what a SLURM job must hold
+    started = placement.start_ray(c.address, c.ray_num_cpus, cfg.run.verbose, log_dir=cfg.log_dir, gpus=gpus)
     try:
         prepare_actor_base(cfg, remote=True)
         teacher = None

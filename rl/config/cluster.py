@@ -129,6 +129,17 @@ class ClusterConfig:
         check(self.groups_in_flight >= 0, f"cluster.groups_in_flight must be >= 0 (got {self.groups_in_flight})")
 
     @property
+    def gpus_needed(self) -> float:
+        """GPUs the layout takes in all, when use_gpu: actors, learners (none of their own when colocated), teachers."""
+        learners = 0 if self.colocate else self.num_learners * self.gpus_per_learner
+        return self.num_actors * self.gpus_per_actor + learners + self.num_teachers * self.gpus_per_teacher
+
+    @property
+    def gpus_per_role_max(self) -> float:
+        """The most GPUs one role takes (they must be on one node)."""
+        return max(self.gpus_per_actor, self.gpus_per_learner, self.gpus_per_teacher if self.num_teachers else 0.0)
+
+    @property
     def tensor_parallel_size(self) -> int:
         """GPUs per vLLM engine (tensor parallel): whole GPUs of gpus_per_actor on GPUs, else 1."""
         return max(1, int(self.gpus_per_actor)) if self.use_gpu else 1

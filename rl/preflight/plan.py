@@ -20,6 +20,7 @@ from rl.preflight.machine import detect_gpus, numa_node_memory, ram_bytes
 from rl.preflight.memory import ACTOR_KEYS, TEACHER_KEYS, GiB, plan_for_config
 from rl.preflight.shapes import load_shape
 from rl.resolve import check_registry_names, resolve_init_adapter
+from rl.runtime.slurm import Allocation
 
 ASSUMED_GPU_GIB = 80.0  # when neither plan_gpu_memory_gib nor nvidia-smi says
 
@@ -77,8 +78,8 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
     colocate = bool(getattr(c, "colocate", False))
     teachers = getattr(c, "num_teachers", 0)
     if c.use_gpu:
-        need = c.num_actors * c.gpus_per_actor + (0 if colocate else c.num_learners * c.gpus_per_learner)
-        need += teachers * c.gpus_per_teacher
+        need = c.gpus_needed
+        job = None if c.address else Allocation.from_env()  # inside a SLURM job: what its allocation has
         found = detect_gpus()
         gpu_gib = getattr(cfg, "plan_gpu_memory_gib", None)
         device = gpu_gib * GiB if gpu_gib else (found[1] if found else ASSUMED_GPU_GIB * GiB)
@@ -86,6 +87,8 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
         have = (
             "the Ray cluster's (cluster.address is set; not checked here)"
             if c.address
+            else f"{job.gpus_total} in {job.describe()}"
+            if job
             else (f"{found[0]} on this machine" if found else "none found on this machine (no nvidia-smi)")
         )
         roles_text = (
@@ -96,9 +99,14 @@ def format_plan(cfg: Any) -> tuple[str, list[str]]:
         if teachers:
             roles_text += f" + {teachers} judge/teacher engine(s) x {c.gpus_per_teacher:g}"
         lines.append(f"GPUs: need {need:g} ({roles_text}); available: {have}; {device / GiB:.0f} GiB each ({why})")
-        if found and not c.address and math.ceil(need - 1e-9) > found[0]:
+        if job and (need > job.gpus_total + 1e-9 or c.gpus_per_role_max > job.gpus + 1e-9):
+            warnings.append(
+                f"the roles need {need:g} GPUs, at most {c.gpus_per_role_max:g} on one node, and {job.describe()} has "
+                f"{job.gpus_total}: the run would stop at start; ask for more GPUs or nodes"
+            )
+        elif found and not c.address and math.ceil(need - 1e-9) > found[0]:
             warnings.append(f"the roles need {need:g} GPUs and this machine has {found[0]}")
-        elif not found and not c.address and not gpu_gib:
+        elif not found and not job and not c.address and not gpu_gib:
             warnings.append(
                 "no GPU on this machine (no nvidia-smi): set plan_gpu_memory_gib=<GiB> to plan for another machine's "
                 "GPUs, or cluster.use_gpu=false"

@@ -172,16 +172,36 @@ def _with_teachers(
     return plans, bundles
 
 
-def start_ray(address: str | None, num_cpus: int | None, verbose: bool = True) -> bool:
+def start_ray(
+    address: str | None,
+    num_cpus: int | None,
+    verbose: bool = True,
+    *,
+    log_dir: Path | None = None,
+    gpus: tuple[float, float] = (0.0, 0.0),
+) -> bool:
     """Start a local Ray (address None) or join one; returns True when this process started it. Unless `verbose`,
     Ray's own notices while it starts are left out and it does not stream the workers' output (each role writes
-    its own file, rl/logs.py)."""
+    its own file, rl/logs.py). Inside a SLURM job, address None starts the job's own Ray across its step
+    (rl/runtime/slurm.py; node logs under `log_dir`/nodes), after checking that its GPUs hold `gpus` (the layout's
+    total, the most one role takes)."""
     import ray
 
     from rl import logs
+    from rl.runtime import slurm
 
     if ray.is_initialized():
         return False
+    job = slurm.Allocation.from_env() if address is None else None
+    if job is not None:
+        slurm.check_gpus(job, *gpus)
+        try:
+            start_ray(slurm.start_job_head(job, (log_dir or Path("logs")) / "nodes"), None, verbose)
+            slurm.wait_for_nodes(job.step_nodes, job)
+        except BaseException:
+            stop_ray(True)
+            raise
+        return True
     # keep the user's PYTHONPATH after ours: packages installed with `pip --target` (the GPU machine) live there
     pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
     runtime_env = {"env_vars": {"PYTHONPATH": pythonpath}}
@@ -417,6 +437,10 @@ def stop_ray(started_here: bool) -> None:
 
     if started_here and ray.is_initialized():
         ray.shutdown()
+    if started_here:
+        from rl.runtime import slurm
+
+        slurm.stop_job_head()  # a SLURM job's own Ray head, when this run started one
 
 
 def _actor_error(e: BaseException) -> str:
