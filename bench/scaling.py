@@ -95,6 +95,7 @@ def measure_actors(path: str, prompts: list[list[int]], n_actors: int, pinned: b
     """Generated tokens/s of `n_actors` Ray rollout actors splitting one step's prompts (rl.runtime.runtime.Runtime)."""
     import ray
 
+    from rl.app import rollout_args
     from rl.resolve import from_overrides
     from rl.rollout.vllm import VLLMRollout, cpu_threads_env
     from rl.runtime.groups import shard
@@ -112,7 +113,7 @@ def measure_actors(path: str, prompts: list[list[int]], n_actors: int, pinned: b
             env = cpu_threads_env(None)  # what the framework sets with cluster.actor_threads=null
         handles.append(
             ray.remote(num_cpus=1, runtime_env={"env_vars": env})(VLLMRollout).remote(
-                from_overrides(path, *actor_overrides(path, len(prompts), n_actors, args))
+                **rollout_args(from_overrides(path, *actor_overrides(path, len(prompts), n_actors, args)))
             )
         )
     ray.get([h.__ray_ready__.remote() for h in handles])

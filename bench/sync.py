@@ -350,6 +350,7 @@ def main() -> None:
     import ray
     from transformers import AutoTokenizer
 
+    from rl.app import learner_args, rollout_args
     from rl.model_path import resolve_model_path
     from rl.rollout.vllm import cpu_threads_env
     from rl.runtime import placement
@@ -388,14 +389,14 @@ def main() -> None:
             # one actor and one learner alive at a time: the machine is shared and a learner is ~0.6 GB
             keys = actor_overrides(path, mode, max(ranks))
             actor = ray.remote(num_cpus=1, runtime_env={"env_vars": actor_env})(BenchRollout).remote(
-                from_overrides(path, *keys)
+                **rollout_args(from_overrides(path, *keys))
             )
             ray.get(actor.__ray_ready__.remote())
             for r in ranks:
                 # the demo's GRPO (its KL is used by the demo-shaped step); LoRA factors sent in bf16, as a run
                 # does for a bf16 vLLM engine
                 cfg = learner_config(path, "algorithm.kl_coef=0.01", rank=r, dtype="bfloat16", threads=args.threads)
-                learner = ray.remote(num_cpus=1)(BenchLearner).remote(cfg)
+                learner = ray.remote(num_cpus=1)(BenchLearner).remote(**learner_args(cfg))
                 version += 1
                 ray.get(learner.randomise_adapter.remote(version))
                 runtime = Runtime(placement.RayGroup([actor]), placement.RayGroup([learner]))
