@@ -184,7 +184,7 @@ def run_job(dcfg: DictConfig, hydra_cfg: Any) -> float | None:
     from rl.resolve import resolve  # registry names checked and `auto` values filled, before anything starts
 
     try:
-        cfg = resolve(cfg, run_dir)
+        cfg = resolve(cfg, run_dir, hydra_dir=Path(hydra_cfg.runtime.output_dir))
     except ConfigError as e:
         fail(str(e))
     writable_folder(run_dir, "run.output_dir")

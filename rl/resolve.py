@@ -250,11 +250,12 @@ RUN_START = (".hydra", "train.log", "logs")
 RUN_MARKS = ("metrics.jsonl", "checkpoints", "summary.json")  # a run has written here (metrics.jsonl comes first)
 
 
-def check_run_dir_is_new(cfg: TrainConfig, run_dir: Path) -> None:
+def check_run_dir_is_new(cfg: TrainConfig, run_dir: Path, hydra_dir: Path | None = None) -> None:
     """The run writes only into a folder of its own: a new or empty one (a sweep job's own directory too), or, with
     run.resume=auto, the run it continues (run.resume=<checkpoint>: that checkpoint's run). Another run's directory is
     refused (its metrics.jsonl and checkpoints would be mixed with this run's), and so is a folder of someone's own
-    files (an `adapter/` in it would be replaced at export)."""
+    files (an `adapter/` in it would be replaced at export). `hydra_dir`: the folder Hydra writes this job's own
+    files into (hydra.run.dir), the run's too where it lies inside `run_dir`."""
     resume = cfg.run.resume
     own_run = resume == "auto" or (
         resume is not None and Path(resume).resolve().parent.parent == Path(run_dir).resolve()
@@ -268,7 +269,10 @@ def check_run_dir_is_new(cfg: TrainConfig, run_dir: Path) -> None:
         raise ConfigError(
             f"run.output_dir={run_dir} already holds a run ({', '.join(held)}): {fix}, or another run.output_dir"
         )
-    others = [name for name in entries if name not in RUN_START]
+    hydra_own = ()
+    if hydra_dir is not None and Path(hydra_dir).resolve().is_relative_to(Path(run_dir).resolve()):
+        hydra_own = Path(hydra_dir).resolve().relative_to(Path(run_dir).resolve()).parts[:1]
+    others = [name for name in entries if name not in RUN_START + hydra_own]
     if others:
         raise ConfigError(
             f"run.output_dir={run_dir} holds files that are not a run's ({first_names(others)}): a run writes only "
@@ -291,10 +295,17 @@ def first_names(names: list[str]) -> str:
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def resolve(cfg: TrainConfig, run_dir: Path | str, *, model_path: str | None = None, new_run: bool = True):
+def resolve(
+    cfg: TrainConfig,
+    run_dir: Path | str,
+    *,
+    model_path: str | None = None,
+    new_run: bool = True,
+    hydra_dir: Path | None = None,
+):
     """`cfg` with every auto filled (same class). `model_path` defaults to resolving `model.path` (converts an
     embedded model once); `new_run`: `run_dir` is a training run's directory (one not its own is refused:
-    check_run_dir_is_new)."""
+    check_run_dir_is_new; `hydra_dir`, Hydra's own folder for the job, is the run's where it lies inside)."""
     from rl.data.filters import default_overlong_buffer
 
     run_dir = Path(run_dir)
@@ -302,7 +313,7 @@ def resolve(cfg: TrainConfig, run_dir: Path | str, *, model_path: str | None = N
     if cfg.episodes is not None:
         raise ConfigError("episodes is filled from env (env.max_turns, env.max_episode_tokens): set those instead")
     if new_run:
-        check_run_dir_is_new(cfg, run_dir)
+        check_run_dir_is_new(cfg, run_dir, hydra_dir)
     if model_path is None:
         from rl.model_path import resolve_model_path
 

@@ -237,3 +237,12 @@ def test_step_files_outside_the_run_go_only_into_a_new_or_empty_folder(tmp_path,
     check_run_dir_is_new(resumed, tmp_path / "run")
     empty = typed_config(**{"run.output_dir": str(tmp_path / "run"), key: str(tmp_path / "empty")})
     check_run_dir_is_new(empty, tmp_path / "run")
+
+
+def test_hydras_own_folder_inside_the_run_folder_is_the_runs(tmp_path):
+    """hydra.run.dir inside run.output_dir: what Hydra wrote there before the run starts is the run's own."""
+    (tmp_path / "hydra" / ".hydra").mkdir(parents=True)
+    cfg = typed_config(**{"run.output_dir": str(tmp_path)})
+    check_run_dir_is_new(cfg, tmp_path, tmp_path / "hydra")
+    with pytest.raises(ConfigError, match=r"not a run's \(hydra\)"):  # not Hydra's folder for this job
+        check_run_dir_is_new(cfg, tmp_path, tmp_path.parent / "elsewhere")
