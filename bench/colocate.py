@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from bench.common import REPO, append_result, show_spread, spread
-from tests.helpers import repo_env
+from tests.helpers import LENGTH_REWARD, repo_env
 
 # each layout's train.py overrides on top of the experiment; the shares are those of the 0.5B measurement in
 # docs/benchmarks.md (vLLM 30% of the GPU beside the learner's half, 60% when it has the GPU to itself)
@@ -64,10 +64,7 @@ def train_args(layout: str, model: str, prompts: Path, out: Path, steps: int, ov
         f"model.path={model}",
         "env=jsonl",
         f"env.train={prompts}",
-        "reward._target_=tests.helpers.LengthReward",
-        "~reward.workers",
-        "~reward.timeout_s",
-        "~reward.reward",
+        *LENGTH_REWARD,
         "+reward.scale=2000",
         "cluster.enforce_eager=false",
         # random weights, 4-bit learner against a bf16 engine: at 7B their logprobs differ by about 1.07 nats a token

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import REPO, append_result
-from tests.helpers import repo_env
+from tests.helpers import LENGTH_REWARD, repo_env
 
 
 def train_args(staleness: int, model: Path, run_dir: Path, args: argparse.Namespace) -> list[str]:
@@ -48,10 +48,7 @@ def train_args(staleness: int, model: Path, run_dir: Path, args: argparse.Namesp
         f"model.max_new_tokens={args.max_new_tokens}",
         "model.dtype=float32",
         "model.learner_dtype=float32",
-        "reward._target_=tests.helpers.LengthReward",
-        "~reward.workers",
-        "~reward.timeout_s",
-        "~reward.reward",
+        *LENGTH_REWARD,
         "eval.size=0",
         "checkpoint.interval=0",
         "logger=none",

@@ -84,6 +84,11 @@ class LengthReward:
         return [min(len(c) / self.scale, 1.0) for c in completions]
 
 
+# the length reward in place of the default one: the default's reward-runner keys (workers, timeout_s, the wrapped
+# reward) are dropped, since the length reward is a plain `_target_` scored in the driver
+LENGTH_REWARD = ["reward._target_=tests.helpers.LengthReward", "~reward.workers", "~reward.timeout_s", "~reward.reward"]
+
+
 def tiny_args(model: Path, *, in_process: bool = True) -> list[str]:
     """train.py overrides every tiny end-to-end test shares: the tiny model in fp32, the length reward (its samples
     differ, so advantages are not zero) and, with `in_process`, one process with HF generation (no Ray, no vLLM)."""
@@ -91,10 +96,7 @@ def tiny_args(model: Path, *, in_process: bool = True) -> list[str]:
         f"model.path={model}",
         "model.dtype=float32",
         "model.learner_dtype=float32",
-        "reward._target_=tests.helpers.LengthReward",
-        "~reward.workers",
-        "~reward.timeout_s",
-        "~reward.reward",
+        *LENGTH_REWARD,
     ]
     return args + (["cluster=local", "cluster.rollout_backend=hf"] if in_process else [])
 
@@ -108,10 +110,7 @@ TINY_RUN = [
     "eval.size=4",
     "model.max_new_tokens=16",
     "learner.micro_batch_size=8",
-    "reward._target_=tests.helpers.LengthReward",
-    "~reward.workers",
-    "~reward.timeout_s",
-    "~reward.reward",
+    *LENGTH_REWARD,
     "model.dtype=float32",
     "model.learner_dtype=float32",
     "run.sync_probe_threshold=0.01",

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from rl.rollout.hf import HFRollout
 from rl.rollout.teacher import TeacherEngine
-from tests.helpers import LengthReward, metric_rows, run_train, sigkill_self_once
+from tests.helpers import LENGTH_REWARD, LengthReward, metric_rows, run_train, sigkill_self_once
 
 pytestmark = pytest.mark.slow
 
@@ -261,10 +261,7 @@ def test_staleness_one_with_vllm_engines(tiny_model, tmp_path):
             "algorithm.group_size=4",
             "eval.size=0",
             "model.max_new_tokens=12",
-            "reward._target_=tests.helpers.LengthReward",
-            "~reward.workers",
-            "~reward.timeout_s",
-            "~reward.reward",
+            *LENGTH_REWARD,
             "model.dtype=float32",
             "model.learner_dtype=float32",
             "run.sync_probe_threshold=0.01",
@@ -298,10 +295,7 @@ def test_learner_generation_with_staleness_on_ray(tiny_model, tmp_path):
             "algorithm.group_size=4",
             "eval.size=2",
             "model.max_new_tokens=8",
-            "reward._target_=tests.helpers.LengthReward",
-            "~reward.workers",
-            "~reward.timeout_s",
-            "~reward.reward",
+            *LENGTH_REWARD,
             "model.dtype=float32",
             "model.learner_dtype=float32",
             "run.sync_probe_threshold=0.01",

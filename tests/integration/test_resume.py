@@ -18,7 +18,7 @@ import pytest
 from safetensors.torch import load_file
 
 from rl.loop import checkpoint
-from tests.helpers import REPO, metric_rows, repo_env, run_train, tiny_args
+from tests.helpers import LENGTH_REWARD, REPO, metric_rows, repo_env, run_train, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -34,10 +34,7 @@ def args(model, out, *extra: str) -> list[str]:
         "model.max_new_tokens=6",
         "model.dtype=float32",
         "model.learner_dtype=float32",
-        "reward._target_=tests.helpers.LengthReward",
-        "~reward.workers",
-        "~reward.timeout_s",
-        "~reward.reward",
+        *LENGTH_REWARD,
         "logger=none",
         *extra,
     ]

@@ -15,7 +15,7 @@ from rl.config.choices import ClusterMode, DType, RolloutBackend
 from rl.config.cluster import ClusterConfig
 from rl.config.schema import AlgorithmConfig, EvalConfig, LearnerConfig, ModelConfig, RunConfig, TrainConfig
 from rl.runtime.roles import Learner
-from tests.helpers import REPO, make_samples, metric_rows, run_train, scratch_run_dir
+from tests.helpers import LENGTH_REWARD, REPO, make_samples, metric_rows, run_train, scratch_run_dir
 
 pytestmark = pytest.mark.slow
 
@@ -25,10 +25,7 @@ TINY_RUN = [
     "eval.size=0",
     "model.max_new_tokens=12",
     "learner.micro_batch_size=8",
-    "reward._target_=tests.helpers.LengthReward",
-    "~reward.workers",
-    "~reward.timeout_s",
-    "~reward.reward",
+    *LENGTH_REWARD,
     "model.dtype=float32",
     "model.learner_dtype=float32",
     "run.sync_probe_threshold=0.01",
