@@ -158,7 +158,9 @@ def main(dcfg: DictConfig) -> float | None:
     from hydra.types import RunMode
 
     hydra_cfg = HydraConfig.get()
-    in_process_sweep = hydra_cfg.mode == RunMode.MULTIRUN and hydra_cfg.launcher._target_.endswith(".BasicLauncher")
+    # the jobs of the basic launcher, and of a pack (rl/pack.py), run in this process: a failed job lets the others go on
+    launcher = hydra_cfg.launcher._target_
+    in_process_sweep = hydra_cfg.mode == RunMode.MULTIRUN and launcher.endswith((".BasicLauncher", ".PackLauncher"))
     try:
         return run_job(dcfg, hydra_cfg)
     except SystemExit as e:

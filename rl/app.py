@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rewards.protocol import RewardFn, needs_judge
@@ -215,12 +217,40 @@ def role_envs(cfg: TrainConfig) -> dict[str, dict[str, str]]:
     }
 
 
-def build_runtime(cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
-    """Create the roles (in this process, or as Ray actors); returns the runtime and a function that tears it down."""
+# In a job thread of a pack (rl/pack.py), the function that hands the job its view of the pack's shared roles
+_pack = threading.local()
+
+
+def join_pack(join: Callable[[TrainConfig], tuple[Runtime, Callable[[], None]]] | None) -> None:
+    """Make this thread a job of a pack: its `build_runtime` joins the pack (`join(cfg)`) instead of starting roles."""
+    _pack.join = join
+
+
+def build_runtime(
+    cfg: TrainConfig, pack: list[TrainConfig] | None = None, log_dir: Path | None = None
+) -> tuple[Runtime, Callable[[], None]]:
+    """Create the roles (in this process, or as Ray actors); returns the runtime and a function that tears it down.
+    `pack`: the resolved configs of a pack's jobs (rl/pack.py; `cfg` is the first): one learner and one engine per
+    role serve them all (rl/runtime/packed.py), set up per job from each job's own arguments, their logs in
+    `log_dir` (the pack's, not a job's; default: the run's logs/)."""
+    join = getattr(_pack, "join", None)
+    if join is not None and pack is None:
+        return join(cfg)
     from rl.learner import Learner
     from rl.rollout import rollout_class
 
     c, envs, episodes = cfg.cluster, role_envs(cfg), cfg.episodes is not None
+    log_dir = log_dir or cfg.log_dir
+    learner_cls: type = Learner
+    rollout_cls: type = rollout_class(c.rollout_backend)
+    learner_kw, rollout_kw = learner_args(cfg), rollout_args(cfg)
+    if pack is not None:
+        from rl.runtime.packed import PackedRole
+
+        slots = {"lora_slots": len(pack)} if c.rollout_backend == RolloutBackend.vllm else {}
+        learner_kw = dict(cls=learner_cls, jobs=[learner_args(x) for x in pack])
+        rollout_kw = dict(cls=rollout_cls, jobs=[rollout_args(x) | slots for x in pack])
+        learner_cls = rollout_cls = PackedRole
     if c.mode == ClusterMode.local:
         from rl.runtime.process_env import deterministic_env
 
@@ -230,8 +260,8 @@ def build_runtime(cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
             os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if cfg.model.learner_backend == LearnerBackend.unsloth:  # too late to come first here (torch is loaded)
             import unsloth  # noqa: F401 - models.py warns
-        learner = start_role("learner 0", Learner, learner_args(cfg))
-        rollout = start_role("rollout actor 0", rollout_class(c.rollout_backend), rollout_args(cfg))
+        learner = start_role("learner 0", learner_cls, learner_kw)
+        rollout = start_role("rollout actor 0", rollout_cls, rollout_kw)
         teachers = None
         if c.num_teachers:
             from rl.rollout.teacher import TeacherEngine
@@ -244,7 +274,7 @@ def build_runtime(cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
     from rl.runtime.placement import Role
 
     gpus = (c.gpus_needed, c.gpus_per_role_max) if c.use_gpu else (0.0, 0.0)  # what a SLURM job must hold
-    started = placement.start_ray(c.address, c.ray_num_cpus, cfg.run.verbose, log_dir=cfg.log_dir, gpus=gpus)
+    started = placement.start_ray(c.address, c.ray_num_cpus, cfg.run.verbose, log_dir=log_dir, gpus=gpus)
     try:
         prepare_actor_base(cfg, remote=True)
         teacher = None
@@ -254,9 +284,9 @@ def build_runtime(cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
             teacher = Role(TeacherEngine, teacher_args(cfg), envs["actor"])
         runtime = placement.build_ray_runtime(
             c,
-            cfg.log_dir,
-            rollout=Role(rollout_class(c.rollout_backend), rollout_args(cfg), envs["actor"]),
-            learner=Role(Learner, learner_args(cfg), envs["learner"]),
+            log_dir,
+            rollout=Role(rollout_cls, rollout_kw, envs["actor"]),
+            learner=Role(learner_cls, learner_kw, envs["learner"]),
             teacher=teacher,
             episodes=episodes,
         )
@@ -275,8 +305,6 @@ def prepare_actor_base(cfg: TrainConfig, *, remote: bool) -> None:
     """Beside a 4-bit learner (model.actor_base=learner) the actors load its NF4 base dequantized
     (`model.actor_path`, rl/learner/quantized_base.py): made here once, in a GPU process that loads the model as the
     learner does, before any role starts (the engines measure free GPU memory while they start). Cached after."""
-    from pathlib import Path
-
     from rl.model_path import dequantized_folder
 
     m = cfg.model

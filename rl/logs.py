@@ -95,6 +95,10 @@ def setup_driver(log_dir: Path, verbose: bool) -> None:
         handler = logging.FileHandler(path)
         handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
         handler.setLevel(logging.INFO)
+        if threading.current_thread() is not threading.main_thread():
+            # a job of a pack runs in a thread of its own (rl/pack.py): its file takes that thread's records only
+            me = threading.get_ident()
+            handler.addFilter(lambda record: record.thread == me)
         root.addHandler(handler)
     root.setLevel(min(root.level or logging.INFO, logging.INFO))
     quiet_console(root, verbose)

@@ -98,19 +98,48 @@ class Learner:
             if algorithm.kl_coef > 0:  # the KL's reference is the policy the run starts from, not the base
                 trained = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
                 self.policy.ref_adapter = trained
+        self._use_algorithm(algorithm)
+        self.version = 0
+        self.sync_dtype = getattr(torch, sync_dtype) if sync_dtype else None
+        self.dp = DataParallel(self.device)
+        self._ipc = export.IpcExport()
+        self._gen_rng: torch.Generator | None = None  # learner generation's seed draws, made at its first use
+
+    def _use_algorithm(self, a: AlgorithmConfig) -> None:
+        """The optimizer over the trainable parameters and the loss of the `algorithm` group `a`."""
+        self.algorithm = a
         params = [p for p in self.model.parameters() if p.requires_grad]
         # fused: one kernel for all parameters, and it can skip a non-finite step on the device (`found_inf`), so the
         # step launches without waiting for the host to read the loss (the GPU would idle meanwhile)
-        a = algorithm
         self.optimizer = torch.optim.AdamW(params, lr=a.lr, weight_decay=a.weight_decay, fused=True)
         self.loss_fn = algorithms.get_policy_loss(a.policy_loss)
         agg = algorithms.get_loss_agg(a.loss_agg)
         self.agg_fn = functools.partial(agg, norm_length=a.loss_agg_norm_length)
         self.agg_unit = getattr(agg, "unit", "seq")
-        self.version = 0
-        self.sync_dtype = getattr(torch, sync_dtype) if sync_dtype else None
-        self.dp = DataParallel(self.device)
-        self._ipc = export.IpcExport()
+
+    # ------------------------------------------------------------------------------------------------ a pack's jobs
+    # (rl/runtime/packed.py): the jobs of a pack share this learner's base; each has its own adapter, optimizer,
+    # algorithm knobs, version and RNG
+
+    def pack_state(self) -> tuple[str, ...]:
+        return ("algorithm", "optimizer", "loss_fn", "agg_fn", "agg_unit", "version", "seed", "_gen_rng")
+
+    def pack_tensors(self) -> dict[str, torch.Tensor]:
+        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def add_job(self, job: int, *, algorithm: AlgorithmConfig, seed: int, **shared: object) -> None:
+        """Job `job`'s adapter starts as a solo run's: the starting adapter (model.init_adapter), else LoRA's own
+        initialisation drawn from the job's run.seed; its optimizer and loss from its `algorithm` group."""
+        torch.manual_seed(seed)
+        if not self.model_cfg.init_adapter:
+            from peft.tuners.lora import LoraLayer
+
+            for module in self.model.modules():
+                if isinstance(module, LoraLayer):
+                    for name in module.lora_A:
+                        module.reset_lora_parameters(name, True)
+        self.seed, self.version, self._gen_rng = seed, 0, None
+        self._use_algorithm(algorithm)
 
     def _batcher(self, packed: str | None) -> Batcher:
         lc = self.learner_cfg
@@ -261,7 +290,7 @@ class Learner:
 
             m = self.model_cfg
             self._gen_tokenizer = AutoTokenizer.from_pretrained(m.path, trust_remote_code=m.trust_remote_code)
-            # draws one seed per prompt on the host (hf_generate), whatever the model's device
+        if self._gen_rng is None:  # draws one seed per prompt on the host (hf_generate), whatever the model's device
             self._gen_rng = torch.Generator().manual_seed(self.seed + 1 + self.dp.rank)
         self.model.eval()
         try:

@@ -60,6 +60,20 @@ class HFRollout(EpisodeEngine):
         self.version = adapter.version
         return {"seconds": time.perf_counter() - t0, "bytes": adapter.nbytes}
 
+    # a pack's jobs (rl/runtime/packed.py) share the model; each has its own LoRA factors, version and generator
+
+    def pack_state(self) -> tuple[str, ...]:
+        return ("version", "generator", "seed", "episodes", "_env")
+
+    def pack_tensors(self) -> dict[str, torch.Tensor]:
+        if not hasattr(self.model, "peft_config"):
+            return {}  # no adapter loaded yet: every job samples the base
+        return {n: p for n, p in self.model.named_parameters() if "lora_" in n}
+
+    def add_job(self, job: int, *, seed: int, episodes: EpisodeSpec | None = None, **shared: object) -> None:
+        self.generator, self.seed, self.version = torch.Generator().manual_seed(seed), seed, 0
+        self.episodes, self._env = episodes, None
+
     def load_weights_ipc(self, update_info: dict, version: int) -> dict:
         """Not this engine's: the schema refuses cluster.weight_sync=ipc without vLLM, so no run calls it."""
         raise NotImplementedError("cluster.weight_sync=ipc loads into vLLM engines: set cluster.rollout_backend=vllm")

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rl.config.choices import ActorBase, LoraMode, WeightSync
 from rl.config.cluster import ClusterConfig
@@ -22,10 +23,16 @@ from rl.model_path import lora_slot_rank
 from rl.rollout.episodes import EpisodeEngine
 from rl.types import Adapter, Completion, EpisodeSpec, PromptRollout, Sampling
 
+if TYPE_CHECKING:
+    import torch
 
-def engine_kwargs(m: ModelConfig, c: ClusterConfig, *, max_seq_length: int, seed: int) -> dict:
+LORA_IDS_PER_JOB = 1_000_000  # vLLM LoRA ids per job of a pack: adapter versions stay below it
+
+
+def engine_kwargs(m: ModelConfig, c: ClusterConfig, *, max_seq_length: int, seed: int, lora_slots: int = 1) -> dict:
     """vLLM `LLM(...)` arguments of the actor's engine (bench.rollout builds a plain engine from them too, so that a
-    comparison differs only in what VLLMRollout adds around the engine)."""
+    comparison differs only in what VLLMRollout adds around the engine). `lora_slots`: adapters resident at once (the
+    jobs of a pack, rl/runtime/packed.py; 1 in a solo run)."""
     kwargs = dict(
         model=m.actor_path or m.path,
         dtype=m.dtype.value,
@@ -44,7 +51,7 @@ def engine_kwargs(m: ModelConfig, c: ClusterConfig, *, max_seq_length: int, seed
         worker_extension_cls="rl.rollout.vllm_ext.LoraMergeExtension",
     )
     if c.lora_mode == LoraMode.native:
-        kwargs.update(enable_lora=True, max_lora_rank=lora_slot_rank(m.lora_rank), max_loras=1)
+        kwargs.update(enable_lora=True, max_lora_rank=lora_slot_rank(m.lora_rank), max_loras=lora_slots)
     if m.load_in_4bit and m.actor_base == ActorBase.quantized:
         # vLLM quantizes each weight on load with bitsandbytes' quantize_4bit, NF4 and nested absmax: the settings
         # of the learner's BitsAndBytesConfig (rl/learner/models.py), so the same input gives the same codes
@@ -102,11 +109,12 @@ class VLLMRollout(EpisodeEngine):
         seed: int,
         deterministic: bool = False,
         episodes: EpisodeSpec | None = None,
+        lora_slots: int = 1,
     ):
         from vllm import LLM, SamplingParams
 
         self.lora_mode = cluster.lora_mode
-        kwargs = engine_kwargs(model, cluster, max_seq_length=max_seq_length, seed=seed)
+        kwargs = engine_kwargs(model, cluster, max_seq_length=max_seq_length, seed=seed, lora_slots=lora_slots)
         # vLLM logs an engine's real start-up error in the engine's own processes and raises only "see root cause
         # above" here: read back what they wrote to this process's output (a Ray actor's log files)
         mark = OutputMark()
@@ -124,6 +132,7 @@ class VLLMRollout(EpisodeEngine):
         self._cold_prefix_per_call = deterministic
         self.episodes, self._env = episodes, None  # a multi-turn env, built at its first episodes
         self._lora_request = None
+        self._lora_job = 0  # whose adapter slot this is: a pack's jobs each have one (rl/runtime/packed.py)
         if self.lora_mode == LoraMode.native:
             quiet_lora_tokenizer_notice()
         self.tokenizer = self.llm.get_tokenizer()
@@ -162,7 +171,7 @@ class VLLMRollout(EpisodeEngine):
             self.llm.collective_rpc("rlft_load_weights", args=(adapter.weights,))
             self.llm.reset_prefix_cache()
         elif self.lora_mode == LoraMode.native:
-            if self._lora_request is not None and self._lora_request.lora_int_id == adapter.version + 1:
+            if self._lora_request is not None and self._lora_request.lora_int_id == self._lora_id(adapter.version):
                 # the same version again (a rejoining actor, a resume): already in use; rewriting its folder and
                 # removing the "old" one would delete the adapter the engine reads
                 return {"seconds": time.perf_counter() - t0, "bytes": adapter.nbytes}
@@ -181,16 +190,33 @@ class VLLMRollout(EpisodeEngine):
 
         from vllm.lora.request import LoRARequest
 
-        folder = self._lora_root / f"v{adapter.version}"
+        folder = self._lora_root / f"job{self._lora_job}" / f"v{adapter.version}"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "adapter_config.json").write_text(json.dumps(adapter.config, default=str))
         (folder / "adapter_model.safetensors").write_bytes(adapter.weights)
         old = self._lora_request
-        # vLLM's LoRA ids start at 1; version 0 is an adapter too when the run starts from one (model.init_adapter)
-        self._lora_request = LoRARequest(f"v{adapter.version}", adapter.version + 1, str(folder))
+        name = f"job{self._lora_job}-v{adapter.version}"
+        self._lora_request = LoRARequest(name, self._lora_id(adapter.version), str(folder))
         if old is not None:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
             shutil.rmtree(old.lora_path, ignore_errors=True)
+
+    def _lora_id(self, version: int) -> int:
+        """vLLM's id of this slot's adapter `version`: ids start at 1 (version 0 is an adapter too when the run starts
+        from one, model.init_adapter), and each job of a pack has a range of its own."""
+        return self._lora_job * LORA_IDS_PER_JOB + version + 1
+
+    # a pack's jobs (rl/runtime/packed.py) share the engine and its base; each has its own adapter slot and version
+
+    def pack_state(self) -> tuple[str, ...]:
+        return ("version", "_lora_request", "_lora_job", "episodes", "_env")
+
+    def pack_tensors(self) -> dict[str, torch.Tensor]:
+        return {}  # the adapters are vLLM's LoRA slots (cluster.lora_mode=native in a pack)
+
+    def add_job(self, job: int, *, episodes: EpisodeSpec | None = None, **shared: object) -> None:
+        self.version, self._lora_request, self._lora_job = 0, None, job
+        self.episodes, self._env = episodes, None
 
     def load_weights_ipc(self, update_info: dict, version: int) -> dict:
         """The learner's policy opened in place from its CUDA IPC handles (`Learner.ipc_weights`), no host copy:

@@ -224,6 +224,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "train",
             "rl.app",
+            "rl.pack",  # a sweep's jobs as one pack of adapters: above the run it starts once per pack
             "rl.entry",
             "rl.preflight",
             "rl.tools",

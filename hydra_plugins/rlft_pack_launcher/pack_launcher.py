@@ -1,0 +1,146 @@
+"""`hydra/launcher=pack` (conf/hydra/launcher/pack.yaml): a sweep's jobs that share a base model train together, as
+concurrent LoRA adapters on one set of roles (rl/pack.py says what a pack shares and what its jobs may change).
+
+The launcher composes every job's config, refuses in one line a sweep whose settings cannot be packed, groups the
+jobs into packs of at most `max_jobs` whose shared keys agree (saying which key split them), and runs the packs one
+after another. In a pack, each job runs train.py's own job function (Hydra's run_job: its run directory, .hydra/
+files, metrics, checkpoints and summary, as a solo job) in a thread of its own; the threads are started one by one,
+each once the one before has reached the roles (Hydra's job state is process-wide while a job starts), and the
+pack's roles start when all have. A failed job is reported at the end, as the basic launcher's are; Ctrl-C or SIGTERM
+stops every job with its last checkpoint. It lives in the hydra_plugins namespace because Hydra instantiates
+launchers only from there; it imports only light modules (Hydra scans it).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from rl.entry import fail
+
+INTERRUPTED = 130  # train.py's exit status for a stopped run
+
+
+class PackLauncher(Launcher):
+    def __init__(self, max_jobs: int = 8) -> None:
+        super().__init__()
+        if not isinstance(max_jobs, int) or max_jobs < 1:
+            fail(f"hydra.launcher.max_jobs must be a whole number >= 1 (got {max_jobs!r}): the most jobs in one pack")
+        self.max_jobs = max_jobs
+        self.config: DictConfig | None = None
+        self.task_function: TaskFunction | None = None
+        self.hydra_context: HydraContext | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from rl import pack as packs
+
+        setup_globals()
+        assert self.config is not None and self.hydra_context is not None
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        configs = []
+        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+            config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(config):
+                config.hydra.job.id = config.hydra.job.num = idx
+            configs.append(config)
+        typed = [job_config(c) for c in configs]
+        for i, cfg in enumerate(typed):
+            why = packs.refusal(cfg)
+            if why:
+                fail(f"sweep job #{initial_job_idx + i} ({' '.join(filter_overrides(job_overrides[i]))}): {why}")
+            if cfg.cluster.lora_mode.value == "auto":  # a pack's engine serves each job's adapter as a LoRA slot
+                with read_write(configs[i]), open_dict(configs[i]):
+                    configs[i].cluster.lora_mode = "native"
+        groups, notes = packs.split(typed, self.max_jobs)
+        for note in notes:
+            print(note, flush=True)
+        returns: dict[int, JobReturn] = {}
+        for n, members in enumerate(groups):
+            log_dir = sweep_dir / "packs" / str(n) / "logs"
+            print(
+                f"pack {n + 1}/{len(groups)}: jobs {', '.join(f'#{initial_job_idx + i}' for i in members)}", flush=True
+            )
+            returns |= self.run_pack(packs.Pack(members, log_dir), {i: configs[i] for i in members})
+            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        return [returns[i] for i in range(len(configs))]
+
+    def run_pack(self, pack: Any, configs: dict[int, DictConfig]) -> dict[int, JobReturn]:
+        """Every job of `pack` in its own thread, the shared roles started once all have reached them."""
+        returns: dict[int, JobReturn] = {}
+        threads = []
+        try:
+            for i, config in configs.items():
+                t = threading.Thread(target=self.run_one, args=(pack, i, config, returns), name=f"pack-job-{i}")
+                t.daemon = True
+                t.start()
+                threads.append(t)
+                pack.wait_settled(i)
+            pack.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(timeout=0.5)
+        except KeyboardInterrupt:
+            pack.interrupt()
+            for t in threads:
+                t.join()
+            pack.close()
+            sys.exit(INTERRUPTED)
+        except Exception:
+            for t in threads:
+                t.join()
+            pack.close()
+            raise
+        pack.close()
+        if any(getattr(r, "exit_code", None) == INTERRUPTED for r in returns.values()):
+            sys.exit(INTERRUPTED)
+        return returns
+
+    def run_one(self, pack: Any, i: int, config: DictConfig, returns: dict[int, JobReturn]) -> None:
+        from rl.app import join_pack
+
+        join_pack(lambda cfg: pack.join(i, cfg))
+        try:
+            assert self.hydra_context is not None and self.task_function is not None
+            returns[i] = run_job(
+                hydra_context=self.hydra_context,
+                task_function=self.task_function,
+                config=config,
+                job_dir_key="hydra.sweep.dir",
+                job_subdir_key="hydra.sweep.subdir",
+                configure_logging=False,  # process-wide: the jobs' threads would take each other's log files
+            )
+        except SystemExit as e:  # train.py's one-line exits (an interrupted job: 130)
+            ret = JobReturn(overrides=list(config.hydra.overrides.task), cfg=config, status=JobStatus.FAILED)
+            ret.return_value = e
+            ret.exit_code = e.code  # type: ignore[attr-defined]
+            returns[i] = ret
+        except BaseException as e:  # noqa: BLE001 - reported with the job's return, the other jobs go on
+            ret = JobReturn(overrides=list(config.hydra.overrides.task), cfg=config, status=JobStatus.FAILED)
+            ret.return_value = e
+            returns[i] = ret
+        finally:
+            join_pack(None)
+            pack.ended(i)
+
+
+def job_config(config: DictConfig) -> Any:
+    """The job's typed config (rl/config/schema.py TrainConfig), without Hydra's own node; train.py checked every
+    job's values before the sweep started."""
+    task = copy.deepcopy(config)
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    return OmegaConf.to_object(task)

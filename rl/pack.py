@@ -1,0 +1,183 @@
+"""Sweep packs: the jobs of a sweep that share a base model, trained together as concurrent LoRA adapters on one set
+of roles (`python train.py -m ... hydra/launcher=pack`, hydra_plugins/rlft_pack_launcher/).
+
+What a pack shares, decided here once (`SHARED`): the `model` group (the base and its quantization, the LoRA rank,
+alpha, dropout and targets, the dtypes, the prompt and completion lengths, the chat template), the `cluster` group
+(the roles and their layout, the rollout engine) and the `learner` group (how a step is cut into micro-batches), and
+run.deterministic. Everything else may differ from job to job: the algorithm bundle and every `algorithm.*` knob
+(learning rate, optimizer, loss, advantages, clipping, KL, sampling temperature), the reward, the env and its data,
+the curriculum, run.seed, run.steps, run.prompts_per_step, the evaluation, the checkpoints and the logger. Jobs whose
+shared values differ run as packs of their own, with one line naming the key that split them.
+
+Each job is still its own run: train.py's job function runs in a thread of its own (the launcher starts them one by
+one) and writes the job's run directory as a solo run does. When it reaches the roles (rl/app.py build_runtime) it
+joins its pack and waits; once every job of the pack has joined (or ended before), the roles start once for all of
+them (rl/runtime/packed.py: one base, one adapter, optimizer and state per job), and each job trains on its own view
+of them. A job that fails or finishes early leaves the others running; Ctrl-C or SIGTERM stops every job at its next
+call on the roles, each keeping its last checkpoint (`run.resume=auto` continues the pack, each job from its own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rl.config.choices import LoraMode, RolloutBackend, RolloutMode, WeightSync
+from rl.config.schema import TrainConfig
+from rl.errors import RoleStartFailed, StartupError
+from rl.runtime.roles import Learner, RolloutActor
+from rl.runtime.runtime import Runtime
+
+SHARED_GROUPS = ("model", "cluster", "learner")  # every key of these groups is the pack's
+SHARED_KEYS = ("run.deterministic",)
+IGNORED = ("model.actor_path",)  # filled by the resolve step from keys the pack shares
+
+
+def _flat(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for name, item in value.items() for k, v in _flat(f"{prefix}.{name}", item).items()}
+    return {prefix: tuple(value) if isinstance(value, list) else value}
+
+
+def shared_values(cfg: TrainConfig) -> dict[str, Any]:
+    """The values a pack's jobs must agree on, by dotted key."""
+    out: dict[str, Any] = {}
+    for group in SHARED_GROUPS:
+        out |= _flat(group, dataclasses.asdict(getattr(cfg, group)))
+    for key in SHARED_KEYS:
+        group, name = key.split(".", 1)
+        out[key] = getattr(getattr(cfg, group), name)
+    return {k: v for k, v in out.items() if k not in IGNORED}
+
+
+def refusal(cfg: TrainConfig) -> str | None:
+    """What makes a job unable to train in a pack, as one line with the key to change (None: it can)."""
+    c, m = cfg.cluster, cfg.model
+    why = None
+    if m.full_finetune:
+        why = "model.full_finetune=true trains every weight: a pack's jobs share the base (LoRA only)"
+    elif c.num_learners > 1:
+        why = f"cluster.num_learners={c.num_learners}: a pack trains on one learner (set cluster.num_learners=1)"
+    elif c.rollout_mode == RolloutMode.continuous:
+        why = "cluster.rollout_mode=continuous is not packed yet: use cluster.rollout_mode=batch"
+    elif c.colocate:
+        why = "cluster.colocate=true is not packed: set cluster.colocate=false"
+    elif c.weight_sync == WeightSync.ipc:
+        why = "cluster.weight_sync=ipc is not packed: set cluster.weight_sync=object_store"
+    elif c.num_teachers:
+        why = "cluster.num_teachers > 0 (a judge or teacher) is not packed: set cluster.num_teachers=0"
+    elif c.rollout_backend == RolloutBackend.vllm and c.lora_mode == LoraMode.merged:
+        why = "cluster.lora_mode=merged merges one adapter into the engine's weights: a pack needs native (or auto)"
+    return None if why is None else f"hydra/launcher=pack: {why}, or run the sweep without hydra/launcher=pack"
+
+
+def split(cfgs: list[TrainConfig], max_jobs: int) -> tuple[list[list[int]], list[str]]:
+    """The jobs (indices into `cfgs`) grouped into packs of at most `max_jobs` whose shared values agree, in job
+    order; and one line per group of jobs that had to leave the first one's pack, naming the first differing key."""
+    groups: list[tuple[dict[str, Any], list[int]]] = []
+    for i, cfg in enumerate(cfgs):
+        values = shared_values(cfg)
+        for shared, members in groups:
+            if shared == values:
+                members.append(i)
+                break
+        else:
+            groups.append((values, [i]))
+    notes = []
+    first_values, first_members = groups[0]
+    for values, members in groups[1:]:
+        key = next(k for k in sorted(set(values) | set(first_values)) if values.get(k) != first_values.get(k))
+        jobs = ", ".join(f"#{i}" for i in members)
+        notes.append(
+            f"pack: job(s) {jobs} differ from #{first_members[0]} in {key} ({values.get(key)!r} vs "
+            f"{first_values.get(key)!r}): they train in a pack of their own"
+        )
+    packs = [members[k : k + max_jobs] for _, members in groups for k in range(0, len(members), max_jobs)]
+    return packs, notes
+
+
+class Pack:
+    """The jobs of one pack in this process. Each job's thread calls `join` (through rl/app.py build_runtime) and
+    waits; the launcher calls `start` once every job has joined or ended (`settled`), then `close` when all ended."""
+
+    def __init__(self, jobs: list[int], log_dir: Path):
+        self.jobs, self.log_dir = jobs, log_dir
+        self.cond = threading.Condition()
+        self.cfgs: dict[int, TrainConfig] = {}
+        self.settled: set[int] = set()
+        self.runtimes: dict[int, Runtime] | None = None
+        self.error: BaseException | None = None
+        self.stop = threading.Event()  # set: every job stops at its next call (rl/runtime/packed.py JobGroup)
+        self._teardown: Callable[[], None] | None = None
+
+    def join(self, job: int, cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
+        """In job `job`'s thread: wait for the shared roles; this job's runtime on them (its teardown is the
+        pack's, so it does nothing here)."""
+        with self.cond:
+            self.cfgs[job] = cfg
+            self.settled.add(job)
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: self.runtimes is not None or self.error is not None)
+        if self.error is not None:
+            if isinstance(self.error, KeyboardInterrupt):
+                raise KeyboardInterrupt
+            raise StartupError(f"the pack's roles did not start: {self.error}")
+        assert self.runtimes is not None
+        return self.runtimes[job], lambda: None
+
+    def ended(self, job: int) -> None:
+        with self.cond:
+            self.settled.add(job)
+            self.cond.notify_all()
+
+    def wait_settled(self, job: int) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: job in self.settled)
+
+    def start(self) -> None:
+        """Start the shared roles for the jobs that joined, and hand each its runtime (in the launcher's thread)."""
+        from rl.app import build_runtime
+        from rl.preflight.diagnose import explain
+        from rl.runtime.packed import JobGroup
+
+        jobs = sorted(self.cfgs)
+        try:
+            if not jobs:
+                raise StartupError("no job of the pack reached its start")
+            cfgs = [self.cfgs[j] for j in jobs]
+            first = cfgs[0]
+            print(f"pack: jobs {', '.join(f'#{j}' for j in jobs)} share one {first.model.path}", flush=True)
+            try:
+                shared, self._teardown = build_runtime(first, pack=cfgs, log_dir=self.log_dir)
+            except RoleStartFailed as e:
+                raise StartupError(explain(e.role, e.cause, first)) from e
+            runtimes = {}
+            for slot, (job, cfg) in enumerate(zip(jobs, cfgs)):
+                actors: JobGroup[RolloutActor] = JobGroup(shared.actors, slot, self.stop)
+                learners: JobGroup[Learner] = JobGroup(shared.learners, slot, self.stop)
+                episodes = cfg.episodes is not None
+                runtimes[job] = Runtime(actors, learners, cfg.cluster, None, episodes=episodes)
+        except BaseException as e:
+            with self.cond:
+                self.error = e
+                self.cond.notify_all()
+            raise
+        with self.cond:
+            self.runtimes = runtimes
+            self.cond.notify_all()
+
+    def interrupt(self) -> None:
+        """Stop every job at its next call on the roles (each ends as an interrupted run, its checkpoint kept)."""
+        self.stop.set()
+        with self.cond:
+            if self.runtimes is None and self.error is None:
+                self.error = KeyboardInterrupt()
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        teardown, self._teardown = self._teardown, None
+        if teardown is not None:
+            teardown()
