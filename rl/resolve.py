@@ -336,7 +336,7 @@ def resolve(
             overlong_buffer=(a.overlong_buffer or default_overlong_buffer(completion)) if a.overlong_penalty else None,
             top_k=a.top_k if a.top_k is not None and a.top_k < a.group_size else None,
             demos=resolve_demos(cfg),
-            lr=a.lr or (FULL_FINETUNE_LR if m.full_finetune else LORA_LR),
+            lr=(FULL_FINETUNE_LR if m.full_finetune else LORA_LR) if a.lr is None else a.lr,
         ),
         cluster=replace(cfg.cluster, lora_mode=resolve_lora_mode(cfg)),
         learner=replace(cfg.learner, micro_batch_tokens=resolve_micro_batch_tokens(cfg)),

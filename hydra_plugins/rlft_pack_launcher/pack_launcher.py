@@ -18,13 +18,14 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from rl.config.choices import LoraMode
 from rl.entry import fail
 
 INTERRUPTED = 130  # train.py's exit status for a stopped run
@@ -62,21 +63,49 @@ class PackLauncher(Launcher):
             why = packs.refusal(cfg)
             if why:
                 fail(f"sweep job #{initial_job_idx + i} ({' '.join(filter_overrides(job_overrides[i]))}): {why}")
-            if cfg.cluster.lora_mode.value == "auto":  # a pack's engine serves each job's adapter as a LoRA slot
+            if cfg.cluster.lora_mode == LoraMode.auto:  # a pack's engine serves each job's adapter as a LoRA slot
+                cfg.cluster.lora_mode = LoraMode.native
                 with read_write(configs[i]), open_dict(configs[i]):
                     configs[i].cluster.lora_mode = "native"
         groups, notes = packs.split(typed, self.max_jobs)
         for note in notes:
             print(note, flush=True)
+        if any(cfg.plan for cfg in typed):  # each pack's plan: one base, every job's adapter and optimizer state
+            self.plan([[typed[i] for i in members] for members in groups])
         returns: dict[int, JobReturn] = {}
-        for n, members in enumerate(groups):
-            log_dir = sweep_dir / "packs" / str(n) / "logs"
-            print(
-                f"pack {n + 1}/{len(groups)}: jobs {', '.join(f'#{initial_job_idx + i}' for i in members)}", flush=True
-            )
-            returns |= self.run_pack(packs.Pack(members, log_dir), {i: configs[i] for i in members})
-            configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        out, err = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = JobLabels(out), JobLabels(err)
+        try:
+            for n, members in enumerate(groups):
+                log_dir = sweep_dir / "packs" / str(n) / "logs"
+                jobs = ", ".join(f"#{initial_job_idx + i}" for i in members)
+                print(f"pack {n + 1}/{len(groups)}: jobs {jobs}", flush=True)
+                returns |= self.run_pack(packs.Pack(members, log_dir), {i: configs[i] for i in members})
+                configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        finally:
+            sys.stdout, sys.stderr = out, err
         return [returns[i] for i in range(len(configs))]
+
+    def plan(self, packs: list[list[Any]]) -> NoReturn:
+        """plan=true: every pack's preflight plan (rl/preflight/plan.py), nothing started; one line when one does not
+        fit."""
+        from rl.config.errors import ConfigError
+        from rl.preflight.plan import print_plan
+
+        too_big = []
+        for n, jobs in enumerate(packs):
+            print(f"pack {n + 1}/{len(packs)}:", flush=True)
+            try:
+                if not print_plan(jobs[0], pack_jobs=len(jobs)):
+                    too_big.append(f"pack {n + 1} ({len(jobs)} jobs)")
+            except (ConfigError, ValueError) as e:
+                fail(str(e))
+        if too_big:
+            fail(
+                f"hydra/launcher=pack: {', '.join(too_big)} will not start or not fit as planned above: lower "
+                f"hydra.launcher.max_jobs (now {self.max_jobs}), or change what the warnings name"
+            )
+        sys.exit(0)
 
     def run_pack(self, pack: Any, configs: dict[int, DictConfig]) -> dict[int, JobReturn]:
         """Every job of `pack` in its own thread, the shared roles started once all have reached them."""
@@ -113,6 +142,9 @@ class PackLauncher(Launcher):
         from rl.app import join_pack
 
         join_pack(lambda cfg: pack.join(i, cfg))
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, JobLabels):
+                stream.label(f"#{config.hydra.job.num}")
         try:
             assert self.hydra_context is not None and self.task_function is not None
             returns[i] = run_job(
@@ -135,6 +167,32 @@ class PackLauncher(Launcher):
         finally:
             join_pack(None)
             pack.ended(i)
+
+
+class JobLabels:
+    """A stream that starts each line a pack's job thread writes with the job's number ("#3 | "), so that the
+    jobs' console lines, which interleave, say whose they are; other threads' lines pass unchanged."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+        self.local = threading.local()
+
+    def label(self, text: str | None) -> None:
+        self.local.label, self.local.at_start = text, True
+
+    def write(self, s: str) -> int:
+        label = getattr(self.local, "label", None)
+        if label is None or not s:
+            return self.stream.write(s)
+        out = []
+        for line in s.splitlines(keepends=True):
+            out.append(f"{label} | {line}" if self.local.at_start else line)
+            self.local.at_start = line.endswith("\n")
+        self.stream.write("".join(out))
+        return len(s)
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding: the stream's own
+        return getattr(self.stream, name)
 
 
 def job_config(config: DictConfig) -> Any:

@@ -176,7 +176,8 @@ class AlgorithmConfig(PolicyLossKnobs, AdvantageKnobs):
         PolicyLossKnobs.__post_init__(self)
         AdvantageKnobs.__post_init__(self)
         check(self.group_size >= 2, f"algorithm.group_size must be >= 2 for group baselines (got {self.group_size})")
-        check(self.lr is None or self.lr > 0, f"algorithm.lr must be > 0 (got {self.lr})")
+        # 0 trains nothing: a sweep's control job (its adapter stays the initial one)
+        check(self.lr is None or self.lr >= 0, f"algorithm.lr must be >= 0 (got {self.lr})")
         check(self.updates_per_step >= 1, f"algorithm.updates_per_step must be >= 1 (got {self.updates_per_step})")
         check(
             (self.policy_loss == "sft") == (self.demos is not None),

@@ -107,10 +107,13 @@ def estimate_memory(
     gradient_checkpointing: bool | None = None,
     micro_batch_tokens: int = 0,
     actor_in_4bit: bool = False,
+    pack_jobs: int = 1,
 ) -> dict[str, RoleMemory]:
     """Memory of one rollout actor and one learner (bytes). `device_bytes`: one GPU's memory, or the machine's RAM
     when `use_gpu` is false. `gradient_checkpointing` None means on with 4-bit (Unsloth's default), else off.
-    `actor_in_4bit`: the engine holds the weights in NF4 (model.actor_base=quantized)."""
+    `actor_in_4bit`: the engine holds the weights in NF4 (model.actor_base=quantized). `pack_jobs`: the jobs of a
+    sweep pack sharing the roles (hydra/launcher=pack): one base, and per job an adapter and its AdamW moments on the
+    learner and a LoRA slot on the engine; the gradients and activations are one job's at a time."""
     if load_in_4bit and full_finetune:
         raise ConfigError("model.load_in_4bit=true cannot be fully fine-tuned: set model.full_finetune=false (LoRA)")
     seq_len = max_prompt_tokens + max_new_tokens
@@ -125,9 +128,13 @@ def estimate_memory(
         trainable, train_b, label = shape.params, learner_b, f"full fine-tune, {learner_name}"
     else:
         trainable, train_b, label = shape.lora_params(lora_rank, lora_targets), 4, f"LoRA r={lora_rank}, fp32"
-        learner.parts[f"LoRA weights ({label})"] = trainable * train_b
+        learner.parts[f"LoRA weights ({label}{f', x{pack_jobs} jobs' if pack_jobs > 1 else ''})"] = (
+            pack_jobs * trainable * train_b
+        )
     learner.parts["gradients"] = trainable * train_b
-    learner.parts["AdamW moments"] = 2 * trainable * train_b
+    learner.parts[f"AdamW moments{f' (x{pack_jobs} jobs)' if pack_jobs > 1 else ''}"] = (
+        2 * pack_jobs * trainable * train_b
+    )
     if micro_batch_tokens > 0:  # one packed row: the budget, or one longer sequence alone
         row = max(micro_batch_tokens, seq_len)
         batch = dict(sequences=1, seq_len=row, completion_len=row)
@@ -142,7 +149,7 @@ def estimate_memory(
     )
 
     # vLLM sizes its slot at the smallest rank it allows that holds the adapter, not at the adapter's rank
-    lora_slot = shape.lora_params(lora_slot_rank(lora_rank), lora_targets) if native_lora else 0
+    lora_slot = pack_jobs * shape.lora_params(lora_slot_rank(lora_rank), lora_targets) if native_lora else 0
     if not vllm:  # HF generate: the KV cache of the batch, nothing reserved
         actor, b, _ = engine_weights("actor", shape, actor_dtype, actor_in_4bit, lora_slot)
         actor.parts["KV cache (its sequences at once)"] = sequences_per_actor * seq_len * shape.kv_bytes_per_token(b)
@@ -271,7 +278,7 @@ def vllm_cpu_fraction(non_kv: float, kv_needed: float, node_total: float, headro
 
 
 def plan_for_config(
-    cfg: Any, shape: ModelShape, device_bytes: float, teacher_shape: ModelShape | None = None
+    cfg: Any, shape: ModelShape, device_bytes: float, teacher_shape: ModelShape | None = None, pack_jobs: int = 1
 ) -> dict[str, RoleMemory]:
     """`estimate_memory` for a TrainConfig, and with `cluster.num_teachers` one judge/teacher engine ("teacher"):
     `teacher_shape` (None: the student's `shape`) served as rl/rollout/teacher.py's `teacher_engine_config` does,
@@ -306,6 +313,7 @@ def plan_for_config(
         native_lora=vllm and resolve_lora_mode(cfg) == "native",
         gradient_checkpointing=m.gradient_checkpointing,
         actor_in_4bit=vllm and m.load_in_4bit and value(getattr(m, "actor_base", "learner")) == "quantized",
+        pack_jobs=pack_jobs,
     )
     teachers = getattr(c, "num_teachers", 0)
     if teachers:
