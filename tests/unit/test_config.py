@@ -184,7 +184,9 @@ def test_every_job_of_a_sweep_is_checked_before_the_first_runs(tmp_path):
         sweep_jobs(conf, ["algorithm=glob(zz*)"])
     proc = run_train(["-m", "algorithm.lr=1e-3,-1", "plan=true", f"hydra.sweep.dir={tmp_path}"], timeout=120)
     assert proc.returncode == 2 and "fits" not in proc.stdout  # no job ran, not even the good first one
-    assert proc.stderr.strip() == "error: sweep job #1 (algorithm.lr=-1 plan=True): algorithm.lr must be >= 0 (got -1.0)"
+    assert (
+        proc.stderr.strip() == "error: sweep job #1 (algorithm.lr=-1 plan=True): algorithm.lr must be >= 0 (got -1.0)"
+    )
     proc = run_train(["-m", "algorithm=glob(gr*)", "run.sed=1", f"hydra.sweep.dir={tmp_path}"], timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().startswith(
         "error: sweep job #0 (algorithm=grpo run.sed=1): unknown config key 'run.sed'"
