@@ -28,6 +28,7 @@ from typing import Any
 from rl.config.choices import LoraMode, RolloutBackend, RolloutMode, WeightSync
 from rl.config.schema import TrainConfig
 from rl.errors import RoleStartFailed, StartupError
+from rl.runtime.packed import Gather, JobGroup
 from rl.runtime.roles import Learner, RolloutActor
 from rl.runtime.runtime import Runtime
 
@@ -111,6 +112,8 @@ class Pack:
         self.runtimes: dict[int, Runtime] | None = None
         self.error: BaseException | None = None
         self.stop = threading.Event()  # set: every job stops at its next call (rl/runtime/packed.py JobGroup)
+        self.slots: dict[int, int] = {}  # job -> its slot in the shared roles
+        self.gather: Gather | None = None  # the jobs' generate calls merged, on a vLLM engine
         self._teardown: Callable[[], None] | None = None
 
     def join(self, job: int, cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
@@ -132,6 +135,8 @@ class Pack:
         with self.cond:
             self.settled.add(job)
             self.cond.notify_all()
+        if self.gather is not None and job in self.slots:  # its pack mates' generate calls no longer wait for it
+            self.gather.leave(self.slots[job])
 
     def wait_settled(self, job: int) -> None:
         with self.cond:
@@ -141,7 +146,6 @@ class Pack:
         """Start the shared roles for the jobs that joined, and hand each its runtime (in the launcher's thread)."""
         from rl.app import build_runtime
         from rl.preflight.diagnose import explain
-        from rl.runtime.packed import JobGroup
 
         jobs = sorted(self.cfgs)
         try:
@@ -154,9 +158,12 @@ class Pack:
                 shared, self._teardown = build_runtime(first, pack=cfgs, log_dir=self.log_dir)
             except RoleStartFailed as e:
                 raise StartupError(explain(e.role, e.cause, first)) from e
+            self.slots = {job: slot for slot, job in enumerate(jobs)}
+            if first.cluster.rollout_backend == RolloutBackend.vllm:
+                self.gather = Gather(shared.actors, list(self.slots.values()))
             runtimes = {}
             for slot, (job, cfg) in enumerate(zip(jobs, cfgs)):
-                actors: JobGroup[RolloutActor] = JobGroup(shared.actors, slot, self.stop)
+                actors: JobGroup[RolloutActor] = JobGroup(shared.actors, slot, self.stop, self.gather)
                 learners: JobGroup[Learner] = JobGroup(shared.learners, slot, self.stop)
                 episodes = cfg.episodes is not None
                 runtimes[job] = Runtime(actors, learners, cfg.cluster, None, episodes=episodes)

@@ -242,8 +242,9 @@ class VLLMRollout(EpisodeEngine):
         seeds: list[int] | None = None,
     ) -> list[PromptRollout]:
         """Sample `sampling.n` completions per prompt, all prompts in one engine call (the only one: episodes' turns
-        come here too); `max_tokens`: a cap per prompt instead of `sampling.max_tokens`. `seeds` (one per prompt):
-        each prompt's request gets its own sampling seed (vLLM seeds its k-th sample with seed + k), so its random
+        come here too, and a pack's jobs' calls merged, `generate_requests`); `max_tokens`: a cap per prompt instead
+        of `sampling.max_tokens`. `seeds` (one per prompt): each prompt's request gets its own sampling seed (vLLM
+        seeds its k-th sample with seed + k), so its random
         draws do not depend on the other requests in the engine's batch; None samples from the engine's seed. The
         logits can: on the CPU build a different batch changes some samples (rl/runtime/process_env.py `actor_env`
         keeps the batches a function of the prompts there; on GPUs `run.deterministic=true` turns on vLLM's
@@ -264,12 +265,22 @@ class VLLMRollout(EpisodeEngine):
         `bench.rollout --diagnose`) they halved decode speed (docs/benchmarks.md)."""
         if not prompts:
             return []
+        return self.generate_requests([(prompts, sampling, max_tokens, seeds, self._lora_request, self.version)])[0]
+
+    def pack_request(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None) -> tuple:
+        """A pack's job's single-turn generate call with its adapter slot and version bound (rl/runtime/packed.py:
+        the calls of the pack's jobs go to `generate_requests` together, one engine call)."""
+        return (prompts, sampling, None, seeds, self._lora_request, self.version)
+
+    def generate_requests(self, requests: list[tuple]) -> list[list[PromptRollout]]:
+        """One engine call for several calls' prompts, each call `(prompts, sampling, max_tokens, seeds, lora_request,
+        version)` with its own sampling settings and adapter; the rollouts of each call, in order."""
         self.wake_up()
         if self._cold_prefix_per_call:
             self.llm.reset_prefix_cache()
         from vllm import SamplingParams
 
-        def params(cap: int, seed: int | None) -> SamplingParams:
+        def params(sampling: Sampling, cap: int, seed: int | None) -> SamplingParams:
             return SamplingParams(
                 n=sampling.n,
                 **sampling.filters(),
@@ -280,16 +291,15 @@ class VLLMRollout(EpisodeEngine):
                 **self._flat_logprobs,
             )
 
-        if seeds is None and max_tokens is None:
-            per_request: SamplingParams | list[SamplingParams] = params(sampling.max_tokens, None)
-        else:
+        inputs, per_request, loras = [], [], []
+        for prompts, sampling, max_tokens, seeds, lora, _ in requests:
             caps = max_tokens if max_tokens is not None else [sampling.max_tokens] * len(prompts)
-            per_request = [params(cap, seed) for cap, seed in zip(caps, seeds or [None] * len(prompts))]
+            inputs += [{"prompt_token_ids": p} for p in prompts]
+            per_request += [params(sampling, cap, seed) for cap, seed in zip(caps, seeds or [None] * len(prompts))]
+            loras += [lora] * len(prompts)
+        one_adapter = len({id(x) for x in loras}) <= 1
         outs = self.llm.generate(
-            [{"prompt_token_ids": p} for p in prompts],
-            per_request,
-            lora_request=self._lora_request,
-            use_tqdm=False,
+            inputs, per_request, lora_request=loras[0] if one_adapter and loras else loras, use_tqdm=False
         )
         samples = [c for out in outs for c in out.outputs]
         texts = self.tokenizer.batch_decode([list(c.token_ids) for c in samples], skip_special_tokens=True)
@@ -297,9 +307,14 @@ class VLLMRollout(EpisodeEngine):
             Completion(list(c.token_ids), sampled_logprobs(c), "length" if c.finish_reason == "length" else "stop", t)
             for c, t in zip(samples, texts)
         )
-        return [
-            PromptRollout(list(p), [next(comps) for _ in out.outputs], self.version) for p, out in zip(prompts, outs)
-        ]
+        results, at = [], 0
+        for prompts, _, _, _, _, version in requests:
+            part = outs[at : at + len(prompts)]
+            at += len(prompts)
+            results.append(
+                [PromptRollout(list(p), [next(comps) for _ in o.outputs], version) for p, o in zip(prompts, part)]
+            )
+        return results
 
     def state_dict(self) -> dict:
         """Nothing: vLLM's sampler generator cannot be read from outside, and no sample needs it, since every

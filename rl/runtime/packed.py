@@ -18,6 +18,8 @@ checkpoint.
 from __future__ import annotations
 
 import threading
+from collections import deque
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol
 
 import torch
@@ -91,6 +93,17 @@ class PackedRole:
             finally:
                 self.states[job] = self._capture()
 
+    def generate_jobs(self, calls: list[tuple[int, tuple]]) -> list[Any]:
+        """Several jobs' single-turn `generate(prompts, sampling, seeds)` calls in one engine call (a role with
+        `generate_requests`: the vLLM engine): each request bound to its job's adapter slot and version."""
+        with self._lock:
+            requests = []
+            for job, args in calls:
+                self._enter(job)
+                requests.append(self.role.pack_request(*args))
+                self.states[job] = self._capture()
+            return self.role.generate_requests(requests)
+
     def jobs(self) -> int:
         return len(self.states)
 
@@ -99,12 +112,65 @@ class PackedRole:
             self.role.close()
 
 
+@dataclass(eq=False)
+class _Ticket:
+    """A job's generate call waiting in a Gather; `handle` and `position` once it was sent with the others."""
+
+    job: int
+    args: tuple
+    handle: Handle[Any] | None = None
+    position: int = 0
+
+
+class Gather:
+    """The pack's jobs' generate calls on one engine merged into one engine call (`PackedRole.generate_jobs`): the
+    oldest waiting call of every live job of an actor, sent once each live job has one there. The merge is a
+    function of the jobs' own call sequences (the k-th calls go together), never of timing, so a pack repeats
+    itself; a job that ends (`leave`) is no longer waited for. Batching the jobs' prompts is where a pack's engine
+    gains: one large batch decodes in little more time than one job's."""
+
+    def __init__(self, inner: Group[Any], jobs: list[int]):
+        self.inner, self.live = inner, set(jobs)
+        self.cond = threading.Condition()
+        self.waiting: dict[int, dict[int, deque[_Ticket]]] = {}
+
+    def submit(self, index: int, job: int, args: tuple) -> _Ticket:
+        ticket = _Ticket(job, args)
+        with self.cond:
+            self.waiting.setdefault(index, {}).setdefault(job, deque()).append(ticket)
+            self._send_ready(index)
+        return ticket
+
+    def leave(self, job: int) -> None:
+        with self.cond:
+            self.live.discard(job)
+            for index, queues in self.waiting.items():
+                queues.pop(job, None)
+                self._send_ready(index)
+
+    def _send_ready(self, index: int) -> None:
+        queues = self.waiting[index]
+        while self.live and all(queues.get(j) for j in self.live):
+            tickets = [queues[j].popleft() for j in sorted(self.live)]
+            handle = self.inner.submit(index, PackedRole.generate_jobs, [(t.job, t.args) for t in tickets])
+            for k, t in enumerate(tickets):
+                t.handle, t.position = handle, k
+            self.cond.notify_all()
+
+    def sent(self, ticket: _Ticket, timeout_s: float | None = None) -> Handle[Any] | None:
+        """The merged call's handle once sent (waits up to `timeout_s`; None: not sent yet)."""
+        with self.cond:
+            self.cond.wait_for(lambda: ticket.handle is not None, timeout=timeout_s)
+            return ticket.handle
+
+
 class JobGroup(Generic[R]):
     """Job `job`'s view of a group of PackedRoles (in this process or Ray actors): the Group interface, each call
-    sent to `PackedRole.on_job`. Closing it leaves the shared roles running (the pack closes them)."""
+    sent to `PackedRole.on_job`, and single-turn generate calls through the pack's `gather` when it has one.
+    Closing it leaves the shared roles running (the pack closes them)."""
 
-    def __init__(self, inner: Group[Any], job: int, stop: threading.Event):
-        self.inner, self.job, self.stop = inner, job, stop
+    def __init__(self, inner: Group[Any], job: int, stop: threading.Event, gather: Gather | None = None):
+        self.inner, self.job, self.stop, self.gather = inner, job, stop, gather
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -112,13 +178,34 @@ class JobGroup(Generic[R]):
     def submit(self, index: int, method: Method[R, P, T], *args: P.args, **kwargs: P.kwargs) -> Handle[T]:
         if self.stop.is_set():  # the pack is stopping: this job ends as an interrupted run (train.py)
             raise KeyboardInterrupt
-        return self.inner.submit(index, PackedRole.on_job, self.job, method_name(method), *args, **kwargs)
+        name = method_name(method)
+        if self.gather is not None and name == "generate" and len(args) <= 3 and not kwargs:  # single-turn
+            return Handle(index, self.gather.submit(index, self.job, args))
+        return self.inner.submit(index, PackedRole.on_job, self.job, name, *args, **kwargs)
 
     def result(self, handle: Handle[T]) -> T:
+        ticket = handle.token
+        if isinstance(ticket, _Ticket):
+            assert self.gather is not None
+            sent = self.gather.sent(ticket)
+            assert sent is not None
+            return self.inner.result(sent)[ticket.position]
         return self.inner.result(handle)
 
     def wait(self, handles: list[Handle[Any]], timeout_s: float) -> list[int]:
-        return self.inner.wait(handles, timeout_s)
+        if self.gather is None:
+            return self.inner.wait(handles, timeout_s)
+        inner: list[Handle[Any]] = []
+        where: list[int] = []
+        for k, h in enumerate(handles):
+            sent = self.gather.sent(h.token, 0.0) if isinstance(h.token, _Ticket) else h
+            if sent is not None:
+                inner.append(sent)
+                where.append(k)
+        if not inner:  # nothing sent yet: wait for the first to be
+            self.gather.sent(handles[0].token, timeout_s)
+            return []
+        return [where[k] for k in self.inner.wait(inner, timeout_s)]
 
     def put(self, value: T) -> T:
         return self.inner.put(value)
