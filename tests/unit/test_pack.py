@@ -333,3 +333,25 @@ def test_the_launcher_refuses_in_one_line_before_any_job_starts(tmp_path, settin
     errors = proc.stderr.strip().splitlines()
     assert len(errors) == 1 and line in errors[0], proc.stderr[-2000:]
     assert not (sweep / "0").exists() and not (sweep / "packs").exists()
+
+
+def test_the_launcher_reads_each_jobs_config_with_its_directory_so_a_pack_resumes():
+    """run.resume=auto needs run.output_dir: the launcher's view of a job has the job's directory there, as train.py
+    gives the job itself (the command an interrupted pack prints continues it)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.utils import setup_globals
+    from omegaconf import open_dict
+
+    from hydra_plugins.rlft_pack_launcher.pack_launcher import job_config
+    from rl.config.schema import register_configs
+    from tests.helpers import CONF
+
+    register_configs()
+    setup_globals()  # the ${now:...} of the default sweep directory
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        config = compose("train", ["run.resume=auto", "hydra.sweep.dir=/sweeps/a"], return_hydra_config=True)
+    with open_dict(config):
+        config.hydra.job.num = 3  # as the launcher numbers its jobs
+    cfg = job_config(config)
+    assert (cfg.run.output_dir, cfg.run.resume) == ("/sweeps/a/3", "auto")
+    assert pack.refusal(cfg) is None
