@@ -103,13 +103,6 @@ class NanReward:
         return [float("nan")] * len(completions)
 
 
-class RaisingReward:
-    """A reward that raises on its first call, as a broken reward does."""
-
-    def __call__(self, completions, *, answer, **kwargs):
-        raise ValueError("RaisingReward: this reward always fails")
-
-
 # the length reward in place of the default one: the default's reward-runner keys (workers, timeout_s, the wrapped
 # reward) are dropped, since the length reward is a plain `_target_` scored in the driver
 LENGTH_REWARD = ["reward._target_=tests.helpers.LengthReward", "~reward.workers", "~reward.timeout_s", "~reward.reward"]

@@ -9,16 +9,19 @@ Three sweeps (each starts Ray and one engine for its pack): the four jobs for 2 
 steps, stopped with SIGTERM once each has a checkpoint; the same command resumed. The interrupted one repeats the
 first pack's steps (less the failing job), so a job's metrics must not depend on the pack it ran in. A sweep split
 into two packs by model.lora_rank runs in process (cluster=local, HF generation) to keep it short.
-About 4 minutes on 2 CPU cores; the resumed sweeps are tier 2 (vLLM runs repeated and resumed bit for bit)."""
+About 5 minutes on 2 shared CPU cores: the pack of four 80 s, the split 30 s, and (tier 2: vLLM runs repeated and
+resumed bit for bit) the interrupted and resumed sweeps 3 minutes."""
 
 from __future__ import annotations
 
 import csv
+import os
 import shlex
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -170,11 +173,33 @@ def test_a_failing_job_stops_alone_and_the_sweep_exits_1_naming_it(pack_of_four)
 # ------------------------------------------------------------------------------------------------ interrupt, resume
 
 
+@dataclass
+class Stopped:
+    """A job of the interrupted pack as it stopped: its metric rows, the steps of its whole checkpoints and of all
+    its checkpoint folders, whether it had finished."""
+
+    rows: list[dict]
+    whole: list[int]
+    folders: list[int]
+    finished: bool
+
+    @classmethod
+    def of(cls, run: Path) -> Stopped:
+        whole = [s for s, _ in checkpoint.list_checkpoints(run)]
+        folders = [s for s, _ in checkpoint.step_dirs(run)]
+        return cls(metric_rows(run), whole, folders, (run / "summary.json").exists())
+
+    @property
+    def last(self) -> int:
+        return self.whole[-1]
+
+
 @pytest.fixture(scope="module")
 def interrupted_and_resumed(tiny_model, conf, tmp_path_factory):
     """The three jobs that finish, 4 steps: stopped with SIGTERM once each has a whole checkpoint, then resumed with
-    the command the interrupted jobs print. (run directories by name, sweep directory, the stopped process's exit
-    status and stderr, each job's metric rows and newest checkpoint step when it stopped, the resumed process)."""
+    the command the interrupted jobs print. Returns the run directories by name, the sweep directory, the stopped
+    sweep (exit status, stderr, its `interrupted:` lines and their commands), each job as it stopped, and the
+    resumed sweep's process."""
     root = tmp_path_factory.mktemp("resume")
     sweep = root / "sweep"
     dirs = job_dirs(sweep, FINISH)
@@ -196,14 +221,10 @@ def interrupted_and_resumed(tiny_model, conf, tmp_path_factory):
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=300)
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            if proc.poll() is None:  # the sweep and what it started (Ray, the engine): its own session
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=60)
-    # each job as it stopped: its metric rows, its newest whole checkpoint, whether it had finished already
-    stopped = {
-        name: (metric_rows(d), checkpoint.list_checkpoints(d)[-1][0], (d / "summary.json").exists())
-        for name, d in dirs.items()
-    }
+    stopped = {name: Stopped.of(d) for name, d in dirs.items()}
     lines = [line for line in err.read_text().splitlines() if line.startswith("interrupted: ")]
     commands = [shlex.split(line.split("continue it with: ", 1)[1]) for line in lines]
     resumed = run_train(commands[0][2:], timeout=900) if commands else None
@@ -219,12 +240,11 @@ def test_an_interrupted_pack_exits_130_each_job_with_whole_checkpoints_and_the_c
     assert "Traceback" not in stderr
     assert lines, "no job was interrupted: every one had finished"
     for name, run in dirs.items():
-        _, last, finished = stopped[name]
-        assert [s for s, _ in checkpoint.list_checkpoints(run)] == list(range(1, last + 1))
-        assert [s for s, _ in checkpoint.step_dirs(run)] == list(range(1, last + 1))  # no damaged one beside them
+        job = stopped[name]
+        assert job.whole == list(range(1, job.last + 1)) and job.folders == job.whole  # no damaged one beside them
         mine = [line for line in lines if line.startswith(f"interrupted: {run}: ")]
-        assert finished or mine == [
-            f"interrupted: {run}: its last checkpoint is {checkpoint.step_dir_name(last)}; continue it with: "
+        assert job.finished or mine == [
+            f"interrupted: {run}: its last checkpoint is {checkpoint.step_dir_name(job.last)}; continue it with: "
             + shlex.join(["python", "train.py", *commands[0][2:]])
         ]
     # one command continues the sweep: the same arguments, in the same sweep directory, with run.resume=auto
@@ -237,14 +257,14 @@ def test_the_resumed_pack_continues_each_job_from_its_own_checkpoint(interrupted
     dirs, sweep, _, stopped, resumed = interrupted_and_resumed
     assert resumed is not None and resumed.returncode == 0, resumed and resumed.stderr[-3000:]
     for name, run in dirs.items():
-        before, last, finished = stopped[name]
-        if not finished:
-            where = run / "checkpoints" / checkpoint.step_dir_name(last)
-            assert f"resumed from {where}: step {last}" in resumed.stdout, resumed.stdout[-3000:]
+        job = stopped[name]
+        if not job.finished:
+            where = run / "checkpoints" / checkpoint.step_dir_name(job.last)
+            assert f"resumed from {where}: step {job.last}" in resumed.stdout, resumed.stdout[-3000:]
         rows = metric_rows(run)
         assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3, 4]  # each step once
-        kept = [r for r in before if r["step"] <= last]
-        assert [r for r in rows if r["step"] <= last] == kept  # the rows up to the checkpoint are the first run's
+        kept = [r for r in job.rows if r["step"] <= job.last]
+        assert [r for r in rows if r["step"] <= job.last] == kept  # the rows up to the checkpoint are the first run's
         assert (run / "summary.json").is_file()
     assert list(summary_rows(sweep).values()) == ["done"] * 3
 
@@ -262,9 +282,8 @@ def test_a_packed_jobs_results_do_not_depend_on_the_pack_it_ran_in(pack_of_four,
         return [r for r in rows if r["step"] <= upto and not (r["step"] == 2 and "eval/n" in r)]
 
     for name in FINISH:
-        before, last, _ = stopped[name]
-        upto = min(last, 2)
-        assert first_steps(before, upto) == first_steps(metric_rows(four[name]), upto), name
+        upto = min(stopped[name].last, 2)
+        assert first_steps(stopped[name].rows, upto) == first_steps(metric_rows(four[name]), upto), name
         if name in LEARN:
             assert_same_first_steps(three[name], four[name], steps=2)
         else:  # the constant reward's groups have no spread, which assert_same_first_steps requires
