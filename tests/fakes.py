@@ -1,7 +1,7 @@
-"""The test fakes, in one place: roles (rollout actor, learner, teacher, judge, a scripted engine and runtime), a
-numbered-prompt env with its tokenizer, the loop run on them, and an OpenEnv environment. Each stands for the real
-part's protocol without a model, a process or a network, so a test of the loop, the runtime or a reward reads its
-fake here and a change of a role's protocol is made once."""
+"""The test fakes, in one place: roles (rollout actor, learner, teacher, judge, a role a sweep pack shares, a
+scripted engine and runtime), a numbered-prompt env with its tokenizer, the loop run on them, and an OpenEnv
+environment. Each stands for the real part's protocol without a model, a process or a network, so a test of the
+loop, the runtime or a reward reads its fake here and a change of a role's protocol is made once."""
 
 from __future__ import annotations
 
@@ -154,6 +154,70 @@ class FakeJudge:
                 right = reference and self.boxed([answer], answer=[reference])[0] >= 1
                 out.append("Score: 10" if right else "Score: 2")
         return out
+
+
+class FakePackedRole:
+    """A role a pack shares (rl/runtime/packed.py PackSlots) without a model: `base` is the weight every job shares,
+    `factor` a LoRA factor each job owns (drawn from its seed in `add_job`, as a learner's LoRA init is), `version`,
+    `scale` and `seen` are each job's attributes, and `slot` is a tensor made at the first `load_slot` (as an engine's
+    adapter slot is made at its first load). `train(x)` adds `x * scale` to the factor in place; `draw()` takes a
+    number from torch's RNG; `fail_after_train` raises once the call has changed the job's state."""
+
+    def __init__(self, seed: int = 0, scale: float = 1.0):
+        import torch
+
+        self.base = torch.nn.Parameter(torch.ones(4), requires_grad=False)
+        self.factor = torch.nn.Parameter(torch.zeros(4))
+        self.slot: torch.nn.Parameter | None = None
+        self.version, self.scale, self.seen = 0, scale, []
+        self.closed = 0
+
+    def pack_state(self) -> tuple[str, ...]:
+        return ("version", "scale", "seen")
+
+    def pack_tensors(self) -> dict:
+        return {"factor": self.factor} | ({"slot": self.slot} if self.slot is not None else {})
+
+    def add_job(self, job: int, *, seed: int, scale: float = 1.0) -> None:
+        import torch
+
+        torch.manual_seed(seed)
+        self.factor.data.normal_()  # in place: the pack gave this job's factor storage of its own
+        self.version, self.scale, self.seen = 0, scale, []
+
+    def train(self, x: float) -> int:
+        self.factor.data.add_(x * self.scale)
+        self.version += 1
+        self.seen.append(x)
+        return self.version
+
+    def fail_after_train(self, x: float) -> int:
+        self.train(x)
+        raise ValueError("this call failed after changing the job's state")
+
+    def factor_values(self) -> list[float]:
+        return self.factor.data.tolist()
+
+    def storage(self) -> dict[str, int]:
+        return {"base": self.base.data_ptr(), "factor": self.factor.data_ptr()}
+
+    def load_slot(self, values: list[float]) -> None:
+        import torch
+
+        if self.slot is None:
+            self.slot = torch.nn.Parameter(torch.zeros(len(values)), requires_grad=False)
+        self.slot.data.copy_(torch.tensor(values))
+
+    def slot_values(self) -> list[float] | None:
+        return None if self.slot is None else self.slot.data.tolist()
+
+    def draw(self) -> float:
+        import torch
+
+        return float(torch.rand(()))
+
+    def close(self) -> None:
+        self.closed += 1
 
 
 class ScriptedEngine:

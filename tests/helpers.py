@@ -84,6 +84,25 @@ class LengthReward:
         return [min(len(c) / self.scale, 1.0) for c in completions]
 
 
+class ConstantReward:
+    """Reward `value` for every completion: a group's advantages are all zero, so the loss has no gradient and the
+    adapter stays as it started (a sweep pack's check that a job trains on its own samples only)."""
+
+    def __init__(self, value: float = 0.5):
+        self.value = value
+
+    def __call__(self, completions, *, answer, **kwargs):
+        return [self.value] * len(completions)
+
+
+class NanReward:
+    """Reward NaN for every completion: the loss is non-finite and the step is skipped (with
+    run.max_nonfinite_steps=1 the run stops after its first step)."""
+
+    def __call__(self, completions, *, answer, **kwargs):
+        return [float("nan")] * len(completions)
+
+
 # the length reward in place of the default one: the default's reward-runner keys (workers, timeout_s, the wrapped
 # reward) are dropped, since the length reward is a plain `_target_` scored in the driver
 LENGTH_REWARD = ["reward._target_=tests.helpers.LengthReward", "~reward.workers", "~reward.timeout_s", "~reward.reward"]

@@ -197,8 +197,11 @@ class JobLabels:
 
 def job_config(config: DictConfig) -> Any:
     """The job's typed config (rl/config/schema.py TrainConfig), without Hydra's own node; train.py checked every
-    job's values before the sweep started."""
+    job's values before the sweep started. Its run.output_dir is the job's directory when unset, as train.py's job
+    function makes it (the schema refuses run.resume=auto without one)."""
     task = copy.deepcopy(config)
     with read_write(task), open_dict(task):
+        if task.run.output_dir is None:
+            task.run.output_dir = str(Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir))
         del task["hydra"]
     return OmegaConf.to_object(task)
