@@ -85,23 +85,27 @@ def output_to(path: Path | None) -> Iterator[None]:
             os.close(fd)
 
 
-def setup_driver(log_dir: Path, verbose: bool) -> None:
+def setup_driver(log_dir: Path, verbose: bool, this_thread: bool = False) -> logging.Handler | None:
     """The driver's log records (every logger, INFO and up) into `<log_dir>/driver.log`; the console handlers
-    (Hydra's) show warnings and errors only, unless `verbose`."""
+    (Hydra's) show warnings and errors only, unless `verbose`. `this_thread`: only the records of the calling thread
+    (a pack's own file, beside its jobs' files; a job of a pack, in a thread of its own, always). The handler it
+    added (None: the file had one)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger()
     path = str((log_dir / DRIVER_LOG).resolve())
+    handler = None
     if not any(isinstance(h, logging.FileHandler) and h.baseFilename == path for h in root.handlers):
         handler = logging.FileHandler(path)
         handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
         handler.setLevel(logging.INFO)
-        if threading.current_thread() is not threading.main_thread():
+        if this_thread or threading.current_thread() is not threading.main_thread():
             # a job of a pack runs in a thread of its own (rl/pack.py): its file takes that thread's records only
             me = threading.get_ident()
             handler.addFilter(lambda record: record.thread == me)
         root.addHandler(handler)
     root.setLevel(min(root.level or logging.INFO, logging.INFO))
     quiet_console(root, verbose)
+    return handler
 
 
 def quiet_console(logger: logging.Logger, verbose: bool) -> None:

@@ -20,11 +20,13 @@ call on the roles, each keeping its last checkpoint (`run.resume=auto` continues
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rl import logs
 from rl.config.choices import LoraMode, RolloutBackend, RolloutMode, WeightSync
 from rl.config.schema import TrainConfig
 from rl.errors import RoleStartFailed, StartupError
@@ -115,6 +117,7 @@ class Pack:
         self.slots: dict[int, int] = {}  # job -> its slot in the shared roles
         self.gather: Gather | None = None  # the jobs' generate calls merged, on a vLLM engine
         self._teardown: Callable[[], None] | None = None
+        self._log: logging.Handler | None = None
 
     def join(self, job: int, cfg: TrainConfig) -> tuple[Runtime, Callable[[], None]]:
         """In job `job`'s thread: wait for the shared roles; this job's runtime on them (its teardown is the
@@ -153,6 +156,8 @@ class Pack:
                 raise StartupError("no job of the pack reached its start")
             cfgs = [self.cfgs[j] for j in jobs]
             first = cfgs[0]
+            # the pack's own records (the roles' placement) in its logs/driver.log, until it closes
+            self._log = logs.setup_driver(self.log_dir, first.run.verbose, this_thread=True)
             print(f"pack: jobs {', '.join(f'#{j}' for j in jobs)} share one {first.model.path}", flush=True)
             try:
                 shared, self._teardown = build_runtime(first, pack=cfgs, log_dir=self.log_dir)
@@ -188,3 +193,7 @@ class Pack:
         teardown, self._teardown = self._teardown, None
         if teardown is not None:
             teardown()
+        if self._log is not None:
+            logging.getLogger().removeHandler(self._log)
+            self._log.close()
+            self._log = None

@@ -220,6 +220,28 @@ class FakePackedRole:
         self.closed += 1
 
 
+class FakeMergingEngine(FakePackedRole):
+    """A FakePackedRole that merges calls as the vLLM engine does (rl/runtime/packed.py Gather): `pack_request` binds
+    a job's version to its prompts, `generate_requests` answers every request of one merged call, counted in
+    `engine_calls` (how many requests each call held)."""
+
+    def __init__(self, seed: int = 0, scale: float = 1.0):
+        super().__init__(seed, scale)
+        self.engine_calls: list[int] = []
+
+    def pack_request(self, prompts: list[int], sampling: object = None, seeds: object = None) -> tuple:
+        return (list(prompts), self.version)
+
+    def generate_requests(self, requests: list[tuple]) -> list[list[tuple[int, int]]]:
+        self.engine_calls.append(len(requests))
+        return [[(p, version) for p in prompts] for prompts, version in requests]
+
+    def generate(
+        self, prompts: list[int], sampling: object = None, seeds: object = None, items: object = None
+    ) -> list[tuple[int, int]]:
+        return self.generate_requests([self.pack_request(prompts)])[0]
+
+
 class ScriptedEngine:
     """A fake engine: sample j of each prompt answers script[turn][j % len] (turn = the call's index), ending with
     EOS unless its cap cuts it; records each call's size, n and caps."""

@@ -14,8 +14,9 @@ import pytest
 from rl import pack
 from rl.errors import StartupError
 from rl.runtime.groups import LocalGroup
-from rl.runtime.packed import JobGroup, PackedRole
-from tests.fakes import FakePackedRole
+from rl.runtime.packed import Gather, JobGroup, PackedRole
+from rl.runtime.roles import RolloutActor
+from tests.fakes import FakeMergingEngine, FakePackedRole
 from tests.helpers import run_train, typed_config
 
 # ------------------------------------------------------------------------------------------------ split
@@ -355,3 +356,33 @@ def test_the_launcher_reads_each_jobs_config_with_its_directory_so_a_pack_resume
     cfg = job_config(config)
     assert (cfg.run.output_dir, cfg.run.resume) == ("/sweeps/a/3", "auto")
     assert pack.refusal(cfg) is None
+
+
+def merging_pack(n: int) -> tuple[PackedRole, Gather, list[JobGroup]]:
+    role = PackedRole(FakeMergingEngine, [dict(seed=j) for j in range(n)])
+    inner = LocalGroup([role])
+    gather = Gather(inner, list(range(n)))
+    stop = threading.Event()
+    return role, gather, [JobGroup(inner, j, stop, gather) for j in range(n)]
+
+
+def test_the_jobs_kth_generate_calls_go_to_the_engine_as_one_call():
+    role, gather, views = merging_pack(3)
+    role.on_job(1, "train", 1.0)  # job 1 is at version 1: its requests say so after the merge too
+    first = [v.submit(0, RolloutActor.generate, [10 * j, 10 * j + 1], None) for j, v in enumerate(views[:2])]
+    assert role.role.engine_calls == [] and views[0].wait(first, 0.0) == []  # job 2 has not called yet
+    third = views[2].submit(0, RolloutActor.generate, [20], None)
+    assert role.role.engine_calls == [3]  # the third call sent all three at once
+    assert [views[j].result(h) for j, h in enumerate(first)] == [[(0, 0), (1, 0)], [(10, 1), (11, 1)]]
+    assert views[2].result(third) == [(20, 0)]
+    assert views[0].wait(first, 0.0) == [0, 1]
+
+
+def test_a_job_that_leaves_is_no_longer_waited_for_and_a_call_with_items_goes_alone():
+    role, gather, views = merging_pack(2)
+    waiting = views[0].submit(0, RolloutActor.generate, [1], None)
+    gather.leave(1)  # job 1 ended (finished, failed or stopped)
+    assert role.role.engine_calls == [1] and views[0].result(waiting) == [(1, 0)]
+    # a multi-turn call (items given) is the job's own call, never merged
+    alone = views[0].submit(0, RolloutActor.generate, [2], None, None, [{"q": 1}])
+    assert views[0].result(alone) == [(2, 0)] and role.role.engine_calls == [1, 1]  # its own engine call
