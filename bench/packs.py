@@ -11,8 +11,8 @@ the whole process's, start-ups included: what a user waits for. Samples/s is the
 of their `train/samples`) over that wall time. The sides rotate between repeats, so a machine's drift falls on all of
 them; the speed-up of a side is the sequential side's wall time over its own within a repeat, its median and range
 over the repeats. The held-out accuracy before and after of each job comes from the job's summary.json, each side in a
-column; the seed spread (the largest max-min of the sequential side's accuracy after over the seeds of one setting)
-says how far a packed job may fall from its solo run by chance.
+column; the seed spread (the largest max-min of the sequential side's accuracy after over the seeds and repeats of
+one setting) says how far a packed job may fall from its solo run by chance.
 
 Presets: `gpu` is the GPU demo (+experiment=gpu_smollm2_chain_sum, 8 jobs: 4 learning rates x 2 seeds), `cpu` the CPU
 demo's SmolLM2 in a few short steps (4 jobs: 2 learning rates x 2 seeds). Each side's sweep folder, console and
@@ -88,11 +88,19 @@ def labels(args: argparse.Namespace, listed: list[list[str]]) -> list[str]:
 
 
 def sides(args: argparse.Namespace, n_jobs: int) -> list[str]:
-    """`sequential` and `pack<k>` for each pack size of --packs (N: the whole sweep), the sizes above N dropped."""
+    """`sequential` and `pack<k>` for each pack size of --packs (N: the whole sweep), the sizes above N dropped; or
+    --sides as given."""
     if args.sides:
-        return args.sides.split(",")
-    sizes = sorted({n_jobs if k == "N" else int(k) for k in args.packs.split(",")})
-    return [SEQUENTIAL, *(f"pack{k}" for k in sizes if 1 < k <= n_jobs)]
+        named = args.sides.split(",")
+        wrong = [s for s in named if s != SEQUENTIAL and not (s.startswith("pack") and s[4:].isdigit() and int(s[4:]))]
+        if wrong:
+            raise SystemExit(f"--sides {args.sides}: {', '.join(wrong)} is not sequential or pack<k> (k >= 1)")
+        return named
+    sizes = args.packs.split(",")
+    if not all(k == "N" or k.isdigit() for k in sizes):
+        raise SystemExit(f"--packs {args.packs}: give whole numbers or N (the whole sweep), e.g. --packs 2,4,N")
+    ks = sorted({n_jobs if k == "N" else int(k) for k in sizes})
+    return [SEQUENTIAL, *(f"pack{k}" for k in ks if 1 < k <= n_jobs)]
 
 
 def train_args(side: str, sweep_dir: Path, args: argparse.Namespace) -> list[str]:
@@ -159,7 +167,7 @@ def speedups(results: list[dict], side: str) -> list[float]:
 
 def seed_spread(runs: list[dict]) -> float | None:
     """The largest max-min of held-out accuracy after over the seeds of one setting (jobs whose labels differ only
-    in run.seed), over `runs`' jobs."""
+    in run.seed) and the repeats of `runs`: how far two runs of one setting fall apart by chance."""
     by_setting: dict[str, list[float]] = {}
     for run in runs:
         for j in run["jobs"]:

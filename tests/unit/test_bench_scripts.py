@@ -222,6 +222,15 @@ def test_packs_report_puts_each_jobs_accuracy_beside_its_sequential_run():
     assert table.endswith("pack2: largest |after - sequential's after| over the jobs: 0.100")
 
 
+def test_packs_names_a_side_it_cannot_run():
+    from bench import packs
+
+    for argv, wrong in ((["--sides", "sequential,pak4"], "pak4 is not"), (["--packs", "2,all"], "--packs 2,all")):
+        with pytest.raises(SystemExit, match=wrong):
+            packs.sides(packs.parser().parse_args(argv), 4)
+    assert packs.sides(packs.parser().parse_args(["--packs", "2,N,16"]), 4) == ["sequential", "pack2", "pack4"]
+
+
 @pytest.mark.parametrize("kind", ["unsloth", "peft"])
 def test_quantized_base_sides_are_valid_configs(smollm2_shape, kind):
     """Each side of bench.quantized_base resolves as a run would (GPU, 4-bit learner): `learner` loads the
