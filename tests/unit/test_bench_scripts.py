@@ -46,6 +46,7 @@ def test_every_bench_script_is_covered():
         "e2e_trl",
         "learner",
         "learner_backends",
+        "packs",
         "quantized_base",
         "rollout",
         "rollout_lora_mode",
@@ -170,6 +171,64 @@ def test_colocate_reads_a_layouts_row_from_its_run_folder(tmp_path, capsys):
     assert "| split (qwen2.5-7b" in printed and "7,192,752 tokens" in printed
     ratios = json.loads(printed.strip().splitlines()[-1])["ratios"]
     assert ratios == {"split_step_over_colocated_step": 1.5, "colocated_kv_over_split_kv": 2.04}
+
+
+@pytest.mark.parametrize(("preset", "n_jobs"), [("gpu", 8), ("cpu", 4)])
+def test_packs_presets_are_one_pack_of_jobs_which_fit(smollm2_shape, tmp_path, preset, n_jobs):
+    """Each preset's sweep lists its jobs, every job may train in a pack (rl/pack.py `refusal`) and all share one
+    pack of the whole sweep (`split`); a job's own run fits (`plan=true`, the GPU preset on an 80 GiB card)."""
+    from bench import packs
+    from rl.config.schema import TrainConfig, register_configs
+    from rl.entry import compose_checked
+    from rl.pack import refusal, split
+
+    register_configs()  # what train.py does at import: the schema Hydra composes the jobs against
+    args = packs.parser().parse_args(["--preset", preset, "--", f"model.path={smollm2_shape}"])
+    jobs = packs.jobs(args)
+    assert len(jobs) == n_jobs and len(set(packs.labels(args, jobs))) == n_jobs
+    typed = [compose_checked(str(REPO / "conf"), "train", job, TrainConfig)[1] for job in jobs]
+    assert [refusal(cfg) for cfg in typed] == [None] * n_jobs
+    assert split(typed, n_jobs) == ([list(range(n_jobs))], [])
+    assert packs.sides(args, n_jobs) == ["sequential", "pack2", "pack4"] + (["pack8"] if n_jobs == 8 else [])
+    gpu = ["plan_gpu_memory_gib=80"] if preset == "gpu" else []
+    plan_fits([*jobs[0], *gpu])
+    pack4 = packs.train_args("pack4", tmp_path / "sweep", args)
+    assert pack4[0] == "-m" and "hydra/launcher=pack" in pack4 and "hydra.launcher.max_jobs=4" in pack4
+    assert not any("launcher" in a for a in packs.train_args("sequential", tmp_path / "sweep", args))
+
+
+def test_packs_report_puts_each_jobs_accuracy_beside_its_sequential_run():
+    """Speed-ups pair the sides of one repeat; accuracies are medians over the repeats; the seed spread is the
+    sequential side's largest gap between the seeds of one learning rate."""
+    from bench import packs
+
+    names = ["algorithm.lr=1e-4 run.seed=0", "algorithm.lr=1e-4 run.seed=1"]
+
+    def side(name, repeat, wall, after):
+        jobs = [{"label": n, "accuracy_before": 0.25, "accuracy_after": a} for n, a in zip(names, after)]
+        return {"side": name, "repeat": repeat, "wall_s": wall, "samples_per_s": 64 / wall, "jobs": jobs}
+
+    results = [
+        side("sequential", 0, 400.0, [0.5, 0.7]),
+        side("pack2", 0, 100.0, [0.55, 0.6]),
+        side("sequential", 1, 300.0, [0.5, 0.7]),
+        side("pack2", 1, 150.0, [0.55, 0.6]),
+    ]
+    assert packs.speedups(results, "pack2") == [4.0, 2.0]
+    table = packs.report(results, ["sequential", "pack2"], names)
+    assert "| pack2 | 125.0 (100.0-150.0, n=2) | 0.533 (0.427-0.640, n=2) | 3.00x (2.00-4.00, n=2) |" in table
+    assert "| #1 algorithm.lr=1e-4 run.seed=1 | 0.250 | 0.700 | 0.600 |" in table
+    assert "seed spread (sequential, held-out after): 0.200" in table
+    assert table.endswith("pack2: largest |after - sequential's after| over the jobs: 0.100")
+
+
+def test_packs_names_a_side_it_cannot_run():
+    from bench import packs
+
+    for argv, wrong in ((["--sides", "sequential,pak4"], "pak4 is not"), (["--packs", "2,all"], "--packs 2,all")):
+        with pytest.raises(SystemExit, match=wrong):
+            packs.sides(packs.parser().parse_args(argv), 4)
+    assert packs.sides(packs.parser().parse_args(["--packs", "2,N,16"]), 4) == ["sequential", "pack2", "pack4"]
 
 
 @pytest.mark.parametrize("kind", ["unsloth", "peft"])
