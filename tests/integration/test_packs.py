@@ -225,7 +225,9 @@ def interrupted_and_resumed(tiny_model, conf, tmp_path_factory):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=60)
     stopped = {name: Stopped.of(d) for name, d in dirs.items()}
-    lines = [line for line in err.read_text().splitlines() if line.startswith("interrupted: ")]
+    # each job's lines come labelled with its number ("#2 | interrupted: ...")
+    unlabelled = [line.split(" | ", 1)[1] if line.startswith("#") else line for line in err.read_text().splitlines()]
+    lines = [line for line in unlabelled if line.startswith("interrupted: ")]
     commands = [shlex.split(line.split("continue it with: ", 1)[1]) for line in lines]
     resumed = run_train(commands[0][2:], timeout=900) if commands else None
     return dirs, sweep, (proc.returncode, err.read_text(), lines, commands), stopped, resumed
