@@ -72,8 +72,6 @@ def refusal(cfg: TrainConfig) -> str | None:
         why = "cluster.weight_sync=ipc is not packed: set cluster.weight_sync=object_store"
     elif c.num_teachers:
         why = "cluster.num_teachers > 0 (a judge or teacher) is not packed: set cluster.num_teachers=0"
-    elif c.rollout_backend == RolloutBackend.vllm and c.lora_mode == LoraMode.merged:
-        why = "cluster.lora_mode=merged merges one adapter into the engine's weights: a pack needs native (or auto)"
     return None if why is None else f"hydra/launcher=pack: {why}, or run the sweep without hydra/launcher=pack"
 
 
@@ -164,7 +162,8 @@ class Pack:
             except RoleStartFailed as e:
                 raise StartupError(explain(e.role, e.cause, first)) from e
             self.slots = {job: slot for slot, job in enumerate(jobs)}
-            if first.cluster.rollout_backend == RolloutBackend.vllm:
+            c = first.cluster
+            if c.rollout_backend == RolloutBackend.vllm and c.lora_mode == LoraMode.native:
                 self.gather = Gather(shared.actors, list(self.slots.values()))
             runtimes = {}
             for slot, (job, cfg) in enumerate(zip(jobs, cfgs)):

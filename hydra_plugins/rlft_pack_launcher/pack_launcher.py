@@ -63,10 +63,13 @@ class PackLauncher(Launcher):
             why = packs.refusal(cfg)
             if why:
                 fail(f"sweep job #{initial_job_idx + i} ({' '.join(filter_overrides(job_overrides[i]))}): {why}")
-            if cfg.cluster.lora_mode == LoraMode.auto:  # a pack's engine serves each job's adapter as a LoRA slot
-                cfg.cluster.lora_mode = LoraMode.native
+            if cfg.cluster.lora_mode == LoraMode.auto:
+                # on GPUs a LoRA slot per job, the jobs' generate calls merged into one batch (rl/runtime/packed.py
+                # Gather); on CPU, where vLLM's LoRA kernels decode several times slower than merged weights
+                # (docs/benchmarks.md), each job's adapter merged into the weights in its turn
+                cfg.cluster.lora_mode = LoraMode.native if cfg.cluster.use_gpu else LoraMode.merged
                 with read_write(configs[i]), open_dict(configs[i]):
-                    configs[i].cluster.lora_mode = "native"
+                    configs[i].cluster.lora_mode = cfg.cluster.lora_mode.value
         groups, notes = packs.split(typed, self.max_jobs)
         for note in notes:
             print(note, flush=True)

@@ -133,6 +133,10 @@ class VLLMRollout(EpisodeEngine):
         self.episodes, self._env = episodes, None  # a multi-turn env, built at its first episodes
         self._lora_request = None
         self._lora_job = 0  # whose adapter slot this is: a pack's jobs each have one (rl/runtime/packed.py)
+        # merged mode: this job's adapter (None: the base), and whose adapter the engine's weights hold now; a pack's
+        # jobs take turns in the weights, each merged back before it generates
+        self._adapter: Adapter | None = None
+        self._in_weights: tuple[int, int] | None = None
         if self.lora_mode == LoraMode.native:
             quiet_lora_tokenizer_notice()
         self.tokenizer = self.llm.get_tokenizer()
@@ -180,6 +184,7 @@ class VLLMRollout(EpisodeEngine):
         else:
             self.llm.collective_rpc("rlft_merge_adapter", args=(adapter.config, adapter.weights))
             self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+            self._adapter, self._in_weights = adapter, self._merged_key(adapter)
         self.version = adapter.version
         return {"seconds": time.perf_counter() - t0, "bytes": adapter.nbytes}
 
@@ -206,16 +211,29 @@ class VLLMRollout(EpisodeEngine):
         from one, model.init_adapter), and each job of a pack has a range of its own."""
         return self._lora_job * LORA_IDS_PER_JOB + version + 1
 
-    # a pack's jobs (rl/runtime/packed.py) share the engine and its base; each has its own adapter slot and version
+    def _merged_key(self, adapter: Adapter | None) -> tuple[int, int] | None:
+        return None if adapter is None else (self._lora_job, adapter.version)
+
+    def _merge_mine(self) -> None:
+        """Merged mode in a pack: put this job's adapter (or the base) into the weights when another job's is there."""
+        if self.lora_mode != LoraMode.merged or self._in_weights == self._merged_key(self._adapter):
+            return
+        a = self._adapter
+        self.llm.collective_rpc("rlft_merge_adapter", args=(a.config, a.weights) if a is not None else ({}, None))
+        self.llm.reset_prefix_cache()
+        self._in_weights = self._merged_key(a)
+
+    # a pack's jobs (rl/runtime/packed.py) share the engine and its base; each has its own adapter (a LoRA slot, or
+    # merged into the weights in turns) and version
 
     def pack_state(self) -> tuple[str, ...]:
-        return ("version", "_lora_request", "_lora_job", "episodes", "_env")
+        return ("version", "_lora_request", "_lora_job", "_adapter", "episodes", "_env")
 
     def pack_tensors(self) -> dict[str, torch.Tensor]:
-        return {}  # the adapters are vLLM's LoRA slots (cluster.lora_mode=native in a pack)
+        return {}  # the adapters are vLLM's LoRA slots, or merged into the engine's weights
 
     def add_job(self, job: int, *, episodes: EpisodeSpec | None = None, **shared: object) -> None:
-        self.version, self._lora_request, self._lora_job = 0, None, job
+        self.version, self._lora_request, self._lora_job, self._adapter = 0, None, job, None
         self.episodes, self._env = episodes, None
 
     def load_weights_ipc(self, update_info: dict, version: int) -> dict:
@@ -276,6 +294,7 @@ class VLLMRollout(EpisodeEngine):
         """One engine call for several calls' prompts, each call `(prompts, sampling, max_tokens, seeds, lora_request,
         version)` with its own sampling settings and adapter; the rollouts of each call, in order."""
         self.wake_up()
+        self._merge_mine()  # merged mode: one call's requests are one job's
         if self._cold_prefix_per_call:
             self.llm.reset_prefix_cache()
         from vllm import SamplingParams

@@ -5,12 +5,14 @@ run of its own.
 Each job is a config of a group the test writes (`+job=<name>`: its reward, seed and learning rate), so one sweep
 holds jobs that learn (the length reward), one that cannot (a constant reward: zero advantages, so an adapter
 trained on its own samples alone never moves) and one that fails (a NaN reward with run.max_nonfinite_steps=1).
-Three sweeps (each starts Ray and one engine for its pack): the four jobs for 2 steps; the three that finish, for 4
-steps, stopped with SIGTERM once each has a checkpoint; the same command resumed. The interrupted one repeats the
-first pack's steps (less the failing job), so a job's metrics must not depend on the pack it ran in. A sweep split
-into two packs by model.lora_rank runs in process (cluster=local, HF generation) to keep it short.
-About 5 minutes on 2 shared CPU cores: the pack of four 80 s, the split 30 s, and (tier 2: vLLM runs repeated and
-resumed bit for bit) the interrupted and resumed sweeps 3 minutes."""
+Three sweeps (each starts Ray and one engine for its pack; a LoRA slot per job, `cluster.lora_mode=native`): the four
+jobs for 2 steps; the three that finish, for 4 steps, stopped with SIGTERM once each has a checkpoint; the same
+command resumed. The interrupted one repeats the first pack's steps (less the failing job), so a job's metrics must
+not depend on the pack it ran in. A pack of two with `cluster.lora_mode=merged` (each job's adapter merged into the
+weights in its turn). A sweep split into two packs by model.lora_rank runs in process (cluster=local, HF
+generation) to keep it short. About 6 minutes on 2 shared CPU cores: the pack of four 80 s, the merged pack 60 s,
+the split 30 s, and (tier 2: vLLM runs repeated and resumed bit for bit) the interrupted and resumed sweeps 3
+minutes."""
 
 from __future__ import annotations
 
@@ -72,6 +74,7 @@ def sweep_args(model: Path, conf: Path, sweep: Path, jobs: list[str], *extra: st
         str(conf),
         *common,
         "cluster.gpu_memory_utilization=0.1",
+        "cluster.lora_mode=native",  # a LoRA slot per job and the jobs' calls merged (a GPU's auto), unless extra says
         "logger=none",
         "run.prompts_per_step=2",
         "algorithm.group_size=4",
@@ -131,6 +134,21 @@ def test_a_packed_sweep_writes_each_jobs_run_directory_as_a_solo_run_does(pack_o
     status = summary_rows(sweep)
     assert [status[f"+job={n}"] for n in FINISH] == ["done"] * 3
     assert status["+job=nonfinite"] != "done"
+
+
+def test_a_pack_that_merges_each_jobs_adapter_into_the_weights_in_turn(tiny_model, conf, tmp_path):
+    """`cluster.lora_mode=merged` (a CPU pack's auto): the engine holds one job's adapter at a time, merged back
+    before each of the job's calls; the learning job's actor follows its learner (check_trained: the probe within
+    0.01 nats) and the constant job, sampled between its merges, keeps LoRA's initial B = 0."""
+    sweep = tmp_path / "sweep"
+    jobs = ["length", "constant"]
+    proc = run_train(sweep_args(tiny_model, conf, sweep, jobs, "run.steps=2", "cluster.lora_mode=merged"), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dirs = job_dirs(sweep, jobs)
+    check_trained(dirs["length"])
+    weights = load_file(str(dirs["constant"] / "adapter" / "adapter_model.safetensors"))
+    assert all(float(t.abs().max()) == 0 for k, t in weights.items() if "lora_B" in k)
+    assert "lora_mode: merged" in (dirs["length"] / ".hydra" / "config.yaml").read_text()
 
 
 def test_each_job_trains_on_its_own_samples_only(pack_of_four):

@@ -119,7 +119,6 @@ REFUSED = [
         "cluster.weight_sync",
     ),
     ({"cluster.num_teachers": 1}, "cluster.num_teachers"),
-    ({"cluster.lora_mode": "merged"}, "cluster.lora_mode"),
 ]
 
 
@@ -137,9 +136,10 @@ def test_each_refusal_is_one_line_naming_its_key(settings, key):
         {},
         {"cluster.rollout_backend": "hf"},
         {"cluster.lora_mode": "native"},
+        {"cluster.lora_mode": "merged"},
         {"cluster.mode": "local", "cluster.rollout_backend": "hf"},
     ],
-    ids=["defaults", "hf", "native", "local"],
+    ids=["defaults", "hf", "native", "merged", "local"],
 )
 def test_a_packable_config_is_not_refused(settings):
     assert pack.refusal(typed_config(**settings)) is None
