@@ -23,12 +23,8 @@ from typing import Any
 
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
 
-from rl.entry import fail
+from rl.entry import fail, on_sigterm
 from rl.runtime import slurm
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # as train.py's handler: the run is torn down and ends with its last checkpoint
 
 
 class SlurmLauncher(SubmititSlurmLauncher):
@@ -49,7 +45,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         overrides = list(sweep_overrides)
         if not any(o.lstrip("+~").split("=", 1)[0] == "run.resume" for o in overrides):
             overrides.append("run.resume=auto")
-        signal.signal(signal.SIGTERM, _terminated)
+        signal.signal(signal.SIGTERM, on_sigterm)  # as train.py's own handler
         return super().__call__(overrides, job_dir_key, job_num, job_id, singleton_state)
 
     def join_as_worker(self, job: slurm.Allocation, sweep_overrides: list[str], job_num: int) -> None:
