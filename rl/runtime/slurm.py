@@ -46,6 +46,10 @@ PORT_BASE, PORT_SLOTS, PORTS_PER_JOB = 20000, 4000, 10  # per-job ports: 20000-5
 STOP_FILE = ".stop"  # slurm/rlft.sbatch creates <log dir>/.stop when train.py has ended: every node's Ray stops
 TERM_FILE = ".terminated"  # written by a node process that got SIGTERM: slurm/rlft.sbatch requeues an unfinished run
 STOP_GRACE_S = 90.0  # after SIGTERM a node's Ray waits this long for `.stop`: below the 120 s of the time-limit warning
+# Ray's processes (its daemons, and the workers they start) ignore SIGUSR2, which SLURM sends to every process of the
+# job step before the time limit (hydra/launcher=slurm: hydra.launcher.signal_delay_s) so that submitit requeues the
+# job: its default action would end the job's Ray at once, and Ray then ends the run's driver before it has requeued.
+IGNORE_USR2 = ["/bin/sh", "-c", 'trap "" USR2; exec "$@"', "sh"]  # an ignored signal stays ignored across exec
 
 
 class SlurmError(UserFacingError):
@@ -195,7 +199,8 @@ def check_gpus(alloc: Allocation, need: float, per_role: float) -> None:
 
 class RayNode:
     """This node's `ray start --block`, its output in <log dir>/<host>.log; `stop()` ends it and copies Ray's session
-    logs of this node beside it. It runs in a session of its own, so it is stopped exactly, and only by us."""
+    logs of this node beside it. It runs in a session of its own, so it is stopped exactly, and only by us, and with
+    SIGUSR2 ignored (IGNORE_USR2)."""
 
     def __init__(self, alloc: Allocation, head: bool, log_dir: Path, command: list[str] | None = None):
         self.alloc, self.head, self.host = alloc, head, socket.gethostname()
@@ -211,7 +216,7 @@ class RayNode:
         env = dict(os.environ) | auth_env(alloc) | {"RAY_gcs_rpc_server_reconnect_timeout_s": "20"}
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(
-                command or ray_start_command(alloc, head),
+                IGNORE_USR2 + (command or ray_start_command(alloc, head)),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,

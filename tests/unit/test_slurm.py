@@ -195,6 +195,14 @@ def test_a_node_process_ends_with_its_ray_and_without_a_record_when_not_signalle
     assert not (tmp_path / slurm.TERM_FILE).exists()
 
 
+def test_a_nodes_ray_ignores_the_time_limits_sigusr2(node_process):
+    """SLURM's warning before the time limit (hydra/launcher=slurm) goes to every process of the step; Ray's own
+    processes inherit the ignored SIGUSR2 from the one the node starts."""
+    _, ray_pid = node_process(grace_s=600)
+    status = dict(line.split(":\t", 1) for line in Path(f"/proc/{ray_pid}/status").read_text().splitlines())
+    assert int(status["SigIgn"], 16) & (1 << (signal.SIGUSR2 - 1))
+
+
 def test_the_first_sigterm_interrupts_a_run_and_a_repeated_one_leaves_its_teardown_alone(monkeypatch):
     monkeypatch.setattr(entry, "_stop_requested", False)
     assert not entry.stop_requested()
