@@ -8,7 +8,9 @@ this project needs from it. Each job is one allocation, submitted with sbatch; i
   submitit's requeue on the signal before the time limit) continues its own run directory from its last whole
   checkpoint instead of starting over in it;
 - SIGTERM (a scheduler's stop, `scancel --signal=TERM`) ends the run as train.py's own handler does, with its last
-  checkpoint; submitit would otherwise ignore it.
+  checkpoint; submitit would otherwise ignore it. The job's Ray runs in the same job step and gets the signal too
+  (where SLURM signals every process of the step), so Ray may end the run first (exit 1, the checkpoints whole all the
+  same); the time limit's SIGUSR2, on which submitit requeues the job, it ignores (rl/runtime/slurm.py IGNORE_USR2).
 
 Without sbatch on the PATH the sweep stops before submitting anything, with one line. It lives in the hydra_plugins
 namespace because Hydra instantiates launchers only from there; it imports only light modules (Hydra scans it).
