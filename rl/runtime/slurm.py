@@ -9,19 +9,18 @@ worker on each other node of the job step, every node with a temp dir and ports 
 node (Ray's own detection sees the whole node, and its threads then starve under SLURM's CPU limits).
 
 In a run (rl/runtime/placement.py start_ray, cluster.address=null): the process of rank 0 starts the head and waits for
-the step's other ranks, which join as workers (hydra_plugins/rlft_slurm_launcher/slurm_launcher.py). From the shell (slurm/rlft.sbatch):
-`python -m rl.runtime.slurm node --log-dir DIR` is one node's part (the head on rank 0, unless `--worker`), `python -m
-rl.runtime.slurm wait` prints the head's address once every node of the allocation has joined. Each node's `ray start` output and, when it stops, Ray's own
-session logs land in the log dir (the run directory's logs/nodes/<host>/).
+the step's other ranks, which join as workers (hydra_plugins/rlft_slurm_launcher/slurm_launcher.py). From the shell
+(slurm/rlft.sbatch): `python -m rl.runtime.slurm node --log-dir DIR` is one node's part (the head on rank 0, unless
+`--worker`), `python -m rl.runtime.slurm wait` prints the head's address once every node of the allocation has joined.
+Each node's `ray start` output and, when it stops, Ray's own session logs land in the log dir (the run directory's
+logs/nodes/<host>/).
 
-SLURM's stop (the time limit's warning, `scancel --signal=TERM`; preemption) is a SIGTERM to every job step (preemption:
-and to the batch step), so a node process in a step gets it at the moment train.py does. It then writes <log
-dir>/.terminated at once and keeps its Ray up for train.py's teardown, until train.py has ended (`.stop`) or STOP_GRACE_S
-have passed (`serve_node`). Ray runs in a session of its own, which keeps it out of a signal to the step's process
-group (proctrack/pgid); where SLURM signals every process of the step (proctrack/cgroup, linuxproc), Ray's daemons and
-workers get the SIGTERM themselves and end, and a driver whose own node's Ray ends is ended by Ray (exit 1) before it
-can say it was interrupted. So the batch script runs the head's node in its batch step, out of the steps' signal, and
-requeues a run that did not finish when `.terminated` says that a node was stopped.
+SLURM's stop (the time limit's warning, `scancel --signal=TERM`, preemption) is a SIGTERM to every process of every
+job step (proctrack/cgroup, linuxproc), Ray's too, and a driver whose own node's Ray ends is ended by Ray (exit 1)
+before it can say it was interrupted. So slurm/rlft.sbatch runs the head's node in its batch step, which that signal
+misses (not preemption's); a node process that gets it writes <log dir>/.terminated at once, on which the script
+requeues a run that did not finish, and keeps its Ray, in a session of its own (out of a signal to the step's process
+group, proctrack/pgid), up until train.py has ended (`.stop`) or STOP_GRACE_S have passed (`serve_node`).
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,9 +46,8 @@ PORT_BASE, PORT_SLOTS, PORTS_PER_JOB = 20000, 4000, 10  # per-job ports: 20000-5
 STOP_FILE = ".stop"  # slurm/rlft.sbatch creates <log dir>/.stop when train.py has ended: every node's Ray stops
 TERM_FILE = ".terminated"  # written by a node process that got SIGTERM: slurm/rlft.sbatch requeues an unfinished run
 STOP_GRACE_S = 90.0  # after SIGTERM a node's Ray waits this long for `.stop`: below the 120 s of the time-limit warning
-# Ray's processes (its daemons, and the workers they start) ignore SIGUSR2, which SLURM sends to every process of the
-# job step before the time limit (hydra/launcher=slurm: hydra.launcher.signal_delay_s) so that submitit requeues the
-# job: its default action would end the job's Ray at once, and Ray then ends the run's driver before it has requeued.
+# Ray's processes ignore SIGUSR2, SLURM's warning before the time limit to every process of a sweep job's step (on which
+# submitit requeues the job): its default action would end the job's Ray, and Ray the driver before it has requeued.
 IGNORE_USR2 = ["/bin/sh", "-c", 'trap "" USR2; exec "$@"', "sh"]  # an ignored signal stays ignored across exec
 
 
@@ -343,11 +342,10 @@ def record_sigterm(log_dir: Path) -> list[float]:
     return received
 
 
-def serve_node(node: RayNode, received: list[float] | None = None, grace_s: float = STOP_GRACE_S) -> int:
+def serve_node(node: RayNode, received: Sequence[float] = (), grace_s: float = STOP_GRACE_S) -> int:
     """This node's Ray until it ends by itself or `.stop` appears, or `grace_s` after the SIGTERM that `received`
     (record_sigterm's list) holds; then stopped. Returns 143 after a SIGTERM, else 0."""
     stop_file = node.log_dir / STOP_FILE
-    received = [] if received is None else received
     try:
         while node.proc.poll() is None and not stop_file.exists():
             if received and time.monotonic() - received[0] >= grace_s:
@@ -379,9 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             head = alloc.rank == 0 and not args.worker
             if not head:
                 wait_for_head(alloc)
-            if received:
-                return 143
-            return serve_node(RayNode(alloc, head=head, log_dir=args.log_dir), received)
+            return 143 if received else serve_node(RayNode(alloc, head=head, log_dir=args.log_dir), received)
         deadline = time.monotonic() + args.timeout
         address = wait_for_head(alloc, args.timeout)
         import ray
