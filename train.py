@@ -25,7 +25,9 @@ from rl.entry import (
     check_renamed,
     compose_checked,
     fail,
+    on_sigterm,
     one_line_config_error,
+    stop_requested,
     sweep_jobs,
     writable_folder,
 )
@@ -211,15 +213,21 @@ def run_job(dcfg: DictConfig, hydra_cfg: Any) -> float | None:
     from rl import app  # heavy imports start here
     from rl.errors import UserFacingError
 
+    sweep_dir = str(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
     try:
         summary = app.run(cfg, env=env, reward_fn=reward, resolved=OmegaConf.to_container(dcfg, resolve=True))
     except KeyboardInterrupt:  # the roles are torn down by now (app.run's finally)
-        interrupted(run_dir, str(hydra_cfg.sweep.dir) if hydra_cfg.mode == RunMode.MULTIRUN else None)
-    except ConfigError as e:
-        fail(str(e))
-    except UserFacingError as e:
-        log_to_file(e)
-        fail(str(e), code=1)
+        interrupted(run_dir, sweep_dir)
+    except Exception as e:
+        if stop_requested():  # the roles got the same SIGTERM: a role that died of it is no failure of the run
+            log_to_file(e)
+            interrupted(run_dir, sweep_dir)
+        if isinstance(e, ConfigError):
+            fail(str(e))
+        if isinstance(e, UserFacingError):
+            log_to_file(e)
+            fail(str(e), code=1)
+        raise
     write_summary(run_dir, summary, cfg.run.steps)
     return summary.get("eval/accuracy_after")
 
@@ -241,12 +249,8 @@ def write_summary(run_dir: Path, summary: dict, steps: int) -> None:
         tmp.write_text(json.dumps({**summary, STEPS_DONE: steps}, indent=2))
 
 
-def _terminated(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM (a scheduler's stop, `kill`) ends the run as Ctrl-C does: torn down, one line
-
-
 if __name__ == "__main__":  # vLLM spawns processes: keep this guard
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, on_sigterm)  # a scheduler's stop, `kill`: the run ends as with Ctrl-C
     checked = precheck_overrides(sys.argv[1:])
     if checked is not None and checked.plan:  # before Hydra makes a run directory: a plan writes nothing
         run_plan(checked)

@@ -1,7 +1,7 @@
 """What the entry scripts (train.py, `python -m rl.tools.eval`, `python -m rl.tools.demos`) share: composing a config
 and turning a config or build error into the one line the user reads (`error: ...`, exit 2), and building the
-`_target_` nodes (env, reward) with an error naming the key. It imports only Hydra and OmegaConf, so the scripts'
-`--help` stays instant.
+`_target_` nodes (env, reward) with an error naming the key, and the SIGTERM handler of train.py and the slurm
+launcher (`on_sigterm`). It imports only Hydra and OmegaConf, so the scripts' `--help` stays instant.
 """
 
 from __future__ import annotations
@@ -20,6 +20,25 @@ from omegaconf import DictConfig
 def fail(msg: str, code: int = 2) -> NoReturn:
     print(f"error: {msg}", file=sys.stderr, flush=True)
     sys.exit(code)
+
+
+# A scheduler's stop (SIGTERM: a time limit's warning, preemption, `scancel --signal=TERM`) reaches every process of
+# the job, the run's Ray workers and daemons too; whatever fails in the run after it is the stop's doing.
+_stop_requested = False
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM ends a run as Ctrl-C does (torn down, then the `interrupted: ...` line): the first raises
+    KeyboardInterrupt; a repeated one (a scheduler signals again) leaves the teardown alone."""
+    global _stop_requested
+    if not _stop_requested:
+        _stop_requested = True
+        raise KeyboardInterrupt
+
+
+def stop_requested() -> bool:
+    """Whether this process got SIGTERM (`on_sigterm`)."""
+    return _stop_requested
 
 
 def writable_folder(path: Path, key: str) -> None:

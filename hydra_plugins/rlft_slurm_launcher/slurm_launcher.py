@@ -8,7 +8,9 @@ this project needs from it. Each job is one allocation, submitted with sbatch; i
   submitit's requeue on the signal before the time limit) continues its own run directory from its last whole
   checkpoint instead of starting over in it;
 - SIGTERM (a scheduler's stop, `scancel --signal=TERM`) ends the run as train.py's own handler does, with its last
-  checkpoint; submitit would otherwise ignore it.
+  checkpoint; submitit would otherwise ignore it. The job's Ray runs in the same job step and gets the signal too
+  (where SLURM signals every process of the step), so Ray may end the run first (exit 1, the checkpoints whole all the
+  same); the time limit's SIGUSR2, on which submitit requeues the job, it ignores (rl/runtime/slurm.py IGNORE_USR2).
 
 Without sbatch on the PATH the sweep stops before submitting anything, with one line. It lives in the hydra_plugins
 namespace because Hydra instantiates launchers only from there; it imports only light modules (Hydra scans it).
@@ -23,12 +25,8 @@ from typing import Any
 
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
 
-from rl.entry import fail
+from rl.entry import fail, on_sigterm
 from rl.runtime import slurm
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # as train.py's handler: the run is torn down and ends with its last checkpoint
 
 
 class SlurmLauncher(SubmititSlurmLauncher):
@@ -49,7 +47,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         overrides = list(sweep_overrides)
         if not any(o.lstrip("+~").split("=", 1)[0] == "run.resume" for o in overrides):
             overrides.append("run.resume=auto")
-        signal.signal(signal.SIGTERM, _terminated)
+        signal.signal(signal.SIGTERM, on_sigterm)  # as train.py's own handler
         return super().__call__(overrides, job_dir_key, job_num, job_id, singleton_state)
 
     def join_as_worker(self, job: slurm.Allocation, sweep_overrides: list[str], job_num: int) -> None:

@@ -9,10 +9,18 @@ worker on each other node of the job step, every node with a temp dir and ports 
 node (Ray's own detection sees the whole node, and its threads then starve under SLURM's CPU limits).
 
 In a run (rl/runtime/placement.py start_ray, cluster.address=null): the process of rank 0 starts the head and waits for
-the step's other ranks, which join as workers (hydra_plugins/rlft_slurm_launcher/slurm_launcher.py). From the shell (slurm/rlft.sbatch):
-`python -m rl.runtime.slurm node --log-dir DIR` is one node's part, `python -m rl.runtime.slurm wait` prints the head's
-address once every node of the allocation has joined. Each node's `ray start` output and, when it stops, Ray's own
-session logs land in the log dir (the run directory's logs/nodes/<host>/).
+the step's other ranks, which join as workers (hydra_plugins/rlft_slurm_launcher/slurm_launcher.py). From the shell
+(slurm/rlft.sbatch): `python -m rl.runtime.slurm node --log-dir DIR` is one node's part (the head on rank 0, unless
+`--worker`), `python -m rl.runtime.slurm wait` prints the head's address once every node of the allocation has joined.
+Each node's `ray start` output and, when it stops, Ray's own session logs land in the log dir (the run directory's
+logs/nodes/<host>/).
+
+SLURM's stop (the time limit's warning, `scancel --signal=TERM`, preemption) is a SIGTERM to every process of every
+job step (proctrack/cgroup, linuxproc), Ray's too, and a driver whose own node's Ray ends is ended by Ray (exit 1)
+before it can say it was interrupted. So slurm/rlft.sbatch runs the head's node in its batch step, which that signal
+misses (not preemption's); a node process that gets it writes <log dir>/.terminated at once, on which the script
+requeues a run that did not finish, and keeps its Ray, in a session of its own (out of a signal to the step's process
+group, proctrack/pgid), up until train.py has ended (`.stop`) or STOP_GRACE_S have passed (`serve_node`).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +44,11 @@ from rl.errors import UserFacingError
 HEAD_TIMEOUT_S = 120.0  # the head, and the job's other nodes, must be up by then, or the job fails with one line
 PORT_BASE, PORT_SLOTS, PORTS_PER_JOB = 20000, 4000, 10  # per-job ports: 20000-59999, above Ray's worker ports
 STOP_FILE = ".stop"  # slurm/rlft.sbatch creates <log dir>/.stop when train.py has ended: every node's Ray stops
+TERM_FILE = ".terminated"  # written by a node process that got SIGTERM: slurm/rlft.sbatch requeues an unfinished run
+STOP_GRACE_S = 90.0  # after SIGTERM a node's Ray waits this long for `.stop`: below the 120 s of the time-limit warning
+# Ray's processes ignore SIGUSR2, SLURM's warning before the time limit to every process of a sweep job's step (on which
+# submitit requeues the job): its default action would end the job's Ray, and Ray the driver before it has requeued.
+IGNORE_USR2 = ["/bin/sh", "-c", 'trap "" USR2; exec "$@"', "sh"]  # an ignored signal stays ignored across exec
 
 
 class SlurmError(UserFacingError):
@@ -184,7 +198,8 @@ def check_gpus(alloc: Allocation, need: float, per_role: float) -> None:
 
 class RayNode:
     """This node's `ray start --block`, its output in <log dir>/<host>.log; `stop()` ends it and copies Ray's session
-    logs of this node beside it. It runs in a session of its own, so it is stopped exactly, and only by us."""
+    logs of this node beside it. It runs in a session of its own, so it is stopped exactly, and only by us, and with
+    SIGUSR2 ignored (IGNORE_USR2)."""
 
     def __init__(self, alloc: Allocation, head: bool, log_dir: Path, command: list[str] | None = None):
         self.alloc, self.head, self.host = alloc, head, socket.gethostname()
@@ -200,7 +215,7 @@ class RayNode:
         env = dict(os.environ) | auth_env(alloc) | {"RAY_gcs_rpc_server_reconnect_timeout_s": "20"}
         with self.log.open("a") as out:
             self.proc = subprocess.Popen(
-                command or ray_start_command(alloc, head),
+                IGNORE_USR2 + (command or ray_start_command(alloc, head)),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -294,7 +309,7 @@ def stop_job_head() -> None:
 def serve_worker(alloc: Allocation, log_dir: Path) -> int:
     """A rank > 0 of the job step: this node joins the head as a worker until the head goes (or `.stop` appears)."""
     wait_for_head(alloc)
-    return node_until_stopped(RayNode(alloc, head=False, log_dir=log_dir))
+    return serve_node(RayNode(alloc, head=False, log_dir=log_dir))
 
 
 def wait_for_head(alloc: Allocation, timeout_s: float = HEAD_TIMEOUT_S) -> str:
@@ -312,14 +327,33 @@ def wait_for_head(alloc: Allocation, timeout_s: float = HEAD_TIMEOUT_S) -> str:
     return address
 
 
-def node_until_stopped(node: RayNode) -> int:
+def record_sigterm(log_dir: Path) -> list[float]:
+    """From now on a SIGTERM to this process is not fatal: the first writes <log dir>/.terminated at once. Returns the
+    list that then holds its time (time.monotonic())."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    received: list[float] = []
+
+    def record(signum: int, frame: object) -> None:
+        if not received:
+            received.append(time.monotonic())
+            (log_dir / TERM_FILE).write_text(f"{socket.gethostname()}: SIGTERM\n")
+
+    signal.signal(signal.SIGTERM, record)
+    return received
+
+
+def serve_node(node: RayNode, received: Sequence[float] = (), grace_s: float = STOP_GRACE_S) -> int:
+    """This node's Ray until it ends by itself or `.stop` appears, or `grace_s` after the SIGTERM that `received`
+    (record_sigterm's list) holds; then stopped. Returns 143 after a SIGTERM, else 0."""
     stop_file = node.log_dir / STOP_FILE
     try:
         while node.proc.poll() is None and not stop_file.exists():
-            time.sleep(1.0)
+            if received and time.monotonic() - received[0] >= grace_s:
+                break
+            time.sleep(0.5)
     finally:
         node.stop()
-    return 0
+    return 143 if received else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     node = sub.add_parser("node", help="this node's part of the job's Ray (head on rank 0), until <log-dir>/.stop")
     node.add_argument("--log-dir", type=Path, required=True)
+    node.add_argument(
+        "--worker", action="store_true", help="join the head whatever this task's rank (it runs elsewhere)"
+    )
     wait = sub.add_parser("wait", help="print the head's address once every node of the allocation has joined")
     wait.add_argument("--timeout", type=float, default=HEAD_TIMEOUT_S)
     args = parser.parse_args(argv)
@@ -336,11 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.command == "node":
-            if alloc.rank > 0:
+            received = record_sigterm(args.log_dir)  # before Ray starts: a stop never leaves it without its owner
+            head = alloc.rank == 0 and not args.worker
+            if not head:
                 wait_for_head(alloc)
-            ray_node = RayNode(alloc, head=alloc.rank == 0, log_dir=args.log_dir)
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # node_until_stopped's finally stops the node
-            return node_until_stopped(ray_node)
+            return 143 if received else serve_node(RayNode(alloc, head=head, log_dir=args.log_dir), received)
         deadline = time.monotonic() + args.timeout
         address = wait_for_head(alloc, args.timeout)
         import ray

@@ -2,8 +2,9 @@
 slurmd on localhost, tests/slurm/start.sh), started once for the module and stopped by its fixture. Against it:
 a 2-job sweep through hydra/launcher=slurm (each job its own Ray cluster in its allocation) trains both jobs and
 writes the sweep summary; one run through slurm/rlft.sbatch trains and exits 0 with its node logs in the run
-directory; and a run stopped with `scancel --signal=TERM` in mid-run keeps its last whole checkpoint, requeues itself
-and the requeued job resumes it to the end. No fake sbatch: the tests skip with one line where SLURM is not
+directory; a run stopped with `scancel --signal=TERM` in mid-run keeps its last whole checkpoint, requeues itself
+and the requeued job resumes it to the end; and a run whose Ray gets the stop too (`--full`, as preemption signals
+the batch step) is requeued all the same. No fake sbatch: the tests skip with one line where SLURM is not
 installed (CI installs it: .ci/run)."""
 
 from __future__ import annotations
@@ -114,24 +115,31 @@ def test_one_run_through_the_batch_script(slurm_env, tiny_model, tmp_path):
     assert any(p.name == "raylet.out" for p in nodes.rglob("raylet.out"))  # Ray's own logs of the node
 
 
-def test_a_stopped_run_keeps_its_checkpoint_and_the_requeued_job_finishes_it(slurm_env, tiny_model, tmp_path):
-    run_dir, log = tmp_path / "run", tmp_path / "slurm.out"
+def stop_in_mid_run(env: dict, run_dir: Path, log: Path, model: Path, *scancel: str) -> str:
+    """Submit a 4-step run, `scancel --signal=TERM <scancel> <job>` once its first checkpoint is whole, and wait until
+    the job is requeued (PENDING); returns the job's ID."""
     steps = ["run.steps=4", "checkpoint.interval=1"]
-    job = sbatch(slurm_env, run_dir, log, f"model.path={tiny_model}", *TINY_RUN, *RAY_ON_ONE_CPU, *steps, "logger=none")
+    job = sbatch(env, run_dir, log, f"model.path={model}", *TINY_RUN, *RAY_ON_ONE_CPU, *steps, "logger=none")
     first = run_dir / "checkpoints" / "step_0001"
     for _ in range(JOB_TIMEOUT_S):
-        if first.is_dir() or job_state(job, slurm_env) not in ("PENDING", "RUNNING"):
+        if first.is_dir() or job_state(job, env) not in ("PENDING", "RUNNING"):
             break
         time.sleep(0.5)
     assert first.is_dir(), log.read_text()[-3000:]
-    subprocess.run(["scancel", "--signal=TERM", job], env=slurm_env, check=True)
-    # train.py ends with its last checkpoint (exit 130) and the script requeues the job
-    wait_job(job, slurm_env, ("PENDING",), log)
+    subprocess.run(["scancel", "--signal=TERM", *scancel, job], env=env, check=True)
+    wait_job(job, env, ("PENDING",), log)
+    assert "summary.json" not in {p.name for p in run_dir.iterdir()}
+    return job
+
+
+def test_a_stopped_run_keeps_its_checkpoint_and_the_requeued_job_finishes_it(slurm_env, tiny_model, tmp_path):
+    run_dir, log = tmp_path / "run", tmp_path / "slurm.out"
+    job = stop_in_mid_run(slurm_env, run_dir, log, tiny_model)
+    # only train.py's step got the SIGTERM (the head's Ray runs in the batch step): it ends with its line and 130
     text = log.read_text()
-    assert "interrupted: " in text and "requeueing job" in text, text[-3000:]
+    assert "interrupted: " in text and "stopped by SIGTERM (status 130); requeueing job" in text, text[-3000:]
     kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert kept and all(not n.startswith(".") for n in kept)  # whole checkpoints only, no temp folder left
-    assert "summary.json" not in {p.name for p in run_dir.iterdir()}
     # SLURM holds a requeued job back for about two minutes before it may start again: let it start now
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm_env, check=True)
     assert wait_job(job, slurm_env, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), log) == "COMPLETED"
@@ -140,3 +148,15 @@ def test_a_stopped_run_keeps_its_checkpoint_and_the_requeued_job_finishes_it(slu
     rows = [r for r in metric_rows(run_dir) if "train/loss" in r]
     assert sorted({r["step"] for r in rows}) == [1, 2, 3, 4]
     assert (run_dir / "summary.json").is_file()
+
+
+def test_a_run_whose_ray_is_stopped_with_it_is_requeued(slurm_env, tiny_model, tmp_path):
+    run_dir, log = tmp_path / "run", tmp_path / "slurm.out"
+    # --full: the batch step too, so the head's Ray gets the SIGTERM and may end train.py before its own line
+    job = stop_in_mid_run(slurm_env, run_dir, log, tiny_model, "--full")
+    try:
+        assert (run_dir / "logs" / "nodes" / ".terminated").is_file()  # the head's node process recorded the stop
+        assert (run_dir / "checkpoints" / "step_0001").is_dir()  # a save cut short leaves only its temp folder
+        assert "rlft: train.py was stopped by SIGTERM (status " in log.read_text(), log.read_text()[-3000:]
+    finally:
+        subprocess.run(["scancel", job], env=slurm_env, check=True)

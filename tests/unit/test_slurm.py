@@ -1,17 +1,22 @@
 """The SLURM side without a SLURM (rl/runtime/slurm.py, the slurm launcher): what a job reads from its allocation,
 the per-job ports and temp dir, the one-line errors (no sbatch on the PATH, GPUs the allocation lacks, a Ray head that
-does not come up in time), and plan=true reading the allocation. The real SLURM runs are in
+does not come up in time), plan=true reading the allocation, and a node process and a run getting the scheduler's
+SIGTERM. The real SLURM runs are in
 tests/integration/test_slurm.py."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from rl import entry
 from rl.config.schema import TrainConfig
 from rl.preflight import plan
 from rl.runtime import slurm
@@ -75,8 +80,6 @@ def test_a_head_that_does_not_come_up_is_one_line_and_stopped(tmp_path):
 
 
 def test_no_sbatch_on_the_path_is_one_line(tmp_path):
-    import subprocess
-
     env = repo_env(PATH=str(Path(sys.executable).parent), HYDRA_FULL_ERROR="0")  # this Python, no SLURM commands
     proc = subprocess.run(
         [sys.executable, "train.py", "-m", "run.seed=0,1", "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}"],
@@ -108,3 +111,102 @@ def test_plan_reads_the_allocation(tmp_path, monkeypatch):
     cfg.cluster = replace(cfg.cluster, num_actors=3)
     assert not [w for w in plan.format_plan(cfg)[1] if "SLURM" in w]
     assert os.environ["SLURM_JOB_ID"] == "4242"
+
+
+# a node process (as `python -m rl.runtime.slurm node` runs it) whose "Ray" is a sleeping Python in its own session
+SERVE_NODE = """
+import os, sys
+from pathlib import Path
+from rl.runtime import slurm
+alloc = slurm.Allocation(f"unit{os.getpid()}", ("localhost",), 1, 1, 0, 1, 0, None)
+log_dir = Path(sys.argv[1])
+received = slurm.record_sigterm(log_dir)
+node = slurm.RayNode(alloc, head=False, log_dir=log_dir, command=[sys.executable, "-c", "import time; time.sleep(600)"])
+print(node.proc.pid, flush=True)
+sys.exit(slurm.serve_node(node, received, grace_s=float(sys.argv[2])))
+"""
+
+
+def wait_for(condition, what: str) -> None:
+    for _ in range(600):
+        if condition():
+            return
+        time.sleep(0.1)
+    pytest.fail(f"still not {what} after 60 s")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+def node_process(tmp_path):
+    """Start SERVE_NODE with a grace time; yields (process, its Ray's pid); stops both if the test did not."""
+    started = []
+
+    def start(grace_s: float) -> tuple[subprocess.Popen, int]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SERVE_NODE, str(tmp_path), str(grace_s)],
+            cwd=REPO,
+            env=repo_env(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        started.append(proc)
+        ray_pid = int(proc.stdout.readline())
+        started.append(ray_pid)
+        return proc, ray_pid
+
+    yield start
+    for item in started:
+        if isinstance(item, subprocess.Popen):
+            item.kill()
+            item.wait()
+        elif alive(item):
+            os.killpg(item, signal.SIGKILL)
+
+
+def test_a_node_process_told_to_stop_records_it_and_keeps_its_ray_until_train_py_ends(tmp_path, node_process):
+    proc, ray_pid = node_process(grace_s=600)
+    proc.send_signal(signal.SIGTERM)  # SLURM's stop; Ray, in its own session, is not signalled here
+    wait_for(lambda: (tmp_path / slurm.TERM_FILE).is_file(), "recorded")
+    assert proc.poll() is None and alive(ray_pid)  # Ray stays for train.py's teardown
+    (tmp_path / slurm.STOP_FILE).touch()  # what slurm/rlft.sbatch does once train.py has ended
+    assert proc.wait(timeout=60) == 143
+    assert not alive(ray_pid)
+
+
+def test_a_node_process_stops_its_ray_after_the_grace_time_without_waiting_for_train_py(tmp_path, node_process):
+    proc, ray_pid = node_process(grace_s=0)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    assert (tmp_path / slurm.TERM_FILE).is_file() and not (tmp_path / slurm.STOP_FILE).exists()
+    assert not alive(ray_pid)
+
+
+def test_a_node_process_ends_with_its_ray_and_without_a_record_when_not_signalled(tmp_path, node_process):
+    proc, ray_pid = node_process(grace_s=600)
+    os.killpg(ray_pid, signal.SIGTERM)  # Ray went down by itself (or SLURM signalled it directly)
+    assert proc.wait(timeout=60) == 0
+    assert not (tmp_path / slurm.TERM_FILE).exists()
+
+
+def test_a_nodes_ray_ignores_the_time_limits_sigusr2(node_process):
+    """SLURM's warning before the time limit (hydra/launcher=slurm) goes to every process of the step; Ray's own
+    processes inherit the ignored SIGUSR2 from the one the node starts."""
+    _, ray_pid = node_process(grace_s=600)
+    status = dict(line.split(":\t", 1) for line in Path(f"/proc/{ray_pid}/status").read_text().splitlines())
+    assert int(status["SigIgn"], 16) & (1 << (signal.SIGUSR2 - 1))
+
+
+def test_the_first_sigterm_interrupts_a_run_and_a_repeated_one_leaves_its_teardown_alone(monkeypatch):
+    monkeypatch.setattr(entry, "_stop_requested", False)
+    assert not entry.stop_requested()
+    with pytest.raises(KeyboardInterrupt):
+        entry.on_sigterm(signal.SIGTERM, None)
+    assert entry.stop_requested()
+    entry.on_sigterm(signal.SIGTERM, None)  # a second SIGTERM, during the teardown
