@@ -163,17 +163,17 @@ def main(dcfg: DictConfig) -> float | None:
     # the jobs of the basic launcher, and of a pack (rl/pack.py), run in this process: a failed job lets the others go on
     launcher = hydra_cfg.launcher._target_
     in_process_sweep = hydra_cfg.mode == RunMode.MULTIRUN and launcher.endswith((".BasicLauncher", ".PackLauncher"))
-    job = f"#{hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)})"
     try:
         return run_job(dcfg, hydra_cfg)
     except SystemExit as e:
         if not in_process_sweep or not e.code or e.code == INTERRUPTED:
             raise
-        FAILED_JOBS.append(job)
+        FAILED_JOBS.append(f"#{hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)})")
         return None
     except Exception as e:  # an error of the job's own code (its reward raised, say): one line, the traceback logged
         if not in_process_sweep:
             raise
+        job = f"#{hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)})"
         log_to_file(e)
         first = str(e).splitlines()[0] if str(e) else ""
         print(f"error: sweep job {job}: {type(e).__name__}: {first}", file=sys.stderr, flush=True)

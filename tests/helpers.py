@@ -95,6 +95,13 @@ class ConstantReward:
         return [self.value] * len(completions)
 
 
+class RaisingReward:
+    """A reward whose own code fails: the job's error is one line of the sweep and the other jobs go on."""
+
+    def __call__(self, completions, *, answer, **kwargs):
+        raise RuntimeError("this reward always fails")
+
+
 class NanReward:
     """Reward NaN for every completion: the loss is non-finite and the step is skipped (with
     run.max_nonfinite_steps=1 the run stops after its first step)."""

@@ -344,3 +344,22 @@ def test_a_sweep_over_a_shared_key_runs_as_packs_split_with_one_line(tiny_model,
         config = (sweep / job / "adapter" / "adapter_config.json").read_text()
         assert f'"r": {rank},' in config
     assert list(summary_rows(sweep).values()) == ["done", "done"]
+
+
+def test_a_job_whose_reward_raises_is_one_line_and_its_pack_mate_finishes(tiny_model, tmp_path):
+    """A job's own code failing (not one of train.py's one-line errors) fails that job alone: one line naming it
+    and the exception, its traceback in the log file, and the sweep exits 1 after the other job has finished."""
+    sweep = tmp_path / "sweep"
+    common = [a for a in tiny_args(tiny_model) if not a.startswith("reward._target_=")]
+    args = ["-m", *common, "run.steps=1", "run.prompts_per_step=2", "algorithm.group_size=4", "eval.size=2"]
+    rewards = "reward._target_=tests.helpers.LengthReward,tests.helpers.RaisingReward"
+    proc = run_train(
+        [*args, "model.max_new_tokens=8", "logger=none", rewards, "hydra/launcher=pack", f"hydra.sweep.dir={sweep}"],
+        timeout=600,
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "RuntimeError: this reward always fails" in proc.stderr
+    assert (
+        proc.stderr.strip().splitlines()[-1].startswith("error: 1 sweep job(s) failed (their errors are above): #1 (")
+    )
+    assert (sweep / "0" / "summary.json").is_file() and not (sweep / "1" / "summary.json").exists()
