@@ -250,6 +250,9 @@ def write_summary(run_dir: Path, summary: dict, steps: int) -> None:
 
 
 if __name__ == "__main__":  # vLLM spawns processes: keep this guard
+    # a process started with SIGINT or SIGTERM blocked (its parent's signal mask: Ray starts its workers' children
+    # so) would never see Ctrl-C or a scheduler's stop, and train to the end: unblock them
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     signal.signal(signal.SIGTERM, on_sigterm)  # a scheduler's stop, `kill`: the run ends as with Ctrl-C
     checked = precheck_overrides(sys.argv[1:])
     if checked is not None and checked.plan:  # before Hydra makes a run directory: a plan writes nothing

@@ -176,6 +176,9 @@ def test_an_interrupted_run_ends_with_the_command_that_continues_it(tiny_model, 
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # started with both signals blocked, as a parent may leave them (Ray starts its workers' children so; a long
+        # test session's own mask once did): train.py unblocks them, else it would train on to the end
+        preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}),
     )
     try:
         while not checkpoint.list_checkpoints(out):
