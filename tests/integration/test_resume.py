@@ -157,6 +157,15 @@ def test_an_interrupted_sweep_continues_each_job_in_its_own_directory(tiny_model
     assert not (tmp_path / "one").exists()
 
 
+def as_from_a_terminal_with_the_signals_blocked() -> None:
+    """The run's process before it starts train.py: SIGINT's own action, as a terminal's foreground command has it
+    (a test session started in the background, `make test &`, ignores SIGINT and so would its children), and both
+    signals blocked, as a parent may leave them (Ray starts its workers' children so): train.py unblocks them, else
+    it would train on to the end."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c_in_process", "sigterm_ray_vllm"])
 def test_an_interrupted_run_ends_with_the_command_that_continues_it(tiny_model, tmp_path, sig):
     """Ctrl-C (SIGINT), or SIGTERM (a scheduler's stop) with Ray and vLLM, whose driver Ray would abort with a stack
@@ -176,9 +185,7 @@ def test_an_interrupted_run_ends_with_the_command_that_continues_it(tiny_model, 
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        # started with both signals blocked, as a parent may leave them (Ray starts its workers' children so; a long
-        # test session's own mask once did): train.py unblocks them, else it would train on to the end
-        preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}),
+        preexec_fn=as_from_a_terminal_with_the_signals_blocked,
     )
     try:
         while not checkpoint.list_checkpoints(out):
