@@ -137,6 +137,21 @@ class LocalGroup(Generic[R]):
                 m.close()
 
 
+def call_each(group: Group[R], method: Method[R, ..., T], args: list[tuple]) -> list[T]:
+    """`Group.call` over `submit`/`result`: every call submitted first (they run concurrently where the group
+    allows), then gathered in member order."""
+    calls = [group.submit(i, method, *a) for i, a in enumerate(args)]
+    return [group.result(c) for c in calls]
+
+
+def broadcast_shared(group: Group[R], method: Method[R, ..., T], *args: Any, **kwargs: Any) -> list[T]:
+    """`Group.broadcast` over `put`/`submit`/`result`: one shared copy of each argument (`put`), sent to every
+    member. The callers' `broadcast` checked the arguments against the method; the references stand for them."""
+    refs, named = [group.put(a) for a in args], {k: group.put(v) for k, v in kwargs.items()}
+    calls = [group.submit(i, method, *refs, **named) for i in range(len(group))]
+    return [group.result(c) for c in calls]
+
+
 def shard(items: list, n: int) -> list[list]:
     """Split into n contiguous, nearly equal parts (earlier parts get the remainder)."""
     k, r = divmod(len(items), n)

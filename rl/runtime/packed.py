@@ -24,7 +24,7 @@ from typing import Any, Generic, Protocol
 
 import torch
 
-from rl.runtime.groups import Group, Handle, method_name
+from rl.runtime.groups import Group, Handle, broadcast_shared, call_each, method_name
 from rl.runtime.roles import Method, P, R, T
 
 
@@ -214,14 +214,10 @@ class JobGroup(Generic[R]):
         return self.inner.ready(index)
 
     def call(self, method: Method[R, ..., T], args: list[tuple]) -> list[T]:
-        calls = [self.submit(i, method, *a) for i, a in enumerate(args)]
-        return [self.result(c) for c in calls]
+        return call_each(self, method, args)
 
     def broadcast(self, method: Method[R, P, T], *args: P.args, **kwargs: P.kwargs) -> list[T]:
-        refs, named = [self.put(a) for a in args], {k: self.put(v) for k, v in kwargs.items()}
-        by_ref: Method[R, ..., T] = method  # the references stand for the arguments the method was checked against
-        calls = [self.submit(i, by_ref, *refs, **named) for i in range(len(self))]
-        return [self.result(c) for c in calls]
+        return broadcast_shared(self, method, *args, **kwargs)
 
     def pop_busy_s(self) -> float:
         """The shared members' busy time since the last pop, whichever job pops it (a pack's idle fractions are the

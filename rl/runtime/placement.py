@@ -21,7 +21,7 @@ from typing import Any, Generic, NamedTuple
 from rl.config.cluster import ClusterConfig
 from rl.errors import RoleStartFailed, UserFacingError, cause_of
 from rl.logs import role_log_env
-from rl.runtime.groups import Handle, MemberDied, RestartFailed, method_name
+from rl.runtime.groups import Handle, MemberDied, RestartFailed, broadcast_shared, call_each, method_name
 from rl.runtime.roles import Learner, Method, P, R, RolloutActor, T, Teacher
 from rl.runtime.runtime import Runtime
 
@@ -103,15 +103,10 @@ class RayGroup(Generic[R]):
             return False
 
     def call(self, method: Method[R, ..., T], args: list[tuple]) -> list[T]:
-        calls = [self.submit(i, method, *a) for i, a in enumerate(args)]
-        return [self.result(c) for c in calls]
+        return call_each(self, method, args)
 
     def broadcast(self, method: Method[R, P, T], *args: P.args, **kwargs: P.kwargs) -> list[T]:
-        # one copy of each argument in the object store, shared by every member
-        refs, named = [self.put(a) for a in args], {k: self.put(v) for k, v in kwargs.items()}
-        by_ref: Method[R, ..., T] = method  # the references stand for the arguments the method was checked against
-        calls = [self.submit(i, by_ref, *refs, **named) for i in range(len(self.handles))]
-        return [self.result(c) for c in calls]
+        return broadcast_shared(self, method, *args, **kwargs)  # one copy of each argument in the object store
 
     def pop_busy_s(self) -> float:
         busy, self._busy_s = self._busy_s, 0.0
