@@ -123,20 +123,15 @@ class PackLauncher(Launcher):
                 pack.wait_settled(i)
             pack.start()
             for t in threads:
-                while t.is_alive():
+                while t.is_alive():  # in slices: Ctrl-C and SIGTERM reach this thread between them
                     t.join(timeout=0.5)
         except KeyboardInterrupt:
             pack.interrupt()
+            sys.exit(INTERRUPTED)  # after the jobs have ended and the roles are closed (finally)
+        finally:
             for t in threads:
                 t.join()
             pack.close()
-            sys.exit(INTERRUPTED)
-        except Exception:
-            for t in threads:
-                t.join()
-            pack.close()
-            raise
-        pack.close()
         if any(getattr(r, "exit_code", None) == INTERRUPTED for r in returns.values()):
             sys.exit(INTERRUPTED)
         return returns
