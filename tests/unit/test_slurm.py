@@ -199,6 +199,9 @@ def test_a_nodes_ray_ignores_the_time_limits_sigusr2(node_process):
     """SLURM's warning before the time limit (hydra/launcher=slurm) goes to every process of the step; Ray's own
     processes inherit the ignored SIGUSR2 from the one the node starts."""
     _, ray_pid = node_process(grace_s=600)
+    # The pid is known at fork: wait until the shell, its trap set, has exec'd the node's own command.
+    command = f"{sys.executable}\0-c\0import time; time.sleep(600)\0".encode()
+    wait_for(lambda: Path(f"/proc/{ray_pid}/cmdline").read_bytes() == command, "started its command")
     status = dict(line.split(":\t", 1) for line in Path(f"/proc/{ray_pid}/status").read_text().splitlines())
     assert int(status["SigIgn"], 16) & (1 << (signal.SIGUSR2 - 1))
 
