@@ -170,15 +170,19 @@ def results_path() -> Path:
     return Path(os.environ.get(RESULTS_ENV) or REPO / "bench" / "results.jsonl")
 
 
-def append_result(bench: str, result: dict, argv: list[str] | None = None, *, command: str = "", info=None) -> dict:
+def append_result(
+    bench: str, result: dict, argv: list[str] | None = None, *, command: str = "", info=None, claim: str | None = None
+) -> dict:
     """Append one JSON line to `results_path()`: the bench, date, commit (and whether tracked files differed from it:
     the commit alone does not name what ran), machine, command, arguments and result; returns the line's object.
     `argv` defaults to this process's arguments, `command` to `python -m bench.<bench> <argv>`, `info` to machine()
-    now (pass the one taken at the start of a long run to keep its date)."""
+    now (pass the one taken at the start of a long run to keep its date); `claim` names the docs/benchmarks.md
+    anchor whose number the line backs."""
     argv = sys.argv[1:] if argv is None else argv
     info = info or machine()
     changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results.jsonl")
     record = {
+        **({"claim": claim} if claim else {}),
         "bench": bench,
         "date": info["date"],
         "commit": info["commit"],
