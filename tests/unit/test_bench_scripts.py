@@ -44,6 +44,7 @@ def test_every_bench_script_is_covered():
         "colocate",
         "deterministic",
         "e2e_trl",
+        "e2e_unsloth",
         "learner",
         "learner_backends",
         "packs",
