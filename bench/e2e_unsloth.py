@@ -95,6 +95,9 @@ def unsloth_grpo_config(work: Work, steps: int, out: Path) -> dict:
         **work.grpo_config(),
         use_vllm=True,
         vllm_mode="colocate",
+        # Unsloth's default, stated: TRL's would run one more forward per step for an importance-sampling correction
+        # toward vLLM's logprobs, which ours does not apply (its ratio is to the actor's logprobs, algorithm.tis_cap 0)
+        vllm_importance_sampling_correction=False,
         optim="adamw_torch_fused",
         report_to="none",
         logging_steps=1,
@@ -266,8 +269,9 @@ def installed(package: str) -> str | None:
 
 def run_side(side: str, work: Work, model: Path, rows: Path, args) -> dict:
     """One run of `side` in a fresh process, the device's memory sampled meanwhile; its row is written to
-    `rows`/SIDE-K.json with the next free K."""
-    k = 1 + max((int(m["k"]) for p in rows.iterdir() if (m := ROW.match(p.name)) and m["side"] == side), default=0)
+    `rows`/SIDE-K.json with the next K no earlier run used (a cut run leaves its folder and log, but no row)."""
+    used = (re.match(rf"{side}-(\d+)\b", p.name) for p in rows.iterdir())
+    k = 1 + max((int(m[1]) for m in used if m), default=0)
     run = rows / f"{side}-{k}"
     with DevicePeak() as device:
         row = run_unsloth(work, model, run, args) if side == "unsloth" else run_ours(side, work, model, run, args)
@@ -292,15 +296,18 @@ def side_stats(runs: list[dict], work: Work) -> dict:
     """One side's steady state over its runs: steps 2..N of every run pooled."""
     steady = [t for r in runs for t in (r["step_s"][1:] or r["step_s"])]
     s = spread(steady)
-    samples = work.prompts * work.G
+
+    def per_s(count: int) -> dict:  # `count` per step, at the median step and at the spread's ends
+        return {"median": count / s["median"], "min": count / s["max"], "max": count / s["min"], "n": s["n"]}
+
     lengths = [x for r in runs for x in r.get("completion_tokens_mean", [])]
     peaks = [r["device_peak_gib"] for r in runs if r.get("device_peak_gib") is not None]
     torch_peaks = [r["torch_peak_gib"] for r in runs if r.get("torch_peak_gib") is not None]
     return {
         "runs": len(runs),
         "step_s": s,
-        "steps_per_s": {"median": 1 / s["median"], "min": 1 / s["max"], "max": 1 / s["min"], "n": s["n"]},
-        "samples_per_s": {"median": samples / s["median"], "min": samples / s["max"], "max": samples / s["min"]},
+        "steps_per_s": per_s(1),
+        "samples_per_s": per_s(work.prompts * work.G),
         "startup_s": statistics.median(r["startup_s"] for r in runs),
         "device_peak_gib": max(peaks, default=None),
         "torch_peak_gib": max(torch_peaks, default=None),
@@ -348,7 +355,7 @@ def table_row(side: str, st: dict, gpu: str, ratio: dict | None) -> str:
     vs = f"**{ratio['ours_over_unsloth']:.2f}x** ({ratio['bounds'][0]:.2f}-{ratio['bounds'][1]:.2f})" if ratio else "-"
     return (
         f"| {side} ({gpu}, {st['runs']} runs) | {show_spread(st['steps_per_s'], '', 3)} | "
-        f"{st['samples_per_s']['median']:.1f} | {show_spread(st['step_s'], ' s', 2)} | {st['startup_s']:.0f} s | "
+        f"{show_spread(st['samples_per_s'], '', 1)} | {show_spread(st['step_s'], ' s', 2)} | {st['startup_s']:.0f} s | "
         f"{gib(st['device_peak_gib'])} | {gib(st['torch_peak_gib'])} | {kv} | {st['completion_tokens_mean']} | {vs} |"
     )
 

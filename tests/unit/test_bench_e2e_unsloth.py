@@ -73,6 +73,8 @@ def test_both_sides_get_the_same_work_from_one_work_object(layout, qwen7b_shape,
     assert (a.weight_decay, a.max_grad_norm) == (grpo["weight_decay"], grpo["max_grad_norm"])
     assert a.kl_estimator.value == "k3" and not a.kl_in_reward  # TRL's KL: k3, in the loss
     assert a.updates_per_step == 1  # as TRL's num_iterations=1: one optimizer step per generation batch
+    assert a.clip_low == a.clip_high == grpo["epsilon"] and a.tis_cap == 0
+    assert not grpo["vllm_importance_sampling_correction"]  # no extra forward on either side
     # both learners: Unsloth, 4-bit, its offloaded gradient checkpointing; Unsloth's engine in its process
     assert (m.learner_backend.value, m.load_in_4bit, m.gradient_checkpointing) == ("unsloth", True, None)
     assert model["load_in_4bit"] and model["fast_inference"] and lora["use_gradient_checkpointing"] == "unsloth"
@@ -145,6 +147,25 @@ def test_device_peak_keeps_the_highest_reading():
     with e2e_unsloth.DevicePeak(lambda: None) as none:  # no nvidia-smi: no reading, no thread
         pass
     assert (none.base, none.peak) == (None, None)
+
+
+def test_a_run_takes_the_next_number_no_earlier_run_used(tmp_path, monkeypatch):
+    """A cut run left `split-2/` and no row: the next split run is 3, its row split-3.json; Unsloth's numbers are
+    its own."""
+    (tmp_path / "split-1.json").write_text("{}")
+    (tmp_path / "split-2").mkdir()
+    (tmp_path / "unsloth-4.log").write_text("")
+    ran = []
+
+    def fake_ours(layout, work, model, run, args):
+        ran.append(run.name)
+        return {"step_s": [1.0]}
+
+    monkeypatch.setattr(e2e_unsloth, "run_ours", fake_ours)
+    monkeypatch.setattr(e2e_unsloth, "machine_info", dict)
+    args = e2e_unsloth.parser().parse_args([])
+    row = e2e_unsloth.run_side("split", default_work(), tmp_path, tmp_path, args)
+    assert ran == ["split-3"] and row["repeat"] == 3 and (tmp_path / "split-3.json").is_file()
 
 
 def fake_row(side: str, k: int, steps: list[float], gpu: str = "NVIDIA H100 80GB HBM3") -> dict:
