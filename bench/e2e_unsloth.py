@@ -36,6 +36,9 @@ max_memory_allocated, vLLM's weights and KV cache included; ours: the learner's 
 KV cache in tokens. Rows go to --out/SHAPE-PxNxT/SIDE-K.json (K counts up: nothing is overwritten); the report reads
 every row there, so sides may run in separate calls, and appends the comparison to bench/results.jsonl (claim
 e2e-unsloth-7b or e2e-unsloth-0.5b) once Unsloth's side and one of ours are there.
+
+Past 400 lines because it holds one tool a GPU session runs call by call: both sides' launchers (Unsloth's recipe in
+its own process, our train.py runs), the device memory sampler, and the report over rows from separate calls.
 """
 
 from __future__ import annotations
