@@ -75,6 +75,30 @@ def refusal(cfg: TrainConfig) -> str | None:
     return None if why is None else f"hydra/launcher=pack: {why}, or run the sweep without hydra/launcher=pack"
 
 
+def auto_settings(cfg: TrainConfig, cores: int) -> dict[str, Any]:
+    """The `cluster` keys a pack sets where the job left them to the machine, by key: what a pack needs that a solo
+    run does not, decided from keys the pack shares (so every job gets the same; `cores`: the local machine's).
+
+    - cluster.lora_mode=auto: on GPUs a LoRA slot per job, the jobs' generate calls merged into one batch
+      (rl/runtime/packed.py Gather); on CPU, where vLLM's LoRA kernels decode several times slower than merged
+      weights (docs/benchmarks.md), each job's adapter merged into the weights in its turn.
+    - cluster.actor_threads / learner_threads unset on a CPU pack of a local Ray (or cluster.mode=local): the cores
+      are split between the roles. A pack's jobs keep the actors and the learner busy at the same time, where a solo
+      synchronous run alternates them, and roles that each run as many threads as there are cores slow each other
+      down: on 2 cores a pack of 4 took 275 s with every role on both cores and 149 s with one each
+      (docs/benchmarks.md#sweep-packs)."""
+    c = cfg.cluster
+    out: dict[str, Any] = {}
+    if c.lora_mode == LoraMode.auto:
+        out["lora_mode"] = LoraMode.native if c.use_gpu else LoraMode.merged
+    if not c.use_gpu and c.address is None:
+        per_role = max(1, (c.ray_num_cpus or cores) // (c.num_actors + c.num_learners))
+        for key in ("actor_threads", "learner_threads"):
+            if getattr(c, key) is None:
+                out[key] = per_role
+    return out
+
+
 def split(cfgs: list[TrainConfig], max_jobs: int) -> tuple[list[list[int]], list[str]]:
     """The jobs (indices into `cfgs`) grouped into packs of at most `max_jobs` whose shared values agree, in job
     order; and one line per group of jobs that had to leave the first one's pack, naming the first differing key."""

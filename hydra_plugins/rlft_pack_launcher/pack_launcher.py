@@ -14,9 +14,11 @@ launchers only from there; it imports only light modules (Hydra scans it).
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import threading
 from collections.abc import Sequence
+from enum import Enum
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -25,7 +27,6 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from rl.config.choices import LoraMode
 from rl.entry import fail
 
 INTERRUPTED = 130  # train.py's exit status for a stopped run
@@ -63,13 +64,11 @@ class PackLauncher(Launcher):
             why = packs.refusal(cfg)
             if why:
                 fail(f"sweep job #{initial_job_idx + i} ({' '.join(filter_overrides(job_overrides[i]))}): {why}")
-            if cfg.cluster.lora_mode == LoraMode.auto:
-                # on GPUs a LoRA slot per job, the jobs' generate calls merged into one batch (rl/runtime/packed.py
-                # Gather); on CPU, where vLLM's LoRA kernels decode several times slower than merged weights
-                # (docs/benchmarks.md), each job's adapter merged into the weights in its turn
-                cfg.cluster.lora_mode = LoraMode.native if cfg.cluster.use_gpu else LoraMode.merged
+            # what the pack sets where the job left it to the machine, in the job's typed and recorded config
+            for key, value in packs.auto_settings(cfg, os.cpu_count() or 1).items():
+                setattr(cfg.cluster, key, value)
                 with read_write(configs[i]), open_dict(configs[i]):
-                    configs[i].cluster.lora_mode = cfg.cluster.lora_mode.value
+                    configs[i].cluster[key] = value.value if isinstance(value, Enum) else value
         groups, notes = packs.split(typed, self.max_jobs)
         for note in notes:
             print(note, flush=True)

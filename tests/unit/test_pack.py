@@ -145,6 +145,25 @@ def test_a_packable_config_is_not_refused(settings):
     assert pack.refusal(typed_config(**settings)) is None
 
 
+@pytest.mark.parametrize(
+    ("settings", "cores", "expected"),
+    [
+        ({}, 2, {"lora_mode": "merged", "actor_threads": 1, "learner_threads": 1}),
+        ({"cluster.num_actors": 3}, 8, {"lora_mode": "merged", "actor_threads": 2, "learner_threads": 2}),
+        ({"cluster.ray_num_cpus": 4}, 16, {"lora_mode": "merged", "actor_threads": 2, "learner_threads": 2}),
+        ({"cluster.actor_threads": 2, "cluster.lora_mode": "native"}, 2, {"learner_threads": 1}),
+        ({"cluster.address": "auto"}, 2, {"lora_mode": "merged"}),
+        ({"cluster.use_gpu": True, "cluster.gpus_per_actor": 0.5, "cluster.gpus_per_learner": 0.5}, 2,
+         {"lora_mode": "native"}),
+    ],
+    ids=["cpu", "three_actors", "ray_num_cpus", "threads_set", "remote_ray", "cuda"],
+)  # fmt: skip
+def test_a_pack_sets_what_its_jobs_left_to_the_machine(settings, cores, expected):
+    """The LoRA mode by device; on a CPU pack of a local Ray, the cores split between the roles that run at once."""
+    got = pack.auto_settings(typed_config(**settings), cores)
+    assert {k: getattr(v, "value", v) for k, v in got.items()} == expected
+
+
 # ------------------------------------------------------------------------------------------------ PackedRole
 
 
