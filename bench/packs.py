@@ -259,7 +259,9 @@ def main() -> None:
         for s in order
     }
     spread_seq = seed_spread([r for r in results if r["side"] == SEQUENTIAL])
-    append_result("packs", {"sides": summary, "seed_spread": spread_seq, "runs": results}, info=info)
+    append_result(
+        "packs", {"sides": summary, "seed_spread": spread_seq, "runs": results}, info=info, claim="sweep-packs"
+    )
 
 
 if __name__ == "__main__":

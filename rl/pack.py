@@ -30,6 +30,7 @@ from rl import logs
 from rl.config.choices import LoraMode, RolloutBackend, RolloutMode, WeightSync
 from rl.config.schema import TrainConfig
 from rl.errors import RoleStartFailed, StartupError
+from rl.resolve import resolve_cpu_threads
 from rl.runtime.packed import Gather, JobGroup
 from rl.runtime.roles import Learner, RolloutActor
 from rl.runtime.runtime import Runtime
@@ -76,26 +77,17 @@ def refusal(cfg: TrainConfig) -> str | None:
 
 
 def auto_settings(cfg: TrainConfig, cores: int) -> dict[str, Any]:
-    """The `cluster` keys a pack sets where the job left them to the machine, by key: what a pack needs that a solo
-    run does not, decided from keys the pack shares (so every job gets the same; `cores`: the local machine's).
-
+    """The `cluster` keys a pack sets where the job left them to the machine, by key, decided from keys the pack
+    shares (every job gets the same values; `cores`: this machine's):
     - cluster.lora_mode=auto: on GPUs a LoRA slot per job, the jobs' generate calls merged into one batch
       (rl/runtime/packed.py Gather); on CPU, where vLLM's LoRA kernels decode several times slower than merged
-      weights (docs/benchmarks.md), each job's adapter merged into the weights in its turn.
-    - cluster.actor_threads / learner_threads unset on a CPU pack of a local Ray (or cluster.mode=local): the cores
-      are split between the roles. A pack's jobs keep the actors and the learner busy at the same time, where a solo
-      synchronous run alternates them, and roles that each run as many threads as there are cores slow each other
-      down: on 2 cores a pack of 4 took 275 s with every role on both cores and 149 s with one each
-      (docs/benchmarks.md#sweep-packs)."""
-    c = cfg.cluster
-    out: dict[str, Any] = {}
-    if c.lora_mode == LoraMode.auto:
-        out["lora_mode"] = LoraMode.native if c.use_gpu else LoraMode.merged
-    if not c.use_gpu and c.address is None:
-        per_role = max(1, (c.ray_num_cpus or cores) // (c.num_actors + c.num_learners))
-        for key in ("actor_threads", "learner_threads"):
-            if getattr(c, key) is None:
-                out[key] = per_role
+      weights (docs/benchmarks.md), each job's adapter merged into the weights in its turn;
+    - cluster.actor_threads / learner_threads unset on CPU: the cores split between the roles
+      (rl/resolve.py resolve_cpu_threads), since a pack's jobs keep the actor and the learner busy at the same time
+      where a solo synchronous run alternates them."""
+    out: dict[str, Any] = dict(resolve_cpu_threads(cfg, cores, overlap=True))
+    if cfg.cluster.lora_mode == LoraMode.auto:
+        out["lora_mode"] = LoraMode.native if cfg.cluster.use_gpu else LoraMode.merged
     return out
 
 

@@ -1,6 +1,7 @@
 """The one resolve step: the validated config in, the same config out with every `auto`/`null` filled.
 
-`resolve(cfg, run_dir)` fills the learner backend and dtype, the learning rate, the LoRA mode, the packed-row
+`resolve(cfg, run_dir)` fills the learner backend and dtype, the learning rate, the LoRA mode, a CPU run's threads
+per role where its roles overlap, the packed-row
 budget, the loss normaliser, the overlong buffer, the output folders, `model.path` (an embedded model converted
 once), the weights the actors load (`model.actor_path`: beside a 4-bit learner its NF4 base dequantized) and the
 multi-turn episode limits (`episodes`, from `env`); it checks the registry names (advantage, policy loss,
@@ -18,10 +19,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
-from rl.config.choices import ActorBase, DType, LearnerBackend, LoraMode, WeightSync
+from rl.config.choices import ActorBase, DType, LearnerBackend, LoraMode, RolloutMode, WeightSync
 from rl.config.schema import ConfigError, TrainConfig
 from rl.config.teacher import TeacherConfig
 from rl.model_path import adapter_lora
@@ -51,6 +53,23 @@ def resolve_lora_mode(cfg: TrainConfig) -> LoraMode:
         quantized = cfg.model.load_in_4bit and cfg.model.actor_base == ActorBase.quantized
         return LoraMode.native if quantized else LoraMode.merged
     return cfg.cluster.lora_mode
+
+
+def resolve_cpu_threads(cfg: TrainConfig, cores: int, overlap: bool | None = None) -> dict[str, int]:
+    """`cluster.actor_threads` / `learner_threads` left unset (all cores) on a CPU run whose roles compute at the same
+    time (`overlap`, by default: cluster.staleness >= 1 or continuous rollouts; a sweep pack always) on a local Ray or
+    in-process: the cores (cluster.ray_num_cpus, else `cores`) split evenly among the actors and learners, at least one
+    each; by key, only the keys to fill. Roles that each run a thread per core slow each other down: on 2 cores,
+    staleness 1 with two actors and a learner took 46.1 s a step with every core per role and 27.5 s with one each,
+    and a sweep pack of 4 went from 0.91x to 1.61x the speed of its jobs run one after another (docs/benchmarks.md).
+    A synchronous run alternates its roles and keeps every core for each."""
+    c = cfg.cluster
+    if overlap is None:
+        overlap = c.staleness > 0 or c.rollout_mode == RolloutMode.continuous
+    if c.use_gpu or c.address is not None or not overlap:
+        return {}
+    per_role = max(1, (c.ray_num_cpus or cores) // (c.num_actors + c.num_learners))
+    return {key: per_role for key in ("actor_threads", "learner_threads") if getattr(c, key) is None}
 
 
 def resolve_learner_backend(cfg: TrainConfig) -> LearnerBackend:
@@ -338,7 +357,7 @@ def resolve(
             demos=resolve_demos(cfg),
             lr=(FULL_FINETUNE_LR if m.full_finetune else LORA_LR) if a.lr is None else a.lr,
         ),
-        cluster=replace(cfg.cluster, lora_mode=resolve_lora_mode(cfg)),
+        cluster=replace(cfg.cluster, lora_mode=resolve_lora_mode(cfg), **resolve_cpu_threads(cfg, os.cpu_count() or 1)),
         learner=replace(cfg.learner, micro_batch_tokens=resolve_micro_batch_tokens(cfg)),
         eval=replace(cfg.eval, save_dir=cfg.eval.save_dir or str(run_dir / "eval")),
         logger=replace(cfg.logger, rollouts_dir=cfg.logger.rollouts_dir or str(run_dir / "rollouts")),

@@ -32,8 +32,10 @@ class ClusterConfig:
     placement_strategy: PlacementStrategy = PlacementStrategy.PACK  # Ray placement group strategy (PACK: fewest nodes)
     rollout_backend: RolloutBackend = RolloutBackend.vllm  # vllm or hf (debugging)
     lora_mode: LoraMode = LoraMode.auto  # vLLM adapter loading: merged (into the weights) | native (LoRARequest) | auto
-    actor_threads: int | None = None  # CPU threads of a CPU vLLM engine (null: all cores)
-    learner_threads: int | None = None  # torch threads of a CPU learner (null: all cores)
+    # null: all cores, or where the roles compute at once (staleness >= 1, continuous, a sweep pack) on a local Ray
+    # an even share of them per role (rl/resolve.py resolve_cpu_threads)
+    actor_threads: int | None = None  # CPU threads of a CPU vLLM engine
+    learner_threads: int | None = None  # torch threads of a CPU learner
     gpu_memory_utilization: float = 0.2  # vLLM memory fraction (CPU: of a NUMA node, for the engine's whole process)
     enforce_eager: bool = True  # vLLM: no CUDA graphs / compilation (faster start; set false for long GPU runs)
     ray_num_cpus: int | None = None  # CPUs a local Ray advertises (null: what Ray detects)

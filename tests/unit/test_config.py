@@ -254,6 +254,28 @@ def test_the_resolve_step_returns_the_schema_with_every_auto_filled(tmp_path):
     assert run.algorithm.loss_agg_norm_length == run.model.max_new_tokens and run.cluster.lora_mode == "merged"
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ((), {}),  # synchronous: the roles alternate, each with every core
+        (("cluster.staleness=1",), {"actor_threads": 1, "learner_threads": 1}),
+        (
+            ("cluster.rollout_mode=continuous", "cluster.staleness=2", "algorithm.tis_cap=2"),
+            {"actor_threads": 1, "learner_threads": 1},
+        ),
+        (("cluster.staleness=1", "cluster.learner_threads=2"), {"learner_threads": 2, "actor_threads": 1}),
+        (("cluster.staleness=1", "cluster.address=auto"), {}),  # a remote Ray's cores are not this machine's
+    ],
+    ids=["sync", "staleness", "continuous", "one_set", "remote_ray"],
+)
+def test_a_cpu_run_whose_roles_overlap_splits_the_cores_between_them(overrides, expected, tmp_path, monkeypatch):
+    """On 2 cores, where a role of each kind computes at the same time, each gets one core unless its key is set."""
+    monkeypatch.setattr(specs.os, "cpu_count", lambda: 2)
+    run = specs.from_overrides(str(tmp_path), *overrides)
+    got = {k: getattr(run.cluster, k) for k in ("actor_threads", "learner_threads") if getattr(run.cluster, k)}
+    assert got == expected
+
+
 def test_a_4bit_learners_actors_load_its_dequantized_base(tmp_path):
     """model.actor_base=learner (default): beside a 4-bit learner the actors load its NF4 base dequantized, a cache
     folder keyed by the model, backend and versions (made on a GPU before the roles start: rl/app.py);
