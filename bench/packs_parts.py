@@ -133,7 +133,7 @@ def one_device(named: list[tuple[str, str | None]]) -> None:
         if other != device:
             raise SystemExit(
                 f"{first} ran on {device}, {name} on {other}: timings compare on one card kind only; run it on "
-                f"{device} (the run tool's kind nvidia-h100-x1 stays on H100s) or use another --out"
+                f"{device} or use another --out"
             )
 
 
