@@ -151,6 +151,29 @@ def test_a_pack_that_merges_each_jobs_adapter_into_the_weights_in_turn(tiny_mode
     assert "lora_mode: merged" in (dirs["length"] / ".hydra" / "config.yaml").read_text()
 
 
+def test_a_pack_with_bounded_staleness_keeps_each_jobs_own_bound_and_splits_the_cores(tiny_model, conf, tmp_path):
+    """cluster.staleness=1 in a pack: each job's step t+1 is sampled while its step t trains, so its samples lag its
+    learner by at most one version (and do lag), each job syncs its own versions, the constant job's adapter stays at
+    LoRA's initial B = 0 while its mate's moves; the CPU pack split the cores between its two roles."""
+    sweep = tmp_path / "sweep"
+    jobs = ["length", "constant"]
+    proc = run_train(sweep_args(tiny_model, conf, sweep, jobs, "run.steps=3", "cluster.staleness=1"), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dirs = job_dirs(sweep, jobs)
+    for name in jobs:
+        steps = [r for r in metric_rows(dirs[name], timings=True) if "train/loss" in r]
+        assert [r["step"] for r in steps] == [1, 2, 3]
+        assert [r["sync/version"] for r in steps] == [1.0, 2.0, 3.0]  # this job's own versions
+        lags = [r["step"] - 1 - r["actor/adapter_version"] for r in steps]
+        assert all(0 <= lag <= 1 for lag in lags) and max(lags) == 1, lags
+    weights = {n: load_file(str(dirs[n] / "adapter" / "adapter_model.safetensors")) for n in jobs}
+    assert any(float(t.abs().max()) > 0 for k, t in weights["length"].items() if "lora_B" in k)
+    assert all(float(t.abs().max()) == 0 for k, t in weights["constant"].items() if "lora_B" in k)
+    share = max(1, (os.cpu_count() or 1) // 2)
+    recorded = (dirs["length"] / ".hydra" / "config.yaml").read_text()
+    assert f"actor_threads: {share}" in recorded and f"learner_threads: {share}" in recorded
+
+
 def test_each_job_trains_on_its_own_samples_only(pack_of_four):
     """The constant reward's samples have zero advantages: trained on them alone, its adapter stays as LoRA
     initialised it (lora_B zero) at every step, while its pack mates' adapters move step by step."""
