@@ -88,6 +88,16 @@ def kv_cache_tokens(log: Path) -> int | None:
     return int(found[-1].replace(",", "")) if found else None
 
 
+def model_folder(shape: str, models: str | Path, device: str = "cuda") -> Path:
+    """The random shape's folder under `models`, built once by bench.shapes in its own process: this one would keep
+    the weights' GPU memory in torch's cache through the runs it measures."""
+    path = Path(models) / f"{shape}-v32000"
+    if not (path / "config.json").is_file():
+        cmd = [sys.executable, "-m", "bench.shapes", shape, str(path), "--device", device]
+        subprocess.run(cmd, cwd=REPO, env=repo_env(), check=True, stdout=subprocess.DEVNULL)
+    return path
+
+
 def machine_info() -> dict:
     """bench.common.machine() from a child process: asking torch for the GPU's name would put a CUDA context (and
     its memory) in this process, beside the runs being measured."""
@@ -185,10 +195,7 @@ def main() -> None:
         raise SystemExit(f"--layouts: unknown {unknown} (choose from {', '.join(LAYOUTS)})")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model = f"{args.models}/{args.shape}-v32000"
-    # built in its own process: this one would keep the model's GPU memory in torch's cache during both runs
-    build = [sys.executable, "-m", "bench.shapes", args.shape, model, "--device", "cuda"]
-    subprocess.run(build, cwd=REPO, env=repo_env(), check=True, stdout=subprocess.DEVNULL)
+    model = str(model_folder(args.shape, args.models))
     prompts = write_arith_prompts(out / "arith.jsonl")
     rows = {}
     for layout in layouts:

@@ -55,7 +55,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.colocate import LAYOUTS, kv_cache_tokens, machine_info
+from bench.colocate import LAYOUTS, kv_cache_tokens, machine_info, model_folder
 from bench.common import REPO, append_result, show_spread, spread
 from bench.e2e_trl import Work, logged, run_keys, run_train, side_result, step_marks, trl_task
 from tests.helpers import repo_env
@@ -129,17 +129,6 @@ def ours_args(layout: str, work: Work, model: Path, out: Path, steps: int, actor
         # random weights: bench.colocate's margin over the probe's floor (docs/benchmarks.md#sync-probe-floor)
         "run.sync_probe_threshold=0.5",
     ]
-
-
-def model_folder(shape: str, models: str | Path, device: str = "cuda") -> Path:
-    """The random shape's folder under `models` (bench.colocate's name for it, so a machine that ran that bench
-    reuses it), built once by bench.shapes in its own process: this one would keep the weights' GPU memory in
-    torch's cache through both sides."""
-    path = Path(models) / f"{shape}-v32000"
-    if not (path / "config.json").is_file():
-        cmd = [sys.executable, "-m", "bench.shapes", shape, str(path), "--device", device]
-        subprocess.run(cmd, cwd=REPO, env=repo_env(), check=True, stdout=subprocess.DEVNULL)
-    return path
 
 
 def nvidia_smi_used_gib() -> float | None:

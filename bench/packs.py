@@ -57,7 +57,7 @@ from bench.packs_parts import (
     check_device_here,
     check_whole_packs,
     cut_sweep,
-    device_name,
+    device_of,
     found_parts,
     label,
     one_device,
@@ -250,7 +250,7 @@ def run_part(
         "samples": samples,
         "samples_per_s": round(samples / wall_s, 3),
         "jobs": per_job,
-        "device": device_name(),
+        "device": device_of(info),
         "caches": caches,
         "machine": info,
         "command": cmd[2:],
@@ -391,7 +391,7 @@ def run_sides(args: argparse.Namespace, order: list[str], out: Path, listed: lis
     --out, in one folder or in parts, is read back."""
     part = parse_part(args.part)
     if out.is_dir():
-        check_device_here(out, device_name())
+        check_device_here(out, device_of(where_run()))
     for repeat in range(args.repeats):
         for side in order[repeat % len(order) :] + order[: repeat % len(order)]:
             try:

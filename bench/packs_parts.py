@@ -91,10 +91,9 @@ def check_whole_packs(listed: list[list[str]], side: str, max_jobs: int, numbers
         )
 
 
-def device_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+def device_of(info: dict) -> str:
+    """The device a machine() record names: its GPU, else "cpu"."""
+    return info.get("gpu") or "cpu"
 
 
 def where_run() -> dict:

@@ -76,16 +76,16 @@ def refusal(cfg: TrainConfig) -> str | None:
     return None if why is None else f"hydra/launcher=pack: {why}, or run the sweep without hydra/launcher=pack"
 
 
-def auto_settings(cfg: TrainConfig, cores: int) -> dict[str, Any]:
+def auto_settings(cfg: TrainConfig, cores: int | None = None) -> dict[str, Any]:
     """The `cluster` keys a pack sets where the job left them to the machine, by key, decided from keys the pack
-    shares (every job gets the same values; `cores`: this machine's):
+    shares (every job gets the same values; `cores`: this machine's unless given):
     - cluster.lora_mode=auto: on GPUs a LoRA slot per job, the jobs' generate calls merged into one batch
       (rl/runtime/packed.py Gather); on CPU, where vLLM's LoRA kernels decode several times slower than merged
       weights (docs/benchmarks.md), each job's adapter merged into the weights in its turn;
     - cluster.actor_threads / learner_threads unset on CPU: the cores split between the roles
       (rl/resolve.py resolve_cpu_threads), since a pack's jobs keep the actor and the learner busy at the same time
       where a solo synchronous run alternates them."""
-    out: dict[str, Any] = dict(resolve_cpu_threads(cfg, cores, overlap=True))
+    out: dict[str, Any] = dict(resolve_cpu_threads(cfg, overlap=True, cores=cores))
     if cfg.cluster.lora_mode == LoraMode.auto:
         out["lora_mode"] = LoraMode.native if cfg.cluster.use_gpu else LoraMode.merged
     return out

@@ -1,9 +1,8 @@
 """The one resolve step: the validated config in, the same config out with every `auto`/`null` filled.
 
 `resolve(cfg, run_dir)` fills the learner backend and dtype, the learning rate, the LoRA mode, a CPU run's threads
-per role where its roles overlap, the packed-row
-budget, the loss normaliser, the overlong buffer, the output folders, `model.path` (an embedded model converted
-once), the weights the actors load (`model.actor_path`: beside a 4-bit learner its NF4 base dequantized) and the
+per role where its roles overlap, the packed-row budget, the loss normaliser, the overlong buffer, the output folders,
+`model.path` (an embedded model converted once), the weights the actors load (`model.actor_path`: beside a 4-bit learner its NF4 base dequantized) and the
 multi-turn episode limits (`episodes`, from `env`); it checks the registry names (advantage, policy loss,
 aggregation) and that a run writes only into a folder of its own (check_run_dir_is_new). It returns a new
 `TrainConfig` (`dataclasses.replace`); the wiring points (rl/app.py for the roles, rl/loop/driver.py for the loop)
@@ -55,10 +54,10 @@ def resolve_lora_mode(cfg: TrainConfig) -> LoraMode:
     return cfg.cluster.lora_mode
 
 
-def resolve_cpu_threads(cfg: TrainConfig, cores: int, overlap: bool | None = None) -> dict[str, int]:
+def resolve_cpu_threads(cfg: TrainConfig, overlap: bool | None = None, cores: int | None = None) -> dict[str, int]:
     """`cluster.actor_threads` / `learner_threads` left unset (all cores) on a CPU run whose roles compute at the same
     time (`overlap`, by default: cluster.staleness >= 1 or continuous rollouts; a sweep pack always) on a local Ray or
-    in-process: the cores (cluster.ray_num_cpus, else `cores`) split evenly among the actors and learners, at least one
+    in-process: the cores (cluster.ray_num_cpus, else `cores`, else this machine's) split evenly among the actors and learners, at least one
     each; by key, only the keys to fill. Roles that each run a thread per core slow each other down: on 2 cores,
     staleness 1 with two actors and a learner took 46.1 s a step with every core per role and 27.5 s with one each,
     and a sweep pack of 4 went from 0.91x to 1.61x the speed of its jobs run one after another (docs/benchmarks.md).
@@ -68,7 +67,7 @@ def resolve_cpu_threads(cfg: TrainConfig, cores: int, overlap: bool | None = Non
         overlap = c.staleness > 0 or c.rollout_mode == RolloutMode.continuous
     if c.use_gpu or c.address is not None or not overlap:
         return {}
-    per_role = max(1, (c.ray_num_cpus or cores) // (c.num_actors + c.num_learners))
+    per_role = max(1, (c.ray_num_cpus or cores or os.cpu_count() or 1) // (c.num_actors + c.num_learners))
     return {key: per_role for key in ("actor_threads", "learner_threads") if getattr(c, key) is None}
 
 
@@ -357,7 +356,7 @@ def resolve(
             demos=resolve_demos(cfg),
             lr=(FULL_FINETUNE_LR if m.full_finetune else LORA_LR) if a.lr is None else a.lr,
         ),
-        cluster=replace(cfg.cluster, lora_mode=resolve_lora_mode(cfg), **resolve_cpu_threads(cfg, os.cpu_count() or 1)),
+        cluster=replace(cfg.cluster, lora_mode=resolve_lora_mode(cfg), **resolve_cpu_threads(cfg)),
         learner=replace(cfg.learner, micro_batch_tokens=resolve_micro_batch_tokens(cfg)),
         eval=replace(cfg.eval, save_dir=cfg.eval.save_dir or str(run_dir / "eval")),
         logger=replace(cfg.logger, rollouts_dir=cfg.logger.rollouts_dir or str(run_dir / "rollouts")),

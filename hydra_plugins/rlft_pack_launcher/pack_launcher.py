@@ -14,7 +14,6 @@ launchers only from there; it imports only light modules (Hydra scans it).
 from __future__ import annotations
 
 import copy
-import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -65,7 +64,7 @@ class PackLauncher(Launcher):
             if why:
                 fail(f"sweep job #{initial_job_idx + i} ({' '.join(filter_overrides(job_overrides[i]))}): {why}")
             # what the pack sets where the job left it to the machine, in the job's typed and recorded config
-            for key, value in packs.auto_settings(cfg, os.cpu_count() or 1).items():
+            for key, value in packs.auto_settings(cfg).items():
                 setattr(cfg.cluster, key, value)
                 with read_write(configs[i]), open_dict(configs[i]):
                     configs[i].cluster[key] = value.value if isinstance(value, Enum) else value
