@@ -3,7 +3,8 @@
 # over one transfer at a time (bench/gpu/setup.sh installs them there; docs/gpus-and-clusters.md):
 #   .whl/a  bitsandbytes (41 MiB)
 #   .whl/b  Unsloth and what it imports (20 MiB)
-#   .whl/c  Ray (its Java jar, rllib and dashboard source maps removed: 42 MiB), Hydra, OmegaConf, math-verify
+#   .whl/c  Ray (its Java jar, rllib and dashboard source maps removed: 42 MiB), Hydra, OmegaConf, math-verify, Hydra's
+#           submitit launcher (hydra/launcher=slurm's plugin imports it; without it every `-m` run warns)
 #   .whl/d  reasoning-gym and its imports (the demo task), gguf (the embedded model's conversion), compressed-tensors
 #           (vLLM's bitsandbytes loader imports it: model.actor_base=quantized): 9.8 MiB
 # Run from the project root and keep /.whl/ out of git. The GPU machine already has torch 2.11.0+cu130,
@@ -20,11 +21,12 @@ pkgs=(bitsandbytes==0.50.2 unsloth==2026.10.9 unsloth_zoo==2026.10.9 trl==1.15.0
       json5==0.17.3 nest-asyncio==1.6.0 msgspec==0.22.0 dill==0.4.1 multiprocess==0.70.19
       docstring-parser==0.18.0 typeguard==4.6.1 shtab==1.13.0
       ray==2.60.0 jsonschema jsonschema-specifications referencing rpds-py
-      hydra-core==1.3.8 omegaconf==2.3.1 math-verify==0.9.0 latex2sympy2_extended==1.11.0)
+      hydra-core==1.3.8 omegaconf==2.3.1 math-verify==0.9.0 latex2sympy2_extended==1.11.0
+      hydra-submitit-launcher==1.2.0 submitit==1.5.4 cloudpickle==3.1.3)
 for p in "${pkgs[@]}"; do
   case "$p" in
     bitsandbytes*) d="$dest/a";;
-    ray*|jsonschema*|referencing|rpds-py|hydra-core*|omegaconf*|antlr4*|math-verify*|latex2sympy2*) d="$dest/c";;
+    ray*|jsonschema*|referencing|rpds-py|hydra-*|omegaconf*|antlr4*|math-verify*|latex2sympy2*|submitit*|cloudpickle*) d="$dest/c";;
     *) d="$dest/b";;
   esac
   python3 -m pip download -q --no-deps "${plat[@]}" -d "$d" "$p"
