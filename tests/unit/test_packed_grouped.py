@@ -1,23 +1,26 @@
 """A sweep pack's grouped learner step (rl/learner/grouped.py, PackedRole.train_jobs) on the tiny fp32 model: each
 job leaves the step with the adapter, optimizer state and metrics of the same job stepped alone (on_job), whatever
 its learning rate, algorithm knobs and seed; a job with lr 0 keeps its adapter; a job with no signal is stepped as
-alone; packed rows step job after job. And the pack's learner Gather (rl/runtime/packed.py): the jobs' k-th steps go
+alone; packed rows step job after job; the pack says in one line when its learner steps job after job. And the
+pack's learner Gather (rl/runtime/packed.py): the jobs' k-th steps go
 to the learner as one call, and a job blocked on its step is not waited for by the engine's Gather."""
 
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from rl import pack
 from rl.app import learner_args
 from rl.learner import Learner
 from rl.runtime.groups import LocalGroup
 from rl.runtime.packed import Gather, JobGroup, Merge, PackedRole
 from rl.runtime.roles import RolloutActor
 from tests.fakes import FakeMergingEngine
-from tests.helpers import LEARNER_TEST_OVERRIDES, make_samples, run_spec
+from tests.helpers import LEARNER_TEST_OVERRIDES, make_samples, run_spec, typed_config
 
 # rows are samples in both (no KV-cache prompt sharing), several micro-batches per job
 PADDED = ("learner.share_prompt_prefix=false", "learner.micro_batch_size=4", "learner.micro_batch_tokens=0")
@@ -156,6 +159,42 @@ def test_the_lora_layers_forward_is_their_own_again_after_a_failed_grouped_step(
 
     layers = [m for m in role.role.model.modules() if isinstance(m, LoraLayer)]
     assert layers and not any("forward" in m.__dict__ for m in layers)
+
+
+# ------------------------------------------------------------------------------------------------ the pack's choice
+
+
+@pytest.mark.parametrize(
+    ("settings", "grouped", "line"),
+    [
+        ({}, True, None),
+        (
+            {"model.learner_backend": "unsloth", "cluster.use_gpu": True},
+            False,
+            "(model.learner_backend=unsloth: its fused LoRA kernels",
+        ),
+        ({"learner.micro_batch_tokens": 512}, False, "(learner.micro_batch_tokens>0: a packed row holds every"),
+        ({}, False, "(hydra.launcher.grouped_learner=false)"),
+    ],
+    ids=["peft", "unsloth", "packed_rows", "off"],
+)
+def test_a_pack_groups_its_learner_steps_where_its_learner_can_and_says_so_where_not(
+    monkeypatch, tmp_path, capsys, settings, grouped, line
+):
+    def build_runtime(cfg, pack=None, log_dir=None):
+        role = PackedRole(FakeMergingEngine, [{"seed": c.run.seed} for c in pack])
+        return SimpleNamespace(actors=LocalGroup([role]), learners=LocalGroup([role])), lambda: None
+
+    monkeypatch.setattr("rl.app.build_runtime", build_runtime)
+    p = pack.Pack([0, 1], tmp_path, grouped_learner=line != "(hydra.launcher.grouped_learner=false)")
+    for job in (0, 1):
+        p.cfgs[job] = typed_config(**{"run.seed": job, **settings})
+    p.start()
+    p.close()
+    said = [x for x in capsys.readouterr().out.splitlines() if "one after another" in x]
+    assert (p.train_gather is not None) == grouped
+    assert len(said) == (line is not None)
+    assert line is None or said[0].startswith("pack: the learner steps the jobs one after another " + line)
 
 
 # ------------------------------------------------------------------------------------------------ the learner Gather
