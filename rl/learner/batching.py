@@ -135,16 +135,7 @@ class Batcher:
         shape = (len(samples), max(len(s.completion_ids) for s in samples))
         if self.packed:
             row = packing.pack(samples, self.share_prompt_prefix, self.device, self.packed)
-            inputs = dict(
-                input_ids=row.input_ids,
-                position_ids=row.position_ids,
-                packed_segments=row.segments,
-                attention_mask=packing.mask_placeholder(self.device),
-            )
-            if self.logits_to_keep:  # the LM head runs only where a completion token is predicted
-                logits = model(**inputs, logits_to_keep=row.predictors).logits  # [1, T, V]
-            else:
-                logits = model(**inputs).logits[:, row.predictors]
+            logits = self.row_logits(model, row)  # [1, T, V]
             targets, n_positions = row.targets, row.input_ids.shape[1]
 
             def to_batch(x):
@@ -158,6 +149,18 @@ class Batcher:
 
         logp, ent = position_logprobs(logits, targets, temperature, min_p=min_p, entropy=entropy)
         return to_batch(logp), to_batch(ent), n_positions
+
+    def row_logits(self, model: Any, row: packing.PackedRow) -> torch.Tensor:
+        """A packed row's logits at its predictor positions [1, T, V] (T: its completion tokens)."""
+        inputs = dict(
+            input_ids=row.input_ids,
+            position_ids=row.position_ids,
+            packed_segments=row.segments,
+            attention_mask=packing.mask_placeholder(self.device),
+        )
+        if self.logits_to_keep:  # the LM head runs only where a completion token is predicted
+            return model(**inputs, logits_to_keep=row.predictors).logits
+        return model(**inputs).logits[:, row.predictors]
 
     def completion_batch(self, samples: list[TrainSample]):
         """Completion-aligned [B, C] loss mask and behaviour logprobs (right-padded), advantages [B], or [B, C] when

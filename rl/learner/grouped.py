@@ -5,23 +5,26 @@ The pack's learner is where a pack must gain: on a GPU a small model's step cost
 whatever its size (launch-bound), so N jobs stepped one after another cost N steps. Here each job's samples are cut
 into micro-batches exactly as its solo step cuts them (the same filters, counts and per-micro-batch weights, from
 Learner.step_samples); grouped micro-batch k is the concatenation of every job's k-th micro-batch (a job with fewer
-drops out). One right-padded forward over the grouped rows runs every PEFT LoRA layer per row range (`RowAdapters`:
-base(x) plus, for each job's rows, B_j A_j x * scaling with the job's own factors as leaves), the logprobs are split
+drops out). One forward over the grouped rows runs every PEFT LoRA layer per row range (`RowAdapters`: base(x)
+plus, for each job's rows, B_j A_j x * scaling with the job's own factors as leaves), the logprobs are split
 back per job, and each job's loss is its own algorithm's (loss.py micro_batch_loss: its loss, aggregation, knobs,
 entropy bonus and KL), weighted as in its solo step; one backward of the sum gives each job's factors their own
 gradients. Then each job in turn is swapped into the learner for its clipping, non-finite skip, optimizer step,
 version and metrics (Learner.finish_step).
 
-Against the same job stepped alone: the same micro-batches, each padded to the group's longest row instead of its
-own (padding is masked: equal up to float rounding), and always as full rows: prompt-prefix sharing (the KV-cache
-forward runs a group's prompt as one row) is not used, since the per-row adapters need one row per sample. The KL
-reference's logprobs come from one forward of the same grouped rows with the adapter off, before the policy's.
+Rows: with padded micro-batches a row is a sample; the grouped micro-batch is every job's rows padded to the
+longest (padding is masked: equal to the job's solo step up to float rounding), and always as full rows: the CPU
+solo step's prompt-prefix sharing (a KV-cache forward that runs a group's prompt as one row) is not used, since the
+per-row adapters need one row per sample (equal up to rounding too). With packed rows (learner.micro_batch_tokens >
+0, a PEFT learner's default: every sequence of a micro-batch in one row) each job's micro-batch is packed as its solo
+step packs it, prompts shared within it, and the jobs' rows are concatenated along the tokens (packing.concat): a
+job's span is a token range, split along that dimension. The KL reference's logprobs come from one forward of the
+same grouped rows with the adapter off, before the policies'.
 
-Job after job instead (`refusal` and `model_refusal` say why, in one line): packed rows
-(learner.micro_batch_tokens > 0 puts every sequence of a micro-batch in one row, so rows are not samples), LoRA
-dropout (each job's masks must come from its own RNG stream), Unsloth (its fused LoRA kernels read one adapter and
-bypass the LoRA layer's forward), data-parallel learners, and a trainable tensor outside the LoRA layers. With no
-dropout the step draws nothing from torch's RNG, so each job's RNG state stays as its solo step leaves it.
+Job after job instead (`refusal` and `model_refusal` say why, in one line): LoRA dropout (each job's masks must come
+from its own RNG stream), Unsloth (its fused LoRA kernels read one adapter and bypass the LoRA layer's forward),
+data-parallel learners, and a trainable tensor outside the LoRA layers. With no dropout the step draws nothing from
+torch's RNG, so each job's RNG state stays as its solo step leaves it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch.nn.functional as F
 
 from rl.config.choices import LearnerBackend
 from rl.config.schema import AlgorithmConfig, LearnerConfig, ModelConfig
+from rl.learner import packing
 from rl.learner.batching import Batcher, position_logprobs
 from rl.learner.loss import entropy_use, micro_batch_loss, micro_batch_weight
 from rl.types import TrainSample
@@ -57,8 +61,6 @@ def refusal(model: ModelConfig, learner: LearnerConfig, num_learners: int) -> st
     """Why a pack's learner with these settings steps its jobs one after another (None: it groups them)."""
     if model.learner_backend == LearnerBackend.unsloth:
         return "model.learner_backend=unsloth: its fused LoRA kernels read one adapter and bypass the LoRA layers"
-    if learner.micro_batch_tokens:
-        return "learner.micro_batch_tokens>0: a packed row holds every sequence of a micro-batch, not one per sample"
     if model.lora_dropout > 0:
         return "model.lora_dropout>0: each job's dropout masks come from its own RNG stream"
     if num_learners > 1:
@@ -108,9 +110,10 @@ class RowAdapters:
         ]
         self.scaling = [module.scaling[module.active_adapters[0]] for module, _ in self.layers]
         self.sizes: list[int] = []
+        self.dim = 0
 
-    def rows(self, sizes: list[int]) -> None:
-        self.sizes = list(sizes)
+    def rows(self, sizes: list[int], dim: int = 0) -> None:
+        self.sizes, self.dim = list(sizes), dim
 
     def __enter__(self) -> RowAdapters:
         for (module, pairs), scaling in zip(self.layers, self.scaling):
@@ -125,17 +128,17 @@ class RowAdapters:
         result = module.base_layer(x, *args, **kwargs)
         if module.disable_adapters:
             return result
-        if sum(self.sizes) != x.shape[0]:
-            raise RuntimeError(f"grouped LoRA forward: {x.shape[0]} rows in, the jobs' row counts sum to {self.sizes}")
+        if sum(self.sizes) != x.shape[self.dim]:
+            raise RuntimeError(f"grouped LoRA forward: {x.shape[self.dim]} rows in, the jobs have {self.sizes}")
         if not torch.is_autocast_enabled():  # as the LoRA layers cast: the input in the factors' dtype
             x = x.to(pairs[0][0].dtype)
         parts, start = [], 0
         for (a, b), n in zip(pairs, self.sizes):
             if n:
-                parts.append(F.linear(F.linear(x[start : start + n], a), b) * scaling)
+                parts.append(F.linear(F.linear(x.narrow(self.dim, start, n), a), b) * scaling)
             start += n
         # a new tensor (no in-place write into the base layer's output, which autograd may hold)
-        return result + torch.cat(parts).to(result.dtype)
+        return result + torch.cat(parts, dim=self.dim).to(result.dtype)
 
 
 @dataclass
@@ -186,7 +189,7 @@ def train_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[dict[str, float
         finally:
             job.leave()
     learner.model.train()
-    rows = Batcher(learner.device, share_prompt_prefix=False, logits_to_keep=learner.policy.logits_to_keep)
+    forward = _GroupedForward(learner)
     depth = max(len(p.batches) for p in plans)
     if any(p.algorithm.loss_kl_coef > 0 for p in plans):
         # before the policies' forwards (a reference that swaps weights must not touch their graph), over the same
@@ -196,16 +199,14 @@ def train_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[dict[str, float
             for k in range(depth):
                 part = [p for p in plans if k < len(p.batches)]
                 if any(p.algorithm.loss_kl_coef > 0 for p in part):
-                    for p, (ref, *_) in zip(part, _split_logprobs(rows, ref_model, part, k, lambda a: "none")):
+                    for p, (ref, *_) in zip(part, forward(ref_model, part, k, lambda a: "none")):
                         if p.algorithm.loss_kl_coef > 0:
                             p.refs[k] = ref
     with RowAdapters(learner.model, [p.leaves for p in plans]) as adapters:
         for k in range(depth):
             part = [p for p in plans if k < len(p.batches)]
-            adapters.rows([len(p.batches[k]) if k < len(p.batches) else 0 for p in plans])
             total: torch.Tensor | float = 0.0
-            split = _split_logprobs(rows, learner.model, part, k, entropy_use)
-            n_rows = sum(len(p.batches[k]) for p in part)
+            split = forward(learner.model, part, k, entropy_use, adapters, plans)
             for p, (logp, entropy, mask, old, adv, n_positions) in zip(part, split):
                 mb, a = p.batches[k], p.algorithm
                 loss, metrics = micro_batch_loss(a, p.loss_fn, p.agg_fn, logp, entropy, p.refs.get(k), mask, old, adv)
@@ -214,7 +215,7 @@ def train_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[dict[str, float
                 p.total_loss = p.total_loss + loss.detach() * weight
                 for name, v in metrics.items():
                     p.sums[name] = p.sums.get(name, 0.0) + v * weight
-                p.tokens += n_positions * len(mb) // n_rows  # the job's rows' share of the forward's positions
+                p.tokens += n_positions  # the forward's positions in the job's rows
             assert isinstance(total, torch.Tensor)
             total.backward()  # each job's factors get the gradient of its own loss only
     out = []
@@ -240,23 +241,67 @@ def _alone(learner: Any, job: JobStep) -> dict[str, float]:
         job.leave()
 
 
-def _split_logprobs(rows: Batcher, model: Any, part: list[_Plan], k: int, entropy: Callable[[AlgorithmConfig], str]):
-    """One padded forward of the k-th micro-batches of `part`'s jobs, split back per job: its completion-aligned
-    logprobs and entropy [B_j, C_j] (each under its own temperature and min-p), its loss mask, behaviour logprobs and
-    advantages, and the forward's token positions."""
-    group = [s for p in part for s in p.batches[k]]
-    logits, targets, index, n_positions = rows.logits(model, group)  # [R, K, V], [R, K], [R, C]
-    out, start = [], 0
-    for p in part:
-        mb, a = p.batches[k], p.algorithm
-        end = start + len(mb)
-        mask, old, adv = rows.completion_batch(mb)  # [B_j, C_j]
-        logp, ent = position_logprobs(
-            logits[start:end], targets[start:end], a.temperature, min_p=a.min_p, entropy=entropy(a)
-        )
-        at = index[start:end, : mask.shape[1]]
-        out.append(
-            (torch.gather(logp, 1, at), None if ent is None else torch.gather(ent, 1, at), mask, old, adv, n_positions)
-        )
-        start = end
-    return out
+class _GroupedForward:
+    """One forward of the k-th micro-batches of some jobs, split back per job. Padded micro-batches: their rows
+    concatenated, padded to the longest (rows are samples); packed rows: each job's micro-batch packed as its solo
+    step packs it (its prompts shared within it) and the rows concatenated along the tokens (packing.concat), each
+    job's LoRA span a token range."""
+
+    def __init__(self, learner: Any):
+        self.learner, self.packed = learner, learner.batcher.packed
+        self.padded = Batcher(learner.device, share_prompt_prefix=False, logits_to_keep=learner.policy.logits_to_keep)
+
+    def __call__(
+        self,
+        model: Any,
+        part: list[_Plan],
+        k: int,
+        entropy: Callable[[AlgorithmConfig], str],
+        adapters: RowAdapters | None = None,
+        plans: list[_Plan] | None = None,
+    ) -> list[tuple]:
+        """Per job of `part`: its completion-aligned logprobs and entropy [B_j, C_j] (under its own temperature and
+        min-p), its loss mask, behaviour logprobs and advantages, and the token positions its rows took in the
+        forward. `adapters`: told each job of `plans` its span first (0 for a job not in `part`)."""
+        mbs = [p.batches[k] for p in part]
+        batcher = self.learner.batcher
+        if self.packed:
+            singles = [packing.pack(mb, batcher.share_prompt_prefix, self.learner.device, self.packed) for mb in mbs]
+            spans = [r.input_ids.shape[1] for r in singles]
+            if adapters is not None and plans is not None:
+                adapters.rows(_spans(plans, part, spans), dim=1)
+            logits = batcher.row_logits(model, packing.concat(singles, [len(mb) for mb in mbs]))  # [1, T, V]
+            widths = [r.targets.shape[1] for r in singles]
+        else:
+            spans = [len(mb) for mb in mbs]
+            if adapters is not None and plans is not None:
+                adapters.rows(_spans(plans, part, spans), dim=0)
+            logits, targets, index, n_positions = self.padded.logits(model, [s for mb in mbs for s in mb])
+            widths = spans
+        out, start = [], 0
+        for j, (p, mb) in enumerate(zip(part, mbs)):
+            a, end = p.algorithm, start + widths[j]
+            mask, old, adv = batcher.completion_batch(mb)  # [B_j, C_j]
+            if self.packed:
+                row = singles[j]
+                logp, ent = position_logprobs(
+                    logits[:, start:end], row.targets, a.temperature, min_p=a.min_p, entropy=entropy(a)
+                )
+                logp = packing.unpack(logp, row, tuple(mask.shape))
+                ent = None if ent is None else packing.unpack(ent, row, tuple(mask.shape))
+                positions = spans[j]
+            else:
+                logp, ent = position_logprobs(
+                    logits[start:end], targets[start:end], a.temperature, min_p=a.min_p, entropy=entropy(a)
+                )
+                at = index[start:end, : mask.shape[1]]
+                logp, ent = torch.gather(logp, 1, at), None if ent is None else torch.gather(ent, 1, at)
+                positions = n_positions * len(mb) // len(targets)
+            out.append((logp, ent, mask, old, adv, positions))
+            start = end
+        return out
+
+
+def _spans(plans: list[_Plan], part: list[_Plan], spans: list[int]) -> list[int]:
+    size = {id(p): n for p, n in zip(part, spans)}
+    return [size.get(id(p), 0) for p in plans]

@@ -1,9 +1,9 @@
 """A sweep pack's grouped learner step (rl/learner/grouped.py, PackedRole.train_jobs) on the tiny fp32 model: each
 job leaves the step with the adapter, optimizer state and metrics of the same job stepped alone (on_job), whatever
 its learning rate, algorithm knobs and seed; a job with lr 0 keeps its adapter; a job with no signal is stepped as
-alone; packed rows step job after job; the pack says in one line when its learner steps job after job. And the
-pack's learner Gather (rl/runtime/packed.py): the jobs' k-th steps go
-to the learner as one call, and a job blocked on its step is not waited for by the engine's Gather."""
+alone; packed rows are grouped along the tokens; the pack says in one line when its learner steps job after job.
+And the pack's learner Gather (rl/runtime/packed.py): the jobs' k-th steps go to the learner as one call, and a job
+blocked on its step is not waited for by the engine's Gather."""
 
 from __future__ import annotations
 
@@ -137,16 +137,20 @@ def test_a_grouped_step_with_prompt_sharing_on_matches_to_float_rounding(tiny_mo
         assert_same_job(grouped, alone, job, 1e-4, 3e-5)
 
 
-def test_packed_rows_step_the_jobs_one_after_another(tiny_model):
-    packed = ("learner.micro_batch_tokens=128",)
-    grouped, alone = shared_learner(tiny_model, JOBS[:2], *packed), shared_learner(tiny_model, JOBS[:2], *packed)
-    assert grouped.role.batcher.packed
-    batches = batches_for(0)[:2]
-    got, want = step(grouped, batches, True), step(alone, batches, False)
-    for job in range(2):
-        assert got[job]["pack/grouped_jobs"] == 1
-        assert_same_metrics(got[job], want[job], 0.0)
-        assert_same_job(grouped, alone, job, 0.0, 0.0)
+def test_packed_rows_are_grouped_along_the_tokens_and_match_the_solo_steps(tiny_model):
+    """learner.micro_batch_tokens > 0 (a PEFT learner's default): each job's micro-batch packed as alone, prompts
+    shared, the jobs' rows concatenated along the tokens."""
+    packed = ("learner.micro_batch_tokens=32",)
+    grouped, alone = shared_learner(tiny_model, JOBS, *packed), shared_learner(tiny_model, JOBS, *packed)
+    assert grouped.role.batcher.packed and grouped.role.batcher.share_prompt_prefix
+    for step_no in range(2):
+        batches = batches_for(step_no)
+        got, want = step(grouped, batches, True), step(alone, batches, False)
+        for job in range(len(JOBS)):
+            assert got[job]["pack/grouped_jobs"] == len(JOBS) and got[job]["train/micro_batches"] > 1
+            assert_same_metrics(got[job], want[job], 1e-4)
+    for job in range(len(JOBS)):
+        assert_same_job(grouped, alone, job, 1e-5, 3e-5)
 
 
 def test_the_lora_layers_forward_is_their_own_again_after_a_failed_grouped_step(tiny_model):
@@ -173,10 +177,10 @@ def test_the_lora_layers_forward_is_their_own_again_after_a_failed_grouped_step(
             False,
             "(model.learner_backend=unsloth: its fused LoRA kernels",
         ),
-        ({"learner.micro_batch_tokens": 512}, False, "(learner.micro_batch_tokens>0: a packed row holds every"),
+        ({"model.lora_dropout": 0.1}, False, "(model.lora_dropout>0: each job's dropout masks come from its own"),
         ({}, False, "(hydra.launcher.grouped_learner=false)"),
     ],
-    ids=["peft", "unsloth", "packed_rows", "off"],
+    ids=["peft", "unsloth", "lora_dropout", "off"],
 )
 def test_a_pack_groups_its_learner_steps_where_its_learner_can_and_says_so_where_not(
     monkeypatch, tmp_path, capsys, settings, grouped, line
