@@ -99,8 +99,9 @@ def _lora_layers(model: Any) -> list[tuple[str, Any, str]]:
 class RowAdapters:
     """Every PEFT LoRA layer of `model` (Linear and the bnb 4-bit Linear) computing base(x) plus, for each job's
     rows of x, lora_B_j(lora_A_j(x_j)) * scaling with job j's factors from `factors` (one {parameter name: tensor}
-    per job) instead of the layer's own parameters. `rows(sizes)`: job j has sizes[j] consecutive rows in the next
-    forward (0: none). A context manager: the layers' own forward is back on exit, also on error. Keep it entered
+    per job) instead of the layer's own parameters. `rows(sizes, dim)`: in the next forward job j has sizes[j]
+    consecutive rows along `dim` (0: the samples of padded micro-batches; 1: the tokens of a packed row; 0: none).
+    A context manager: the layers' own forward is back on exit, also on error. Keep it entered
     through the backward: a checkpointed model runs the forward again there."""
 
     def __init__(self, model: Any, factors: list[dict[str, torch.Tensor]]):
