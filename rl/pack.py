@@ -31,7 +31,7 @@ from rl.config.choices import LoraMode, RolloutBackend, RolloutMode, WeightSync
 from rl.config.schema import TrainConfig
 from rl.errors import RoleStartFailed, StartupError
 from rl.learner.grouped import refusal as grouped_refusal
-from rl.resolve import resolve_cpu_threads
+from rl.resolve import resolve_cpu_threads, resolve_learner_backend
 from rl.runtime.packed import TRAIN, Gather, JobGroup
 from rl.runtime.roles import Learner, RolloutActor
 from rl.runtime.runtime import Runtime
@@ -90,6 +90,15 @@ def auto_settings(cfg: TrainConfig, cores: int | None = None) -> dict[str, Any]:
     if cfg.cluster.lora_mode == LoraMode.auto:
         out["lora_mode"] = LoraMode.native if cfg.cluster.use_gpu else LoraMode.merged
     return out
+
+
+def learner_steps_apart(cfg: TrainConfig, grouped_learner: bool = True) -> str | None:
+    """Why a pack of jobs like `cfg` has its learner step them one after another, in one line (None: it trains their
+    steps together, rl/learner/grouped.py); `grouped_learner`: hydra.launcher.grouped_learner."""
+    if not grouped_learner:
+        return "hydra.launcher.grouped_learner=false"
+    model = dataclasses.replace(cfg.model, learner_backend=resolve_learner_backend(cfg))
+    return grouped_refusal(model, cfg.learner, cfg.cluster.num_learners)
 
 
 def split(cfgs: list[TrainConfig], max_jobs: int) -> tuple[list[list[int]], list[str]]:
@@ -186,9 +195,7 @@ class Pack:
             slots = list(self.slots.values())
             if c.rollout_backend == RolloutBackend.vllm and c.lora_mode == LoraMode.native:
                 self.gather = Gather(shared.actors, slots)
-            why = grouped_refusal(first.model, first.learner, c.num_learners) if self.grouped_learner else None
-            if not self.grouped_learner:
-                why = "hydra.launcher.grouped_learner=false"
+            why = learner_steps_apart(first, self.grouped_learner)
             if why is None:
                 self.train_gather = Gather(shared.learners, slots, TRAIN, beside=self.gather)
             else:

@@ -98,13 +98,15 @@ class PackLauncher(Launcher):
         """plan=true: every pack's preflight plan (rl/preflight/plan.py), nothing started; one line when one does not
         fit."""
         from rl.config.errors import ConfigError
+        from rl.pack import learner_steps_apart
         from rl.preflight.plan import print_plan
 
         too_big = []
         for n, jobs in enumerate(packs):
             print(f"pack {n + 1}/{len(packs)}:", flush=True)
             try:
-                if not print_plan(jobs[0], pack_jobs=len(jobs)):
+                grouped = learner_steps_apart(jobs[0], self.grouped_learner) is None
+                if not print_plan(jobs[0], pack_jobs=len(jobs), grouped=grouped):
                     too_big.append(f"pack {n + 1} ({len(jobs)} jobs)")
             except (ConfigError, ValueError) as e:
                 fail(str(e))
