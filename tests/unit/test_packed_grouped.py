@@ -244,3 +244,11 @@ def test_a_job_blocked_on_its_step_is_not_waited_for_by_the_engine():
     finally:
         t.join(timeout=60)
     assert not t.is_alive() and out == {"step": 1} and learner.role.grouped_calls == [2]
+
+
+def test_a_job_that_leaves_releases_its_mates_waiting_steps():
+    _, learner, train, _, views = two_gathers(3)
+    waiting = [views[j].submit(0, FakeMergingEngine.train, 1.0) for j in (0, 1)]
+    assert learner.role.grouped_calls == []
+    train.leave(2)  # job 2 ended (finished, failed or stopped): its mates' steps no longer wait for it
+    assert learner.role.grouped_calls == [2] and [views[j].result(h) for j, h in zip((0, 1), waiting)] == [1, 1]
