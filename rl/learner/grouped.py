@@ -138,8 +138,12 @@ class RowAdapters:
             if n:
                 parts.append(F.linear(F.linear(x.narrow(self.dim, start, n), a), b) * scaling)
             start += n
-        # a new tensor (no in-place write into the base layer's output, which autograd may hold)
-        return result + torch.cat(parts, dim=self.dim).to(result.dtype)
+        # a new tensor (no in-place write into the base layer's output, which autograd may hold), rounded as the
+        # layer itself rounds: PEFT's 4-bit layer adds the delta in its output's dtype, its Linear in the wider one
+        delta = torch.cat(parts, dim=self.dim)
+        if type(module).__module__.endswith(".bnb"):
+            return result + delta.to(result.dtype)
+        return (result + delta).to(result.dtype)
 
 
 @dataclass

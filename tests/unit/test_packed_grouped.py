@@ -153,6 +153,19 @@ def test_packed_rows_are_grouped_along_the_tokens_and_match_the_solo_steps(tiny_
         assert_same_job(grouped, alone, job, 1e-5, 3e-5)
 
 
+def test_a_bf16_learners_grouped_step_rounds_each_lora_layer_as_the_layer_does(tiny_model):
+    """bf16 base, fp32 LoRA factors: PEFT's Linear adds the LoRA delta to the base output in fp32 and rounds the sum
+    once; the grouped layers round the same way, so with packed rows (each job's row as alone) the step is the solo
+    step's to float32 rounding, where rounding the delta first moves an adapter by 1e-3."""
+    shared = ("model.learner_dtype=bfloat16", "learner.micro_batch_tokens=32")
+    grouped, alone = shared_learner(tiny_model, JOBS[:2], *shared), shared_learner(tiny_model, JOBS[:2], *shared)
+    batches = batches_for(0)[:2]
+    got, want = step(grouped, batches, True), step(alone, batches, False)
+    for job in range(2):
+        assert_same_metrics(got[job], want[job], 1e-5)
+        assert_same_job(grouped, alone, job, 1e-5, 1e-6)
+
+
 def test_the_lora_layers_forward_is_their_own_again_after_a_failed_grouped_step(tiny_model):
     role = shared_learner(tiny_model, JOBS[:2], *PADDED)
     batches = batches_for(0)[:2]
