@@ -30,8 +30,9 @@ from rl import logs
 from rl.config.choices import LoraMode, RolloutBackend, RolloutMode, WeightSync
 from rl.config.schema import TrainConfig
 from rl.errors import RoleStartFailed, StartupError
-from rl.resolve import resolve_cpu_threads
-from rl.runtime.packed import Gather, JobGroup
+from rl.learner.grouped import refusal as grouped_refusal
+from rl.resolve import resolve_cpu_threads, resolve_learner_backend
+from rl.runtime.packed import TRAIN, Gather, JobGroup
 from rl.runtime.roles import Learner, RolloutActor
 from rl.runtime.runtime import Runtime
 
@@ -91,6 +92,15 @@ def auto_settings(cfg: TrainConfig, cores: int | None = None) -> dict[str, Any]:
     return out
 
 
+def learner_steps_apart(cfg: TrainConfig, grouped_learner: bool = True) -> str | None:
+    """Why a pack of jobs like `cfg` has its learner step them one after another, in one line (None: it trains their
+    steps together, rl/learner/grouped.py); `grouped_learner`: hydra.launcher.grouped_learner."""
+    if not grouped_learner:
+        return "hydra.launcher.grouped_learner=false"
+    model = dataclasses.replace(cfg.model, learner_backend=resolve_learner_backend(cfg))
+    return grouped_refusal(model, cfg.learner, cfg.cluster.num_learners)
+
+
 def split(cfgs: list[TrainConfig], max_jobs: int) -> tuple[list[list[int]], list[str]]:
     """The jobs (indices into `cfgs`) grouped into packs of at most `max_jobs` whose shared values agree, in job
     order; and one line per group of jobs that had to leave the first one's pack, naming the first differing key."""
@@ -120,8 +130,8 @@ class Pack:
     """The jobs of one pack in this process. Each job's thread calls `join` (through rl/app.py build_runtime) and
     waits; the launcher calls `start` once every job has joined or ended (`settled`), then `close` when all ended."""
 
-    def __init__(self, jobs: list[int], log_dir: Path):
-        self.jobs, self.log_dir = jobs, log_dir
+    def __init__(self, jobs: list[int], log_dir: Path, grouped_learner: bool = True):
+        self.jobs, self.log_dir, self.grouped_learner = jobs, log_dir, grouped_learner
         self.cond = threading.Condition()
         self.cfgs: dict[int, TrainConfig] = {}
         self.settled: set[int] = set()
@@ -130,6 +140,7 @@ class Pack:
         self.stop = threading.Event()  # set: every job stops at its next call (rl/runtime/packed.py JobGroup)
         self.slots: dict[int, int] = {}  # job -> its slot in the shared roles
         self.gather: Gather | None = None  # the jobs' generate calls merged, on a vLLM engine
+        self.train_gather: Gather | None = None  # the jobs' learner steps merged (rl/learner/grouped.py)
         self._teardown: Callable[[], None] | None = None
         self._log: logging.Handler | None = None
 
@@ -152,8 +163,10 @@ class Pack:
         with self.cond:
             self.settled.add(job)
             self.cond.notify_all()
-        if self.gather is not None and job in self.slots:  # its pack mates' generate calls no longer wait for it
-            self.gather.leave(self.slots[job])
+        # its pack mates' generate calls and learner steps no longer wait for it
+        gather = self.gather or self.train_gather
+        if gather is not None and job in self.slots:
+            gather.leave(self.slots[job])
 
     def wait_settled(self, job: int) -> None:
         with self.cond:
@@ -179,12 +192,18 @@ class Pack:
                 raise StartupError(explain(e.role, e.cause, first)) from e
             self.slots = {job: slot for slot, job in enumerate(jobs)}
             c = first.cluster
+            slots = list(self.slots.values())
             if c.rollout_backend == RolloutBackend.vllm and c.lora_mode == LoraMode.native:
-                self.gather = Gather(shared.actors, list(self.slots.values()))
+                self.gather = Gather(shared.actors, slots)
+            why = learner_steps_apart(first, self.grouped_learner)
+            if why is None:
+                self.train_gather = Gather(shared.learners, slots, TRAIN, beside=self.gather)
+            else:
+                print(f"pack: the learner steps the jobs one after another ({why})", flush=True)
             runtimes = {}
             for slot, (job, cfg) in enumerate(zip(jobs, cfgs)):
                 actors: JobGroup[RolloutActor] = JobGroup(shared.actors, slot, self.stop, self.gather)
-                learners: JobGroup[Learner] = JobGroup(shared.learners, slot, self.stop)
+                learners: JobGroup[Learner] = JobGroup(shared.learners, slot, self.stop, self.train_gather)
                 episodes = cfg.episodes is not None
                 runtimes[job] = Runtime(actors, learners, cfg.cluster, None, episodes=episodes)
         except BaseException as e:

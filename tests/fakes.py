@@ -171,6 +171,7 @@ class FakePackedRole:
         self.slot: torch.nn.Parameter | None = None
         self.version, self.scale, self.seen = 0, scale, []
         self.closed = 0
+        self.grouped_calls: list[int] = []
 
     def pack_state(self) -> tuple[str, ...]:
         return ("version", "scale", "seen")
@@ -190,6 +191,19 @@ class FakePackedRole:
         self.version += 1
         self.seen.append(x)
         return self.version
+
+    def train_grouped(self, jobs: list) -> list[int]:
+        """Several jobs' `train(x)` as one call (rl/runtime/packed.py PackedRole.train_jobs), counted in
+        `grouped_calls` (how many jobs each call held)."""
+        self.grouped_calls.append(len(jobs))
+        out = []
+        for job in jobs:
+            job.enter()
+            try:
+                out.append(self.train(job.samples))
+            finally:
+                job.leave()
+        return out
 
     def fail_after_train(self, x: float) -> int:
         self.train(x)

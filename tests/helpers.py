@@ -289,12 +289,13 @@ def sigkill_self_once(marker: str) -> None:
 # --- comparing two runs: metrics without durations, adapters by checksum, rollout and evaluation dumps -------------
 
 TIMING = ("time/", "perf/", "sync/actor_load_s")  # durations differ between any two runs
+PACKING = ("pack/",)  # how a sweep pack grouped a job's step: a fact of the pack, not of the job
 
 
 def metric_rows(run_dir: Path, *, timings: bool = False) -> list[dict]:
-    """metrics.jsonl's rows, without the durations unless `timings`."""
+    """metrics.jsonl's rows, without the durations and the pack's grouping unless `timings`."""
     out = jsonl(run_dir / "metrics.jsonl")
-    return out if timings else [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in out]
+    return out if timings else [{k: v for k, v in r.items() if not k.startswith(TIMING + PACKING)} for r in out]
 
 
 def sha256(path: Path) -> str:

@@ -32,11 +32,16 @@ INTERRUPTED = 130  # train.py's exit status for a stopped run
 
 
 class PackLauncher(Launcher):
-    def __init__(self, max_jobs: int = 8) -> None:
+    def __init__(self, max_jobs: int = 8, grouped_learner: bool = True) -> None:
         super().__init__()
         if not isinstance(max_jobs, int) or max_jobs < 1:
             fail(f"hydra.launcher.max_jobs must be a whole number >= 1 (got {max_jobs!r}): the most jobs in one pack")
-        self.max_jobs = max_jobs
+        if not isinstance(grouped_learner, bool):
+            fail(
+                f"hydra.launcher.grouped_learner must be true or false (got {grouped_learner!r}): whether the learner "
+                "steps a pack's jobs together"
+            )
+        self.max_jobs, self.grouped_learner = max_jobs, grouped_learner
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
@@ -81,7 +86,9 @@ class PackLauncher(Launcher):
                 log_dir = sweep_dir / "packs" / str(n) / "logs"
                 jobs = ", ".join(f"#{initial_job_idx + i}" for i in members)
                 print(f"pack {n + 1}/{len(groups)}: jobs {jobs}", flush=True)
-                returns |= self.run_pack(packs.Pack(members, log_dir), {i: configs[i] for i in members})
+                returns |= self.run_pack(
+                    packs.Pack(members, log_dir, self.grouped_learner), {i: configs[i] for i in members}
+                )
                 configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         finally:
             sys.stdout, sys.stderr = out, err
@@ -91,13 +98,15 @@ class PackLauncher(Launcher):
         """plan=true: every pack's preflight plan (rl/preflight/plan.py), nothing started; one line when one does not
         fit."""
         from rl.config.errors import ConfigError
+        from rl.pack import learner_steps_apart
         from rl.preflight.plan import print_plan
 
         too_big = []
         for n, jobs in enumerate(packs):
             print(f"pack {n + 1}/{len(packs)}:", flush=True)
             try:
-                if not print_plan(jobs[0], pack_jobs=len(jobs)):
+                grouped = learner_steps_apart(jobs[0], self.grouped_learner) is None
+                if not print_plan(jobs[0], pack_jobs=len(jobs), grouped=grouped):
                     too_big.append(f"pack {n + 1} ({len(jobs)} jobs)")
             except (ConfigError, ValueError) as e:
                 fail(str(e))

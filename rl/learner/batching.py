@@ -49,6 +49,22 @@ def token_logprobs(
     return picked - kept_lse, entropy  # the entropy is of the whole distribution (a metric, or the bonus's term)
 
 
+def position_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, *, min_p: float = 0.0, entropy: str = "none"
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-position logprobs [B, K] of `targets` under `logits` [B, K, V], and the token entropy [B, K] or None.
+    entropy: "none"; "metric" (no gradient, from the same logsumexp); "loss" (with its gradient, for an entropy
+    bonus)."""
+    if entropy == "loss":
+        from rl.algorithms import token_entropy
+
+        logp = token_logprobs(logits, targets, temperature, min_p=min_p)
+        return logp, token_entropy(logits.float() / temperature)
+    if entropy == "metric":
+        return token_logprobs(logits, targets, temperature, min_p=min_p, with_entropy=True)
+    return token_logprobs(logits, targets, temperature, min_p=min_p), None
+
+
 def loss_tokens(samples: list[TrainSample]) -> int:
     """Completion tokens that carry loss (the loss mask's ones, or every completion token without a mask)."""
     return sum(sum(s.loss_mask) if s.loss_mask else len(s.completion_ids) for s in samples)
@@ -119,16 +135,7 @@ class Batcher:
         shape = (len(samples), max(len(s.completion_ids) for s in samples))
         if self.packed:
             row = packing.pack(samples, self.share_prompt_prefix, self.device, self.packed)
-            inputs = dict(
-                input_ids=row.input_ids,
-                position_ids=row.position_ids,
-                packed_segments=row.segments,
-                attention_mask=packing.mask_placeholder(self.device),
-            )
-            if self.logits_to_keep:  # the LM head runs only where a completion token is predicted
-                logits = model(**inputs, logits_to_keep=row.predictors).logits  # [1, T, V]
-            else:
-                logits = model(**inputs).logits[:, row.predictors]
+            logits = self.row_logits(model, row)  # [1, T, V]
             targets, n_positions = row.targets, row.input_ids.shape[1]
 
             def to_batch(x):
@@ -140,16 +147,20 @@ class Batcher:
                 # per position [B, K] -> completion-aligned [B, C]: the gather runs after the vocabulary is reduced
                 return x if x is None or index is None else torch.gather(x, 1, index)
 
-        if entropy == "loss":
-            from rl.algorithms import token_entropy
-
-            logp = token_logprobs(logits, targets, temperature, min_p=min_p)
-            ent = token_entropy(logits.float() / temperature)
-        elif entropy == "metric":
-            logp, ent = token_logprobs(logits, targets, temperature, min_p=min_p, with_entropy=True)
-        else:
-            logp, ent = token_logprobs(logits, targets, temperature, min_p=min_p), None
+        logp, ent = position_logprobs(logits, targets, temperature, min_p=min_p, entropy=entropy)
         return to_batch(logp), to_batch(ent), n_positions
+
+    def row_logits(self, model: Any, row: packing.PackedRow) -> torch.Tensor:
+        """A packed row's logits at its predictor positions [1, T, V] (T: its completion tokens)."""
+        inputs = dict(
+            input_ids=row.input_ids,
+            position_ids=row.position_ids,
+            packed_segments=row.segments,
+            attention_mask=packing.mask_placeholder(self.device),
+        )
+        if self.logits_to_keep:  # the LM head runs only where a completion token is predicted
+            return model(**inputs, logits_to_keep=row.predictors).logits
+        return model(**inputs).logits[:, row.predictors]
 
     def completion_batch(self, samples: list[TrainSample]):
         """Completion-aligned [B, C] loss mask and behaviour logprobs (right-padded), advantages [B], or [B, C] when

@@ -5,7 +5,8 @@ A plain class (no Ray) built from the resolved `model`, `algorithm` and `learner
 on 4-bit weights, Unsloth, or full fine-tuning), its batches from batching.py, its data-parallel reduction from
 parallel.py, and what it sends out from export.py. The reference policy for a KL penalty is the same model with
 the adapter disabled (no second copy in memory); a full fine-tuning learner keeps a frozen copy of the initial
-weights instead, built only when a KL needs it.
+weights instead, built only when a KL needs it. A micro-batch's loss is loss.py's (this step's and a sweep pack's
+grouped step's, grouped.py).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import torch
 
 from rl import algorithms
 from rl.config.schema import AlgorithmConfig, LearnerConfig, ModelConfig
-from rl.learner import attention, export, packing
+from rl.learner import attention, export, grouped, packing
 from rl.learner.batching import Batcher, loss_tokens, to_host
+from rl.learner.loss import entropy_use, micro_batch_loss, micro_batch_weight
 from rl.learner.models import load_policy
 from rl.learner.parallel import DataParallel
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample
@@ -141,6 +143,10 @@ class Learner:
         self.seed, self.version, self._gen_rng = seed, 0, None
         self._use_algorithm(algorithm)
 
+    def train_grouped(self, jobs: list) -> list[dict[str, float]]:
+        """Several pack jobs' steps in one forward and backward per micro-batch (rl/learner/grouped.py)."""
+        return grouped.train_grouped(self, jobs)
+
     def _batcher(self, packed: str | None) -> Batcher:
         lc = self.learner_cfg
         return Batcher(
@@ -162,19 +168,9 @@ class Learner:
         """One optimizer step over `samples` (gradient accumulation in micro-batches). Returns metrics."""
         t0 = time.perf_counter()
         a = self.algorithm
-        kl_coef = a.loss_kl_coef  # 0 when the KL is folded into the reward instead
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        n_tok = loss_tokens(samples)
-        # sequences with no loss token (masked truncated responses) count in no normaliser, as in the aggregations
-        samples = [s for s in samples if loss_tokens([s]) > 0]
-        n_seq = len(samples)
-        token_level = self.agg_unit == "token"
-        if kl_coef == 0 and a.entropy_coef == 0:
-            # A sample with advantage 0 adds exactly 0 to the policy loss and its gradient; it only counts in the
-            # normaliser (n_seq / n_tok above, computed before this filter), so skipping its forward is exact.
-            samples = [s for s in samples if s.advantage != 0.0 or any(s.token_advantages)]
-        n_seq, n_tok, n_signal = self.dp.sum_counts(n_seq, n_tok, len(samples))
+        samples, n_seq, n_tok, n_signal = self.step_samples(samples)
         # Loss and metrics stay on the device until the step is launched: a float() between forward and backward
         # makes the CPU wait for the forward to drain before it can queue the backward
         sums: dict[str, torch.Tensor | float] = {}
@@ -183,33 +179,51 @@ class Learner:
         batches = self._micro_batches(samples)
         for mb in batches:
             mask, old, adv = self.batcher.completion_batch(mb)
-            # the entropy bonus needs the entropy's gradient; otherwise it is a metric from the same logsumexp
-            ent = "loss" if a.entropy_coef > 0 else "metric"
-            if kl_coef > 0:  # before the policy's forward: a reference that swaps weights must not touch its graph
+            ref = None
+            if (
+                a.loss_kl_coef > 0
+            ):  # before the policy's forward: a reference that swaps weights must not touch its graph
                 with torch.no_grad(), self.policy.reference() as ref_model:
                     ref = self.batcher.logprobs(ref_model, mb, a.temperature, min_p=a.min_p)[0]
             logp, entropy, n_positions = self.batcher.logprobs(  # [B, C]
-                self.model, mb, a.temperature, min_p=a.min_p, entropy=ent
+                self.model, mb, a.temperature, min_p=a.min_p, entropy=entropy_use(a)
             )
-            loss, metrics = self.loss_fn(logp, old, adv, mask, agg=self.agg_fn, knobs=a)
-            if a.entropy_coef > 0:  # entropy bonus: maximise the aggregated token entropy
-                loss = loss - a.entropy_coef * self.agg_fn(entropy, mask)
-            if kl_coef > 0:
-                kl = algorithms.kl_penalty(logp, ref, a.kl_estimator.value)
-                loss = loss + kl_coef * self.agg_fn(kl, mask)
-                metrics["policy/kl_ref"] = algorithms.masked_mean(kl, mask)
-            with torch.no_grad():
-                metrics["policy/neg_logp"] = algorithms.masked_mean(-logp, mask)  # mean -log p of sampled tokens
-                if entropy is not None:
-                    metrics["policy/entropy"] = algorithms.masked_mean(entropy, mask)
-                metrics["policy/train_infer_logp_diff"] = algorithms.masked_mean((logp - old).abs(), mask)
-            # weight each micro-batch by its share of the unit the aggregation averages over (counted on the host)
-            weight = loss_tokens(mb) / max(n_tok, 1) if token_level else len(mb) / max(n_seq, 1)
+            loss, metrics = micro_batch_loss(a, self.loss_fn, self.agg_fn, logp, entropy, ref, mask, old, adv)
+            weight = micro_batch_weight(mb, n_seq, n_tok, self.agg_unit)
             (loss * weight).backward()
             total_loss = total_loss + loss.detach() * weight
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v * weight
             tokens += n_positions
+        return self.finish_step(total_loss, sums, n_signal, len(batches), tokens, t0)
+
+    def step_samples(self, samples: list[TrainSample]) -> tuple[list[TrainSample], int, int, int]:
+        """The samples a step forwards under the current algorithm group, and the step's sequence, token and
+        with-signal counts (summed over the data-parallel learners)."""
+        a = self.algorithm
+        n_tok = loss_tokens(samples)
+        # sequences with no loss token (masked truncated responses) count in no normaliser, as in the aggregations
+        samples = [s for s in samples if loss_tokens([s]) > 0]
+        n_seq = len(samples)
+        if a.loss_kl_coef == 0 and a.entropy_coef == 0:
+            # A sample with advantage 0 adds exactly 0 to the policy loss and its gradient; it only counts in the
+            # normaliser (n_seq / n_tok above, computed before this filter), so skipping its forward is exact.
+            samples = [s for s in samples if s.advantage != 0.0 or any(s.token_advantages)]
+        n_seq, n_tok, n_signal = self.dp.sum_counts(n_seq, n_tok, len(samples))
+        return samples, n_seq, n_tok, n_signal
+
+    def finish_step(
+        self,
+        total_loss: torch.Tensor | float,
+        sums: dict[str, torch.Tensor | float],
+        n_signal: int,
+        micro_batches: int,
+        tokens: int,
+        t0: float,
+    ) -> dict[str, float]:
+        """With the step's gradients in the trainable parameters' `.grad`: the data-parallel reduction, clipping, the
+        optimizer step (skipped when non-finite), version + 1, and the step's metrics."""
+        a = self.algorithm
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         if self.dp.world_size > 1:
             sums = to_host({"train/loss": total_loss, **sums})
@@ -240,7 +254,7 @@ class Learner:
             "train/loss": total_loss,
             "train/samples_with_signal": float(n_signal),
             # forwards per step: on a GPU a small model's step costs about the same per micro-batch whatever its size
-            "train/micro_batches": float(len(batches)),
+            "train/micro_batches": float(micro_batches),
             "train/grad_norm": grad_norm,
             "train/skipped_nonfinite": skipped,
             "perf/learner_tokens_per_s": tokens / dt,

@@ -148,6 +148,36 @@ def pack(samples: list[TrainSample], share_prompt_prefix: bool, device, backend:
     )
 
 
+def concat(rows: list[PackedRow], counts: list[int]) -> PackedRow:
+    """One row holding `rows` (of `counts` samples each) one after another, each segment still attending only within
+    its own row (a sweep pack's grouped step, rl/learner/grouped.py: each job's micro-batch packed as its solo step
+    packs it)."""
+    n = [r.input_ids.shape[1] for r in rows]
+    offsets = [sum(n[:i]) for i in range(len(rows))]
+    keys = [0]
+    q_start, k_start = [0], [0]
+    for r, at in zip(rows, offsets):
+        q_start += [q + at for q in r.segments.q_start[1:]]
+        k_start += [k + keys[-1] for k in r.segments.k_start[1:]]
+        keys.append(k_start[-1])
+    first = rows[0]
+    batch = [sum(counts[:i]) for i in range(len(rows))]
+    return PackedRow(
+        input_ids=torch.cat([r.input_ids for r in rows], dim=1),
+        position_ids=torch.cat([r.position_ids for r in rows], dim=1),
+        segments=Segments(
+            q_start,
+            k_start,
+            torch.cat([r.segments.key_index + at for r, at in zip(rows, offsets)]),
+            first.segments.backend,
+        ),
+        predictors=torch.cat([r.predictors + at for r, at in zip(rows, offsets)]),
+        targets=torch.cat([r.targets for r in rows], dim=1),
+        rows=torch.cat([r.rows + b for r, b in zip(rows, batch)]),
+        cols=torch.cat([r.cols for r in rows]),
+    )
+
+
 def unpack(flat: torch.Tensor, row: PackedRow, shape: tuple[int, int]) -> torch.Tensor:
     """[1, T] per-token values in sample order -> [B, C] completion layout, zeros past each completion's end
     (differentiable; the loss masks those positions as it masks padding)."""

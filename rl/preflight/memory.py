@@ -108,12 +108,15 @@ def estimate_memory(
     micro_batch_tokens: int = 0,
     actor_in_4bit: bool = False,
     pack_jobs: int = 1,
+    grouped: bool = False,
 ) -> dict[str, RoleMemory]:
     """Memory of one rollout actor and one learner (bytes). `device_bytes`: one GPU's memory, or the machine's RAM
     when `use_gpu` is false. `gradient_checkpointing` None means on with 4-bit (Unsloth's default), else off.
     `actor_in_4bit`: the engine holds the weights in NF4 (model.actor_base=quantized). `pack_jobs`: the jobs of a
     sweep pack sharing the roles (hydra/launcher=pack): one base, and per job an adapter and its AdamW moments on the
-    learner and a LoRA slot on the engine; the gradients and activations are one job's at a time."""
+    learner and a LoRA slot on the engine; the gradients and activations are one job's at a time, or with `grouped`
+    (the learner trains the jobs' steps together, rl/learner/grouped.py) every job's gradients and the activations of
+    a micro-batch of every job's rows."""
     if load_in_4bit and full_finetune:
         raise ConfigError("model.load_in_4bit=true cannot be fully fine-tuned: set model.full_finetune=false (LoRA)")
     seq_len = max_prompt_tokens + max_new_tokens
@@ -131,17 +134,20 @@ def estimate_memory(
         learner.parts[f"LoRA weights ({label}{f', x{pack_jobs} jobs' if pack_jobs > 1 else ''})"] = (
             pack_jobs * trainable * train_b
         )
-    learner.parts["gradients"] = trainable * train_b
+    together = pack_jobs if grouped else 1
+    learner.parts[f"gradients{f' (x{together} jobs)' if together > 1 else ''}"] = together * trainable * train_b
     learner.parts[f"AdamW moments{f' (x{pack_jobs} jobs)' if pack_jobs > 1 else ''}"] = (
         2 * pack_jobs * trainable * train_b
     )
-    if micro_batch_tokens > 0:  # one packed row: the budget, or one longer sequence alone
-        row = max(micro_batch_tokens, seq_len)
+    if micro_batch_tokens > 0:  # one packed row: the budget, or one longer sequence alone (grouped: one per job)
+        row = max(micro_batch_tokens, seq_len) * together
         batch = dict(sequences=1, seq_len=row, completion_len=row)
         what = f"one packed row of learner.micro_batch_tokens={micro_batch_tokens} (or one {seq_len}-token sequence)"
     else:
-        batch = dict(sequences=micro_batch_size, seq_len=seq_len, completion_len=max_new_tokens)
+        batch = dict(sequences=micro_batch_size * together, seq_len=seq_len, completion_len=max_new_tokens)
         what = f"learner.micro_batch_size={micro_batch_size} x {seq_len} tokens"
+    if together > 1:
+        what += f", x{together} jobs in one grouped step"
     learner.parts["activations"] = activation_bytes(shape, **batch, act_bytes=learner_b, checkpointing=checkpointing)
     learner.notes.append(
         f"{trainable / 1e6:.1f} M trainable ({label}); activations: {what}, gradient checkpointing "
@@ -278,7 +284,12 @@ def vllm_cpu_fraction(non_kv: float, kv_needed: float, node_total: float, headro
 
 
 def plan_for_config(
-    cfg: Any, shape: ModelShape, device_bytes: float, teacher_shape: ModelShape | None = None, pack_jobs: int = 1
+    cfg: Any,
+    shape: ModelShape,
+    device_bytes: float,
+    teacher_shape: ModelShape | None = None,
+    pack_jobs: int = 1,
+    grouped: bool = False,
 ) -> dict[str, RoleMemory]:
     """`estimate_memory` for a TrainConfig, and with `cluster.num_teachers` one judge/teacher engine ("teacher"):
     `teacher_shape` (None: the student's `shape`) served as rl/rollout/teacher.py's `teacher_engine_config` does,
@@ -314,6 +325,7 @@ def plan_for_config(
         gradient_checkpointing=m.gradient_checkpointing,
         actor_in_4bit=vllm and m.load_in_4bit and value(getattr(m, "actor_base", "learner")) == "quantized",
         pack_jobs=pack_jobs,
+        grouped=grouped,
     )
     teachers = getattr(c, "num_teachers", 0)
     if teachers:

@@ -63,9 +63,9 @@ def _gib(b: float) -> str:
     return f"{b / GiB:.2f} GiB"
 
 
-def format_plan(cfg: Any, pack_jobs: int = 1) -> tuple[str, list[str]]:
+def format_plan(cfg: Any, pack_jobs: int = 1, grouped: bool = False) -> tuple[str, list[str]]:
     """The preflight report for a TrainConfig: (text, warnings); `pack_jobs`: for a sweep pack of that many jobs
-    sharing the roles (hydra/launcher=pack)."""
+    sharing the roles (hydra/launcher=pack), whose learner trains their steps together with `grouped`."""
     c = cfg.cluster
     value = lambda v: getattr(v, "value", v)  # noqa: E731 - str Enums to their names
     lines, warnings = [], []
@@ -157,7 +157,7 @@ def format_plan(cfg: Any, pack_jobs: int = 1) -> tuple[str, list[str]]:
                 f"judge/teacher model: {teacher_shape.name} ({teacher_shape.params / 1e9:.3f} B parameters; from "
                 f"{teacher_source})"
             )
-    roles = plan_for_config(cfg, shape, device, teacher_shape, pack_jobs=pack_jobs)
+    roles = plan_for_config(cfg, shape, device, teacher_shape, pack_jobs=pack_jobs, grouped=grouped)
     if not teachers:
         roles.pop("teacher", None)
     for role in roles.values():
@@ -222,13 +222,14 @@ def format_plan(cfg: Any, pack_jobs: int = 1) -> tuple[str, list[str]]:
     return "\n".join(lines), warnings
 
 
-def print_plan(cfg: Any, pack_jobs: int = 1) -> bool:
+def print_plan(cfg: Any, pack_jobs: int = 1, grouped: bool = False) -> bool:
     """The report for a TrainConfig, after the checks a run makes before it starts that the estimate does not need:
     an algorithm name no registry has, or a model.init_adapter that is not a matching adapter, would fail the run
-    where the plan said it fits. `pack_jobs`: the plan of a sweep pack of that many jobs. Whether it fits."""
+    where the plan said it fits. `pack_jobs`: the plan of a sweep pack of that many jobs (`grouped`: its learner
+    trains their steps together). Whether it fits."""
     check_registry_names(cfg)
     resolve_init_adapter(cfg)
-    text, warnings = format_plan(cfg, pack_jobs)
+    text, warnings = format_plan(cfg, pack_jobs, grouped)
     what = f"a pack of {pack_jobs} jobs (hydra/launcher=pack), " if pack_jobs > 1 else ""
     print(f"preflight plan ({what}nothing started)\n{text}")
     for w in warnings:

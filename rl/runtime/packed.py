@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol
 
@@ -104,6 +105,12 @@ class PackedRole:
                 self.states[job] = self._capture()
             return self.role.generate_requests(requests)
 
+    def train_jobs(self, calls: list[tuple[int, tuple]]) -> list[Any]:
+        """Several jobs' `train_step(samples)` calls as one grouped step (a role with `train_grouped`: the learner,
+        rl/learner/grouped.py), which swaps each job's state in where it needs it and reads it back after."""
+        with self._lock:
+            return self.role.train_grouped([_JobStep(self, job, args[0]) for job, args in calls])
+
     def jobs(self) -> int:
         return len(self.states)
 
@@ -113,29 +120,83 @@ class PackedRole:
 
 
 @dataclass(eq=False)
+class _JobStep:
+    """One job's part of a grouped step (rl/learner/grouped.py JobStep), under its PackedRole's lock."""
+
+    shared: PackedRole
+    job: int
+    samples: Any
+
+    def enter(self) -> None:
+        self.shared._enter(self.job)
+
+    def leave(self) -> None:
+        self.shared.states[self.job] = self.shared._capture()
+
+
+@dataclass(frozen=True)
+class Merge:
+    """A role method whose calls a Gather merges (`name`, taking at most `max_args` positional arguments and no
+    keywords), and the PackedRole method that runs the merged calls as one (`call`)."""
+
+    name: str
+    call: Callable[..., Any]
+    max_args: int
+
+
+GENERATE = Merge("generate", PackedRole.generate_jobs, 3)  # single-turn: prompts, sampling, seeds (no items)
+TRAIN = Merge("train_step", PackedRole.train_jobs, 1)  # a grouped learner step (rl/learner/grouped.py)
+
+
+@dataclass(eq=False)
 class _Ticket:
-    """A job's generate call waiting in a Gather; `handle` and `position` once it was sent with the others."""
+    """A job's call waiting in a Gather; `handle` and `position` once it was sent with the others."""
 
     job: int
     args: tuple
+    gather: Gather
     handle: Handle[Any] | None = None
     position: int = 0
 
 
-class Gather:
-    """The pack's jobs' generate calls on one engine merged into one engine call (`PackedRole.generate_jobs`): the
-    oldest waiting call of every live job of an actor, sent once each live job has one there. The merge is a
-    function of the jobs' own call sequences (the k-th calls go together), never of timing, so a pack repeats
-    itself; a job that ends (`leave`) is no longer waited for. Batching the jobs' prompts is where a pack's engine
-    gains: one large batch decodes in little more time than one job's."""
+class _Board:
+    """What the Gathers of one pack share: the live jobs, one condition, and the unsent ticket each job is blocked
+    on (a job blocked in one Gather makes no call in another until that ticket is sent)."""
 
-    def __init__(self, inner: Group[Any], jobs: list[int]):
-        self.inner, self.live = inner, set(jobs)
-        self.cond = threading.Condition()
+    def __init__(self, jobs: list[int]):
+        self.live, self.cond = set(jobs), threading.Condition()
+        self.blocked: dict[int, _Ticket] = {}
+        self.gathers: list[Gather] = []
+
+    def recheck(self) -> None:
+        for gather in self.gathers:
+            for index in gather.waiting:
+                gather._send_ready(index)
+
+
+class Gather:
+    """The pack's jobs' calls of one kind on one group of PackedRoles merged into one call per role (`merge`: the
+    engine's single-turn generate calls by default, `TRAIN` for the learner's steps): the oldest waiting call of every
+    live job at a role, sent once each live job has one there, or is blocked on an unsent call in another Gather of
+    the pack (`beside`: share its jobs; a job waiting for its learner step makes no generate call meanwhile, and one
+    whose dynamic sampling or evaluation makes an extra generate call is not waited for by the learner's step). The
+    merge is a function of the jobs' own call sequences (the k-th calls go together), never of timing, so a pack
+    repeats itself; a job that ends (`leave`) is no longer waited for. Batching the jobs' prompts is where a pack's
+    engine gains (one large batch decodes in little more time than one job's), batching their steps is where its
+    learner does."""
+
+    def __init__(self, inner: Group[Any], jobs: list[int], merge: Merge = GENERATE, beside: Gather | None = None):
+        self.inner, self.merge = inner, merge
+        self.board = beside.board if beside is not None else _Board(jobs)
+        self.board.gathers.append(self)
+        self.cond, self.live = self.board.cond, self.board.live
         self.waiting: dict[int, dict[int, deque[_Ticket]]] = {}
 
+    def takes(self, name: str, args: tuple, kwargs: dict) -> bool:
+        return name == self.merge.name and len(args) <= self.merge.max_args and not kwargs
+
     def submit(self, index: int, job: int, args: tuple) -> _Ticket:
-        ticket = _Ticket(job, args)
+        ticket = _Ticket(job, args, self)
         with self.cond:
             self.waiting.setdefault(index, {}).setdefault(job, deque()).append(ticket)
             self._send_ready(index)
@@ -144,22 +205,34 @@ class Gather:
     def leave(self, job: int) -> None:
         with self.cond:
             self.live.discard(job)
-            for index, queues in self.waiting.items():
-                queues.pop(job, None)
-                self._send_ready(index)
+            self.board.blocked.pop(job, None)
+            for gather in self.board.gathers:
+                for queues in gather.waiting.values():
+                    queues.pop(job, None)
+            self.board.recheck()
+
+    def _ready(self, queues: dict[int, deque[_Ticket]], job: int) -> bool:
+        blocked = self.board.blocked.get(job)
+        return bool(queues.get(job)) or (blocked is not None and blocked.gather is not self)
 
     def _send_ready(self, index: int) -> None:
         queues = self.waiting[index]
-        while self.live and all(queues.get(j) for j in self.live):
-            tickets = [queues[j].popleft() for j in sorted(self.live)]
-            handle = self.inner.submit(index, PackedRole.generate_jobs, [(t.job, t.args) for t in tickets])
+        while any(queues.get(j) for j in self.live) and all(self._ready(queues, j) for j in self.live):
+            tickets = [queues[j].popleft() for j in sorted(self.live) if queues.get(j)]
+            handle = self.inner.submit(index, self.merge.call, [(t.job, t.args) for t in tickets])
             for k, t in enumerate(tickets):
                 t.handle, t.position = handle, k
+                if self.board.blocked.get(t.job) is t:
+                    del self.board.blocked[t.job]
             self.cond.notify_all()
 
     def sent(self, ticket: _Ticket, timeout_s: float | None = None) -> Handle[Any] | None:
-        """The merged call's handle once sent (waits up to `timeout_s`; None: not sent yet)."""
+        """The merged call's handle once sent (waits up to `timeout_s`; None: not sent yet). Waiting without a
+        timeout blocks the job on `ticket`: the pack's other Gathers no longer wait for its calls meanwhile."""
         with self.cond:
+            if ticket.handle is None and timeout_s is None:
+                self.board.blocked[ticket.job] = ticket
+                self.board.recheck()
             self.cond.wait_for(lambda: ticket.handle is not None, timeout=timeout_s)
             return ticket.handle
 
@@ -170,7 +243,7 @@ class JobGroup(Generic[R]):
     Closing it leaves the shared roles running (the pack closes them)."""
 
     def __init__(self, inner: Group[Any], job: int, stop: threading.Event, gather: Gather | None = None):
-        self.inner, self.job, self.stop, self.gather = inner, job, stop, gather
+        self.inner, self.job, self.stop, self.gather = inner, job, stop, gather  # gather: on this same `inner`
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -179,7 +252,7 @@ class JobGroup(Generic[R]):
         if self.stop.is_set():  # the pack is stopping: this job ends as an interrupted run (train.py)
             raise KeyboardInterrupt
         name = method_name(method)
-        if self.gather is not None and name == "generate" and len(args) <= 3 and not kwargs:  # single-turn
+        if self.gather is not None and self.gather.takes(name, args, kwargs):
             return Handle(index, self.gather.submit(index, self.job, args))
         return self.inner.submit(index, PackedRole.on_job, self.job, name, *args, **kwargs)
 

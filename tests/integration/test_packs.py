@@ -125,6 +125,8 @@ def test_a_packed_sweep_writes_each_jobs_run_directory_as_a_solo_run_does(pack_o
     for name in FINISH:
         run = dirs[name]
         assert [r["step"] for r in metric_rows(run) if "train/loss" in r] == [1, 2]
+        # the PEFT learner trained the four jobs' first steps in one grouped step (rl/learner/grouped.py)
+        assert [r for r in metric_rows(run, timings=True) if "train/loss" in r][0]["pack/grouped_jobs"] == 4
         assert f"+job={name}" in (run / ".hydra" / "overrides.yaml").read_text()
         assert [s for s, _ in checkpoint.list_checkpoints(run)] == [1, 2]  # whole checkpoints, each step's
         assert (run / "adapter" / "adapter_model.safetensors").is_file()

@@ -386,3 +386,17 @@ def test_cpu_plan_reserves_the_teachers_cpus_and_names_their_memory_key(tmp_path
     assert any("set cluster.teacher_memory_utilization=" in w for w in warnings)
     cfg.cluster.num_teachers = 0
     assert "teacher" not in plan.format_plan(cfg)[0]
+
+
+@pytest.mark.parametrize("tokens", [0, 4096], ids=["padded", "packed"])
+def test_a_pack_whose_learner_groups_its_jobs_counts_every_jobs_gradients_and_rows(tokens):
+    """A sweep pack's grouped learner step (rl/learner/grouped.py) holds every job's gradients and one micro-batch of
+    every job's rows; stepped one job after another, one job's of each."""
+    shape = shapes.ModelShape.from_hf_config(QWEN_05B)
+    one = estimate(shape, micro_batch_tokens=tokens)["learner"]
+    apart = estimate(shape, micro_batch_tokens=tokens, pack_jobs=4)["learner"]
+    together = estimate(shape, micro_batch_tokens=tokens, pack_jobs=4, grouped=True)["learner"]
+    assert (apart.parts["gradients"], apart.parts["activations"]) == (one.parts["gradients"], one.parts["activations"])
+    assert together.parts["gradients (x4 jobs)"] == 4 * one.parts["gradients"]
+    assert together.parts["activations"] == pytest.approx(4 * one.parts["activations"])
+    assert together.parts["AdamW moments (x4 jobs)"] == apart.parts["AdamW moments (x4 jobs)"]

@@ -1,0 +1,312 @@
+"""A sweep pack's grouped learner step: several jobs' train steps (rl/runtime/packed.py) in one forward and one
+backward per micro-batch, each sample through its own job's LoRA factors.
+
+The pack's learner is where a pack must gain: on a GPU a small model's step costs about the same per micro-batch
+whatever its size (launch-bound), so N jobs stepped one after another cost N steps. Here each job's samples are cut
+into micro-batches exactly as its solo step cuts them (the same filters, counts and per-micro-batch weights, from
+Learner.step_samples); grouped micro-batch k is the concatenation of every job's k-th micro-batch (a job with fewer
+drops out). One forward over the grouped rows runs every PEFT LoRA layer per row range (`RowAdapters`: base(x)
+plus, for each job's rows, B_j A_j x * scaling with the job's own factors as leaves), the logprobs are split
+back per job, and each job's loss is its own algorithm's (loss.py micro_batch_loss: its loss, aggregation, knobs,
+entropy bonus and KL), weighted as in its solo step; one backward of the sum gives each job's factors their own
+gradients. Then each job in turn is swapped into the learner for its clipping, non-finite skip, optimizer step,
+version and metrics (Learner.finish_step).
+
+Rows: with padded micro-batches a row is a sample; the grouped micro-batch is every job's rows padded to the
+longest (padding is masked: equal to the job's solo step up to float rounding), and always as full rows: the CPU
+solo step's prompt-prefix sharing (a KV-cache forward that runs a group's prompt as one row) is not used, since the
+per-row adapters need one row per sample (equal up to rounding too). With packed rows (learner.micro_batch_tokens >
+0, a PEFT learner's default: every sequence of a micro-batch in one row) each job's micro-batch is packed as its solo
+step packs it, prompts shared within it, and the jobs' rows are concatenated along the tokens (packing.concat): a
+job's span is a token range, split along that dimension. The KL reference's logprobs come from one forward of the
+same grouped rows with the adapter off, before the policies'.
+
+Job after job instead (`refusal` and `model_refusal` say why, in one line): LoRA dropout (each job's masks must come
+from its own RNG stream), Unsloth (its fused LoRA kernels read one adapter and bypass the LoRA layer's forward),
+data-parallel learners, and a trainable tensor outside the LoRA layers. With no dropout the step draws nothing from
+torch's RNG, so each job's RNG state stays as its solo step leaves it.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from rl.config.choices import LearnerBackend
+from rl.config.schema import AlgorithmConfig, LearnerConfig, ModelConfig
+from rl.learner import packing
+from rl.learner.batching import Batcher, position_logprobs
+from rl.learner.loss import entropy_use, micro_batch_loss, micro_batch_weight
+from rl.types import TrainSample
+
+
+class JobStep(Protocol):
+    """One job's part of a grouped step: its samples, and how its state (attributes, tensors, RNG) is swapped into
+    the learner (`enter`) and read back (`leave`)."""
+
+    samples: list[TrainSample]
+
+    def enter(self) -> None: ...
+
+    def leave(self) -> None: ...
+
+
+def refusal(model: ModelConfig, learner: LearnerConfig, num_learners: int) -> str | None:
+    """Why a pack's learner with these settings steps its jobs one after another (None: it groups them)."""
+    if model.learner_backend == LearnerBackend.unsloth:
+        return "model.learner_backend=unsloth: its fused LoRA kernels read one adapter and bypass the LoRA layers"
+    if model.lora_dropout > 0:
+        return "model.lora_dropout>0: each job's dropout masks come from its own RNG stream"
+    if num_learners > 1:
+        return f"cluster.num_learners={num_learners}: the grouped step runs on one learner"
+    if model.full_finetune:
+        return "model.full_finetune=true: the jobs have no adapters of their own"
+    return None
+
+
+def model_refusal(learner: Any) -> str | None:
+    """`refusal` for a built Learner, plus what only its model shows: every trainable tensor must be a plain LoRA
+    layer's A or B (no bias, no variant such as DoRA)."""
+    why = refusal(learner.model_cfg, learner.learner_cfg, learner.dp.world_size)
+    if why is not None:
+        return why
+    covered = set()
+    for name, module, adapter in _lora_layers(learner.model):
+        a, b = module.lora_A[adapter], module.lora_B[adapter]
+        if module.lora_variant or a.bias is not None or b.bias is not None:
+            return f"the LoRA layer {name} is not a plain A, B pair"
+        covered |= {f"{name}.lora_A.{adapter}.weight", f"{name}.lora_B.{adapter}.weight"}
+    outside = sorted(set(learner.pack_tensors()) - covered)
+    return f"{outside[0]} is trained outside the LoRA layers" if outside else None
+
+
+def _lora_layers(model: Any) -> list[tuple[str, Any, str]]:
+    from peft.tuners.lora import LoraLayer
+
+    return [
+        (name, module, module.active_adapters[0])
+        for name, module in model.named_modules()
+        if isinstance(module, LoraLayer) and module.active_adapters
+    ]
+
+
+class RowAdapters:
+    """Every PEFT LoRA layer of `model` (Linear and the bnb 4-bit Linear) computing base(x) plus, for each job's
+    rows of x, lora_B_j(lora_A_j(x_j)) * scaling with job j's factors from `factors` (one {parameter name: tensor}
+    per job) instead of the layer's own parameters. `rows(sizes, dim)`: in the next forward job j has sizes[j]
+    consecutive rows along `dim` (0: the samples of padded micro-batches; 1: the tokens of a packed row; 0: none).
+    A context manager: the layers' own forward is back on exit, also on error. Keep it entered
+    through the backward: a checkpointed model runs the forward again there."""
+
+    def __init__(self, model: Any, factors: list[dict[str, torch.Tensor]]):
+        self.layers = [
+            (module, [(f[f"{name}.lora_A.{adapter}.weight"], f[f"{name}.lora_B.{adapter}.weight"]) for f in factors])
+            for name, module, adapter in _lora_layers(model)
+        ]
+        self.scaling = [module.scaling[module.active_adapters[0]] for module, _ in self.layers]
+        self.sizes: list[int] = []
+        self.dim = 0
+
+    def rows(self, sizes: list[int], dim: int = 0) -> None:
+        self.sizes, self.dim = list(sizes), dim
+
+    def __enter__(self) -> RowAdapters:
+        for (module, pairs), scaling in zip(self.layers, self.scaling):
+            module.forward = functools.partial(self._forward, module, pairs, scaling)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for module, _ in self.layers:
+            module.__dict__.pop("forward", None)
+
+    def _forward(self, module: Any, pairs: list, scaling: float, x: torch.Tensor, *args: Any, **kwargs: Any):
+        result = module.base_layer(x, *args, **kwargs)
+        if module.disable_adapters:
+            return result
+        if sum(self.sizes) != x.shape[self.dim]:
+            raise RuntimeError(f"grouped LoRA forward: {x.shape[self.dim]} rows in, the jobs have {self.sizes}")
+        if not torch.is_autocast_enabled():  # as the LoRA layers cast: the input in the factors' dtype
+            x = x.to(pairs[0][0].dtype)
+        parts, start = [], 0
+        for (a, b), n in zip(pairs, self.sizes):
+            if n:
+                parts.append(F.linear(F.linear(x.narrow(self.dim, start, n), a), b) * scaling)
+            start += n
+        # a new tensor (no in-place write into the base layer's output, which autograd may hold), rounded as the
+        # layer itself rounds: PEFT's 4-bit layer adds the delta in its output's dtype, its Linear in the wider one
+        delta = torch.cat(parts, dim=self.dim)
+        if type(module).__module__.endswith(".bnb"):
+            return result + delta.to(result.dtype)
+        return (result + delta).to(result.dtype)
+
+
+@dataclass
+class _Plan:
+    """One job's step: its loss (from its algorithm group), micro-batches, counts, factors and running sums."""
+
+    algorithm: AlgorithmConfig
+    loss_fn: Callable
+    agg_fn: Callable
+    unit: str
+    batches: list[list[TrainSample]]
+    n_seq: int
+    n_tok: int
+    n_signal: int
+    leaves: dict[str, torch.Tensor]
+    refs: dict[int, torch.Tensor] = field(default_factory=dict)
+    sums: dict[str, Any] = field(default_factory=dict)
+    total_loss: Any = 0.0
+    tokens: int = 0
+
+
+def train_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[dict[str, float]]:
+    """Each job's `train_step(job.samples)` as described at the top, in one forward and backward per grouped
+    micro-batch; job after job where `model_refusal` says why. Each job's metrics are its solo step's keys plus
+    `pack/grouped_jobs` (the jobs that shared the forward)."""
+    if len(jobs) < 2 or model_refusal(learner) is not None:
+        return [_alone(learner, job) for job in jobs]
+    t0 = time.perf_counter()
+    plans = []
+    for job in jobs:
+        job.enter()
+        try:
+            samples, n_seq, n_tok, n_signal = learner.step_samples(job.samples)
+            leaves = {n: p.data.detach().requires_grad_() for n, p in learner.pack_tensors().items()}
+            plans.append(
+                _Plan(
+                    learner.algorithm,
+                    learner.loss_fn,
+                    learner.agg_fn,
+                    learner.agg_unit,
+                    learner._micro_batches(samples),
+                    n_seq,
+                    n_tok,
+                    n_signal,
+                    leaves,
+                )
+            )
+        finally:
+            job.leave()
+    learner.model.train()
+    forward = _GroupedForward(learner)
+    depth = max(len(p.batches) for p in plans)
+    if any(p.algorithm.loss_kl_coef > 0 for p in plans):
+        # before the policies' forwards (a reference that swaps weights must not touch their graph), over the same
+        # rows as theirs: where a job's adapter is the reference, its logprobs and the reference's are then equal to
+        # the last bit, as in its solo step (AdamW's first update would magnify a rounding difference)
+        with torch.no_grad(), learner.policy.reference() as ref_model:
+            for k in range(depth):
+                part = [p for p in plans if k < len(p.batches)]
+                if any(p.algorithm.loss_kl_coef > 0 for p in part):
+                    for p, (ref, *_) in zip(part, forward(ref_model, part, k, lambda a: "none")):
+                        if p.algorithm.loss_kl_coef > 0:
+                            p.refs[k] = ref
+    with RowAdapters(learner.model, [p.leaves for p in plans]) as adapters:
+        for k in range(depth):
+            part = [p for p in plans if k < len(p.batches)]
+            total: torch.Tensor | float = 0.0
+            split = forward(learner.model, part, k, entropy_use, adapters, plans)
+            for p, (logp, entropy, mask, old, adv, n_positions) in zip(part, split):
+                mb, a = p.batches[k], p.algorithm
+                loss, metrics = micro_batch_loss(a, p.loss_fn, p.agg_fn, logp, entropy, p.refs.get(k), mask, old, adv)
+                weight = micro_batch_weight(mb, p.n_seq, p.n_tok, p.unit)
+                total = total + loss * weight
+                p.total_loss = p.total_loss + loss.detach() * weight
+                for name, v in metrics.items():
+                    p.sums[name] = p.sums.get(name, 0.0) + v * weight
+                p.tokens += n_positions  # the forward's positions in the job's rows
+            assert isinstance(total, torch.Tensor)
+            total.backward()  # each job's factors get the gradient of its own loss only
+    out = []
+    for job, p in zip(jobs, plans):
+        job.enter()
+        try:
+            params = dict(learner.model.named_parameters())
+            for n, leaf in p.leaves.items():  # the job's own Parameters now hold its storage: its optimizer's keys
+                params[n].grad = leaf.grad
+            # time/learn_s (and the tokens/s over it): the grouped step's time up to this job's optimizer step
+            metrics = learner.finish_step(p.total_loss, p.sums, p.n_signal, len(p.batches), p.tokens, t0)
+        finally:
+            job.leave()
+        out.append(metrics | {"pack/grouped_jobs": float(len(jobs))})
+    return out
+
+
+def _alone(learner: Any, job: JobStep) -> dict[str, float]:
+    job.enter()
+    try:
+        return learner.train_step(job.samples) | {"pack/grouped_jobs": 1.0}
+    finally:
+        job.leave()
+
+
+class _GroupedForward:
+    """One forward of the k-th micro-batches of some jobs, split back per job. Padded micro-batches: their rows
+    concatenated, padded to the longest (rows are samples); packed rows: each job's micro-batch packed as its solo
+    step packs it (its prompts shared within it) and the rows concatenated along the tokens (packing.concat), each
+    job's LoRA span a token range."""
+
+    def __init__(self, learner: Any):
+        self.learner, self.packed = learner, learner.batcher.packed
+        self.padded = Batcher(learner.device, share_prompt_prefix=False, logits_to_keep=learner.policy.logits_to_keep)
+
+    def __call__(
+        self,
+        model: Any,
+        part: list[_Plan],
+        k: int,
+        entropy: Callable[[AlgorithmConfig], str],
+        adapters: RowAdapters | None = None,
+        plans: list[_Plan] | None = None,
+    ) -> list[tuple]:
+        """Per job of `part`: its completion-aligned logprobs and entropy [B_j, C_j] (under its own temperature and
+        min-p), its loss mask, behaviour logprobs and advantages, and the token positions its rows took in the
+        forward. `adapters`: told each job of `plans` its span first (0 for a job not in `part`)."""
+        mbs = [p.batches[k] for p in part]
+        batcher = self.learner.batcher
+        if self.packed:
+            singles = [packing.pack(mb, batcher.share_prompt_prefix, self.learner.device, self.packed) for mb in mbs]
+            spans = [r.input_ids.shape[1] for r in singles]
+            if adapters is not None and plans is not None:
+                adapters.rows(_spans(plans, part, spans), dim=1)
+            logits = batcher.row_logits(model, packing.concat(singles, [len(mb) for mb in mbs]))  # [1, T, V]
+            widths = [r.targets.shape[1] for r in singles]
+        else:
+            spans = [len(mb) for mb in mbs]
+            if adapters is not None and plans is not None:
+                adapters.rows(_spans(plans, part, spans), dim=0)
+            logits, targets, index, n_positions = self.padded.logits(model, [s for mb in mbs for s in mb])
+            widths = spans
+        out, start = [], 0
+        for j, (p, mb) in enumerate(zip(part, mbs)):
+            a, end = p.algorithm, start + widths[j]
+            mask, old, adv = batcher.completion_batch(mb)  # [B_j, C_j]
+            if self.packed:
+                row = singles[j]
+                logp, ent = position_logprobs(
+                    logits[:, start:end], row.targets, a.temperature, min_p=a.min_p, entropy=entropy(a)
+                )
+                logp = packing.unpack(logp, row, tuple(mask.shape))
+                ent = None if ent is None else packing.unpack(ent, row, tuple(mask.shape))
+                positions = spans[j]
+            else:
+                logp, ent = position_logprobs(
+                    logits[start:end], targets[start:end], a.temperature, min_p=a.min_p, entropy=entropy(a)
+                )
+                at = index[start:end, : mask.shape[1]]
+                logp, ent = torch.gather(logp, 1, at), None if ent is None else torch.gather(ent, 1, at)
+                positions = n_positions * len(mb) // len(targets)
+            out.append((logp, ent, mask, old, adv, positions))
+            start = end
+        return out
+
+
+def _spans(plans: list[_Plan], part: list[_Plan], spans: list[int]) -> list[int]:
+    size = {id(p): n for p, n in zip(part, spans)}
+    return [size.get(id(p), 0) for p in plans]

@@ -1,0 +1,267 @@
+"""A sweep pack's grouped learner step (rl/learner/grouped.py, PackedRole.train_jobs) on the tiny fp32 model: each
+job leaves the step with the adapter, optimizer state and metrics of the same job stepped alone (on_job), whatever
+its learning rate, algorithm knobs and seed; a job with lr 0 keeps its adapter; a job with no signal is stepped as
+alone; packed rows are grouped along the tokens; the pack says in one line when its learner steps job after job.
+And the pack's learner Gather (rl/runtime/packed.py): the jobs' k-th steps go to the learner as one call, and a job
+blocked on its step is not waited for by the engine's Gather."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rl import pack
+from rl.app import learner_args
+from rl.learner import Learner
+from rl.runtime.groups import LocalGroup
+from rl.runtime.packed import Gather, JobGroup, Merge, PackedRole
+from rl.runtime.roles import RolloutActor
+from tests.fakes import FakeMergingEngine
+from tests.helpers import LEARNER_TEST_OVERRIDES, make_samples, run_spec, typed_config
+
+# rows are samples in both (no KV-cache prompt sharing), several micro-batches per job
+PADDED = ("learner.share_prompt_prefix=false", "learner.micro_batch_size=4", "learner.micro_batch_tokens=0")
+JOBS = (
+    ("run.seed=0", "algorithm.lr=1e-3"),
+    (  # another loss aggregation, a KL to the reference, an entropy bonus, its own temperature and clipping
+        "run.seed=1",
+        "algorithm.lr=3e-3",
+        "algorithm.loss_agg=token_mean",
+        "algorithm.kl_coef=0.05",
+        "algorithm.entropy_coef=0.01",
+        "algorithm.temperature=0.7",
+        "algorithm.max_grad_norm=0.05",
+    ),
+    ("run.seed=2", "algorithm.lr=0", "algorithm.policy_loss=cispo"),
+)
+TIMINGS = ("time/", "perf/")
+
+
+def shared_learner(model, jobs, *shared: str) -> PackedRole:
+    """A PackedRole learner for `jobs` (each its overrides); each job's lora_B drawn at random (PEFT starts it at
+    zero, where a KL's gradient is the rounding of logp - ref alone and AdamW's first update magnifies it)."""
+    role = PackedRole(Learner, [learner_args(run_spec(model, *LEARNER_TEST_OVERRIDES, *shared, *j)) for j in jobs])
+    for job, state in enumerate(role.states):
+        gen = torch.Generator().manual_seed(job)
+        for name, t in state["tensors"].items():
+            if "lora_B" in name:
+                t.normal_(0, 0.05, generator=gen)
+    return role
+
+
+def step(role: PackedRole, batches: list, grouped: bool) -> list[dict]:
+    if grouped:
+        return role.train_jobs([(j, (s,)) for j, s in enumerate(batches)])
+    return [role.on_job(j, "train_step", s) for j, s in enumerate(batches)]
+
+
+def optimizer_state(role: PackedRole, job: int) -> list[torch.Tensor]:
+    opt = role.states[job]["attrs"]["optimizer"]
+    out = []
+    for p in opt.param_groups[0]["params"]:
+        state = opt.state.get(p, {})
+        out += [state[k].float().reshape(-1) for k in ("exp_avg", "exp_avg_sq", "step") if k in state]
+    return out
+
+
+def assert_same_job(a: PackedRole, b: PackedRole, job: int, tol: float, adapter_tol: float) -> None:
+    """The job's optimizer moments within `tol` of their largest value, its adapter within `adapter_tol` (AdamW moves
+    an element whose gradient is about its eps by a share of the lr that rounding decides), its version and RNG."""
+    got, want = optimizer_state(a, job), optimizer_state(b, job)
+    assert len(got) == len(want)
+    for x, y in zip(got, want):
+        assert float((x - y).abs().max()) <= tol * float(y.abs().max())
+    for name, t in a.states[job]["tensors"].items():
+        torch.testing.assert_close(t, b.states[job]["tensors"][name], rtol=0, atol=adapter_tol, msg=name)
+    assert a.states[job]["attrs"]["version"] == b.states[job]["attrs"]["version"]
+    assert torch.equal(a.states[job]["rng"], b.states[job]["rng"])  # the step drew nothing from the job's RNG
+
+
+def assert_same_metrics(grouped: dict, alone: dict, tol: float) -> None:
+    assert set(grouped) - set(alone) == {"pack/grouped_jobs"}
+    for key, value in alone.items():
+        if not key.startswith(TIMINGS):
+            assert grouped[key] == pytest.approx(value, rel=tol, abs=tol), key
+
+
+def batches_for(step_no: int) -> list:
+    return [make_samples(groups=3 if j < 2 else 2, group_size=4, seed=10 * step_no + j) for j in range(len(JOBS))]
+
+
+def test_a_grouped_step_gives_each_job_its_solo_steps_adapter_optimizer_and_metrics(tiny_model):
+    grouped, alone = shared_learner(tiny_model, JOBS, *PADDED), shared_learner(tiny_model, JOBS, *PADDED)
+    start = {n: t.clone() for n, t in grouped.states[2]["tensors"].items()}
+    for step_no in range(2):
+        batches = batches_for(step_no)
+        got, want = step(grouped, batches, True), step(alone, batches, False)
+        for job in range(len(JOBS)):
+            assert got[job]["pack/grouped_jobs"] == len(JOBS)
+            assert got[job]["train/micro_batches"] == (3 if job < 2 else 2)
+            assert_same_metrics(got[job], want[job], 1e-4)
+    for job in range(len(JOBS)):
+        assert_same_job(grouped, alone, job, 1e-5, 3e-5)
+    moved = [float((grouped.states[0]["tensors"][n] - start[n]).abs().max()) for n in start]
+    assert max(moved) > 1e-4  # job 0 trained (its seed drew other factors, so compare each with itself)
+    for name, t in grouped.states[2]["tensors"].items():  # lr 0: the adapter it started with
+        assert torch.equal(t, start[name]), name
+
+
+def test_a_job_with_no_signal_is_stepped_as_alone(tiny_model):
+    jobs = JOBS[:1] + (("run.seed=3", "algorithm.lr=1e-3"),)
+    grouped, alone = shared_learner(tiny_model, jobs, *PADDED), shared_learner(tiny_model, jobs, *PADDED)
+    flat = make_samples(groups=2, group_size=4, seed=7)
+    for s in flat:
+        s.advantage = 0.0
+    batches = [make_samples(groups=2, group_size=4, seed=5), flat]
+    got, want = step(grouped, batches, True), step(alone, batches, False)
+    for job in range(2):
+        assert_same_metrics(got[job], want[job], 1e-4)
+        assert_same_job(grouped, alone, job, 1e-5, 3e-5)
+    assert got[1]["train/samples_with_signal"] == 0 and got[1]["train/micro_batches"] == 0
+    assert optimizer_state(grouped, 1) == []  # no gradient: no optimizer step, as alone
+
+
+def test_a_grouped_step_with_prompt_sharing_on_matches_to_float_rounding(tiny_model):
+    """The CPU default shares each group's prompt in the solo step (the KV-cache forward); the grouped forward runs
+    full rows: the same values up to float rounding."""
+    shared = ("learner.micro_batch_size=4", "learner.micro_batch_tokens=0")
+    grouped, alone = shared_learner(tiny_model, JOBS[:2], *shared), shared_learner(tiny_model, JOBS[:2], *shared)
+    assert alone.role.batcher.share_prompt_prefix
+    batches = batches_for(0)[:2]
+    got, want = step(grouped, batches, True), step(alone, batches, False)
+    for job in range(2):
+        assert_same_metrics(got[job], want[job], 1e-3)
+        assert_same_job(grouped, alone, job, 1e-4, 3e-5)
+
+
+def test_packed_rows_are_grouped_along_the_tokens_and_match_the_solo_steps(tiny_model):
+    """learner.micro_batch_tokens > 0 (a PEFT learner's default): each job's micro-batch packed as alone, prompts
+    shared, the jobs' rows concatenated along the tokens."""
+    packed = ("learner.micro_batch_tokens=32",)
+    grouped, alone = shared_learner(tiny_model, JOBS, *packed), shared_learner(tiny_model, JOBS, *packed)
+    assert grouped.role.batcher.packed and grouped.role.batcher.share_prompt_prefix
+    for step_no in range(2):
+        batches = batches_for(step_no)
+        got, want = step(grouped, batches, True), step(alone, batches, False)
+        for job in range(len(JOBS)):
+            assert got[job]["pack/grouped_jobs"] == len(JOBS) and got[job]["train/micro_batches"] > 1
+            assert_same_metrics(got[job], want[job], 1e-4)
+    for job in range(len(JOBS)):
+        assert_same_job(grouped, alone, job, 1e-5, 3e-5)
+
+
+def test_a_bf16_learners_grouped_step_rounds_each_lora_layer_as_the_layer_does(tiny_model):
+    """bf16 base, fp32 LoRA factors: PEFT's Linear adds the LoRA delta to the base output in fp32 and rounds the sum
+    once; the grouped layers round the same way, so with packed rows (each job's row as alone) the step is the solo
+    step's to float32 rounding, where rounding the delta first moves an adapter by 1e-3."""
+    shared = ("model.learner_dtype=bfloat16", "learner.micro_batch_tokens=32")
+    grouped, alone = shared_learner(tiny_model, JOBS[:2], *shared), shared_learner(tiny_model, JOBS[:2], *shared)
+    batches = batches_for(0)[:2]
+    got, want = step(grouped, batches, True), step(alone, batches, False)
+    for job in range(2):
+        assert_same_metrics(got[job], want[job], 1e-5)
+        assert_same_job(grouped, alone, job, 1e-5, 1e-6)
+
+
+def test_the_lora_layers_forward_is_their_own_again_after_a_failed_grouped_step(tiny_model):
+    role = shared_learner(tiny_model, JOBS[:2], *PADDED)
+    batches = batches_for(0)[:2]
+    batches[1][0].old_logprobs = []  # a malformed sample: the step raises in the middle of the forward
+    with pytest.raises(RuntimeError):
+        role.train_jobs([(j, (s,)) for j, s in enumerate(batches)])
+    from peft.tuners.lora import LoraLayer
+
+    layers = [m for m in role.role.model.modules() if isinstance(m, LoraLayer)]
+    assert layers and not any("forward" in m.__dict__ for m in layers)
+
+
+# ------------------------------------------------------------------------------------------------ the pack's choice
+
+
+@pytest.mark.parametrize(
+    ("settings", "grouped", "line"),
+    [
+        ({}, True, None),
+        (
+            {"model.learner_backend": "unsloth", "cluster.use_gpu": True},
+            False,
+            "(model.learner_backend=unsloth: its fused LoRA kernels",
+        ),
+        ({"model.lora_dropout": 0.1}, False, "(model.lora_dropout>0: each job's dropout masks come from its own"),
+        ({}, False, "(hydra.launcher.grouped_learner=false)"),
+    ],
+    ids=["peft", "unsloth", "lora_dropout", "off"],
+)
+def test_a_pack_groups_its_learner_steps_where_its_learner_can_and_says_so_where_not(
+    monkeypatch, tmp_path, capsys, settings, grouped, line
+):
+    def build_runtime(cfg, pack=None, log_dir=None):
+        role = PackedRole(FakeMergingEngine, [{"seed": c.run.seed} for c in pack])
+        return SimpleNamespace(actors=LocalGroup([role]), learners=LocalGroup([role])), lambda: None
+
+    monkeypatch.setattr("rl.app.build_runtime", build_runtime)
+    p = pack.Pack([0, 1], tmp_path, grouped_learner=line != "(hydra.launcher.grouped_learner=false)")
+    for job in (0, 1):
+        p.cfgs[job] = typed_config(**{"run.seed": job, **settings})
+    p.start()
+    p.close()
+    said = [x for x in capsys.readouterr().out.splitlines() if "one after another" in x]
+    assert (p.train_gather is not None) == grouped
+    assert len(said) == (line is not None)
+    assert line is None or said[0].startswith("pack: the learner steps the jobs one after another " + line)
+
+
+# ------------------------------------------------------------------------------------------------ the learner Gather
+
+TRAIN = Merge("train", PackedRole.train_jobs, 1)  # FakePackedRole's step is `train`
+
+
+def two_gathers(n: int):
+    engine = PackedRole(FakeMergingEngine, [dict(seed=j) for j in range(n)])
+    learner = PackedRole(FakeMergingEngine, [dict(seed=j) for j in range(n)])
+    generate = Gather(LocalGroup([engine]), list(range(n)))
+    train = Gather(LocalGroup([learner]), list(range(n)), TRAIN, beside=generate)
+    stop = threading.Event()
+    actors = [JobGroup(generate.inner, j, stop, generate) for j in range(n)]
+    learners = [JobGroup(train.inner, j, stop, train) for j in range(n)]
+    return engine, learner, train, actors, learners
+
+
+def test_the_jobs_kth_steps_go_to_the_learner_as_one_call():
+    _, learner, _, _, views = two_gathers(2)
+    first = views[0].submit(0, FakeMergingEngine.train, 1.0)
+    assert learner.role.grouped_calls == []  # job 1 has not stepped yet
+    second = views[1].submit(0, FakeMergingEngine.train, 2.0)
+    assert learner.role.grouped_calls == [2]
+    assert [views[0].result(first), views[1].result(second)] == [1, 1]
+    assert learner.on_job(1, "factor_values") != learner.on_job(0, "factor_values")
+
+
+def test_a_job_blocked_on_its_step_is_not_waited_for_by_the_engine():
+    """Job 1 waits for its step, which waits for job 0's; job 0 makes one more generate call first (an evaluation,
+    a dynamic-sampling round): it goes to the engine alone instead of waiting for job 1's next generate call."""
+    engine, learner, train, actors, learners = two_gathers(2)
+    waiting = learners[1].submit(0, FakeMergingEngine.train, 1.0)
+    out: dict[str, int] = {}
+    t = threading.Thread(target=lambda: out.update(step=learners[1].result(waiting)))
+    t.start()
+    try:
+        with train.cond:  # job 1's thread is blocked on its unsent step
+            assert train.cond.wait_for(lambda: 1 in train.board.blocked, timeout=60)
+        extra = actors[0].submit(0, RolloutActor.generate, [7], None)
+        assert engine.role.engine_calls == [1] and actors[0].result(extra) == [(7, 0)]
+        learners[0].result(learners[0].submit(0, FakeMergingEngine.train, 1.0))
+    finally:
+        t.join(timeout=60)
+    assert not t.is_alive() and out == {"step": 1} and learner.role.grouped_calls == [2]
+
+
+def test_a_job_that_leaves_releases_its_mates_waiting_steps():
+    _, learner, train, _, views = two_gathers(3)
+    waiting = [views[j].submit(0, FakeMergingEngine.train, 1.0) for j in (0, 1)]
+    assert learner.role.grouped_calls == []
+    train.leave(2)  # job 2 ended (finished, failed or stopped): its mates' steps no longer wait for it
+    assert learner.role.grouped_calls == [2] and [views[j].result(h) for j, h in zip((0, 1), waiting)] == [1, 1]
