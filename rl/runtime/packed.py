@@ -187,7 +187,7 @@ class Gather:
 
     def __init__(self, inner: Group[Any], jobs: list[int], merge: Merge = GENERATE, beside: Gather | None = None):
         self.inner, self.merge = inner, merge
-        self.board = beside.board if beside is not None else _Board(jobs)
+        self.board: _Board = beside.board if beside is not None else _Board(jobs)
         self.board.gathers.append(self)
         self.cond, self.live = self.board.cond, self.board.live
         self.waiting: dict[int, dict[int, deque[_Ticket]]] = {}
