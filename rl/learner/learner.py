@@ -180,9 +180,8 @@ class Learner:
         for mb in batches:
             mask, old, adv = self.batcher.completion_batch(mb)
             ref = None
-            if (
-                a.loss_kl_coef > 0
-            ):  # before the policy's forward: a reference that swaps weights must not touch its graph
+            # the reference before the policy's forward: a reference that swaps weights must not touch its graph
+            if a.loss_kl_coef > 0:
                 with torch.no_grad(), self.policy.reference() as ref_model:
                     ref = self.batcher.logprobs(ref_model, mb, a.temperature, min_p=a.min_p)[0]
             logp, entropy, n_positions = self.batcher.logprobs(  # [B, C]

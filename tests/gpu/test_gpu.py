@@ -268,6 +268,34 @@ def test_a_pack_of_two_trains_on_one_unsloth_learner_and_one_vllm_actor(model, t
     assert moved[0] == 0.0 and moved[1] > 0.0
 
 
+def test_a_pack_of_two_with_the_peft_4bit_learner_trains_both_jobs_in_one_grouped_step(model, tmp_path):
+    """A pack with the PEFT + bitsandbytes NF4 learner on the GPU: the two jobs' steps are one grouped step (one
+    forward and backward per micro-batch, each sample through its own job's LoRA factors: `pack/grouped_jobs` 2), the
+    actor serves each job's adapter (probe within the floor), and the job with algorithm.lr=0 keeps B = 0 while its
+    pack mate's adapter moves."""
+    from safetensors.torch import load_file
+
+    sweep = tmp_path / "sweep"
+    peft = [f"model.path={model}", "model.learner_backend=peft", "model.load_in_4bit=true"]
+    args = ["-m", *GPU_RUN, *peft, "algorithm.lr=0,1e-4", "hydra/launcher=pack", f"hydra.sweep.dir={sweep}"]
+    proc = run_train(args, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "pack: jobs #0, #1 share one" in proc.stdout and "one after another" not in proc.stdout
+    moved = []
+    for job in ("0", "1"):
+        out = sweep / job
+        train = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
+        assert [r["pack/grouped_jobs"] for r in train] == [2.0, 2.0]
+        summary = json.loads((out / "summary.json").read_text())
+        assert all(r["sync/logprob_abs_diff"] < summary["sync/probe_floor"] + 0.2 for r in train)
+        weights = load_file(out / "adapter" / "adapter_model.safetensors")
+        moved.append(max(float(t.abs().max()) for n, t in weights.items() if "lora_B" in n))
+        print(
+            f"grouped pack job {job}: probe {[r['sync/logprob_abs_diff'] for r in train]}, max |lora_B| {moved[-1]:.2e}"
+        )
+    assert moved[0] == 0.0 and moved[1] > 0.0
+
+
 def test_full_weight_sync_through_cuda_ipc(model, tmp_path):
     out = tmp_path / "run"
     args = ["model.full_finetune=true", "model.learner_backend=peft", "cluster.weight_sync=ipc", "algorithm.lr=1e-6"]

@@ -203,3 +203,16 @@ def test_gpu_script_reports_the_parts_it_was_carried(gpu, tmp_path):
     assert not (tmp_path / "r.jsonl").exists()
     refused = call("sequentail", "1/4")
     assert refused.returncode == 2 and "usage: bash bench/gpu/packs.sh" in refused.stderr
+
+
+def test_a_pack_side_named_each_steps_its_learner_job_after_job(gpu, tmp_path):
+    """`pack<k>-each` is the pack of k with hydra.launcher.grouped_learner=false: the baseline of the grouped learner
+    step; a side named otherwise is refused in one line."""
+    args, listed, _ = gpu
+    picked = packs.parser().parse_args(["--preset", "gpu", "--sides", "sequential,pack8,pack8-each"])
+    assert packs.sides(picked, len(listed)) == ["sequential", "pack8", "pack8-each"]
+    each = packs.train_args("pack8-each", tmp_path, args)
+    assert "hydra.launcher.max_jobs=8" in each and "hydra.launcher.grouped_learner=false" in each
+    assert "hydra.launcher.grouped_learner=false" not in packs.train_args("pack8", tmp_path, args)
+    with pytest.raises(SystemExit, match="pack8-all is not sequential, pack<k> or pack<k>-each"):
+        packs.sides(packs.parser().parse_args(["--sides", "pack8-all"]), len(listed))
