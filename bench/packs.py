@@ -6,9 +6,10 @@ python -m bench.packs [--preset gpu|cpu] [--sweep KEY=A,B ...] [--packs 2,4,N] [
 
 Each side is one `python train.py -m <workload> <sweep>` in a fresh process: `sequential` with Hydra's basic launcher
 (each job starts its own roles, trains, and stops them before the next job starts), `pack<k>` with hydra/launcher=pack
-hydra.launcher.max_jobs=k (the sweep as packs of at most k jobs, one pack after another; rl/pack.py), `pack<k>-each` the
-same with hydra.launcher.grouped_learner=false (the pack's learner steps its jobs one after another instead of in one
-grouped step: what the grouped step gains). Its wall time is
+hydra.launcher.max_jobs=k (the sweep as packs of at most k jobs, one pack after another; rl/pack.py), `pack<k>-each` and
+`pack<k>-grouped` the same with hydra.launcher.grouped_learner=false or true (the pack's learner steps its jobs one
+after another, or in one grouped step even on a CPU, where auto steps them apart: what the grouped step gains). Its
+wall time is
 the whole process's, start-ups included: what a user waits for. Samples/s is the samples every job trained (the sum
 of their `train/samples`) over that wall time. The sides rotate between repeats, so a machine's drift falls on all of
 them; the speed-up of a side is the sequential side's wall time over its own within a repeat, its median and range
@@ -71,8 +72,10 @@ from bench.packs_parts import (
 from tests.helpers import repo_env
 
 SEQUENTIAL = "sequential"
-EACH = "-each"  # a pack side whose learner steps the jobs one after another: pack<k>-each
-PACK_SIDE = re.compile(r"pack(\d+)(?:-each)?")
+# pack<k>-each, pack<k>-grouped: a pack whose learner steps the jobs one after another, or together even on a CPU
+# (hydra.launcher.grouped_learner false, true; plain pack<k> leaves it at auto: together on a GPU)
+LEARNER_SIDES = {"-each": "false", "-grouped": "true"}
+PACK_SIDE = re.compile(r"pack(\d+)(-each|-grouped)?")
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ def sides(args: argparse.Namespace, n_jobs: int) -> list[str]:
         wrong = [s for s in named if s != SEQUENTIAL and not ((m := PACK_SIDE.fullmatch(s)) and int(m[1]))]
         if wrong:
             raise SystemExit(
-                f"--sides {args.sides}: {', '.join(wrong)} is not sequential, pack<k> or pack<k>-each (k >= 1)"
+                f"--sides {args.sides}: {', '.join(wrong)} is not sequential, pack<k>, pack<k>-each or pack<k>-grouped (k >= 1)"
             )
         return named
     sizes = args.packs.split(",")
@@ -160,8 +163,8 @@ def train_args(side: str, sweep_dir: Path, args: argparse.Namespace, swept: list
     """train.py's arguments for one side (or its part's sub-sweep `swept`): the sweep, and for a pack side the
     launcher and its bound."""
     launcher = [] if side == SEQUENTIAL else ["hydra/launcher=pack", f"hydra.launcher.max_jobs={pack_size(side)}"]
-    if side.endswith(EACH):  # the pack's learner steps its jobs one after another (the grouped step's baseline)
-        launcher.append("hydra.launcher.grouped_learner=false")
+    if (m := PACK_SIDE.fullmatch(side)) and m[2]:
+        launcher.append(f"hydra.launcher.grouped_learner={LEARNER_SIDES[m[2]]}")
     return ["-m", *workload(args), *(swept or sweep(args)), *launcher, f"hydra.sweep.dir={sweep_dir}"]
 
 

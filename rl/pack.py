@@ -92,11 +92,16 @@ def auto_settings(cfg: TrainConfig, cores: int | None = None) -> dict[str, Any]:
     return out
 
 
-def learner_steps_apart(cfg: TrainConfig, grouped_learner: bool = True) -> str | None:
+def learner_steps_apart(cfg: TrainConfig, grouped_learner: bool | str = "auto") -> str | None:
     """Why a pack of jobs like `cfg` has its learner step them one after another, in one line (None: it trains their
-    steps together, rl/learner/grouped.py); `grouped_learner`: hydra.launcher.grouped_learner."""
-    if not grouped_learner:
+    steps together, rl/learner/grouped.py); `grouped_learner`: hydra.launcher.grouped_learner (true, false or auto:
+    together where the learner runs on a GPU, whose step costs about the same per micro-batch whatever its size; on a
+    CPU a micro-batch costs in proportion to its rows, and the grouped step measured slower there, its padded rows
+    and per-job LoRA slices costing more than it saves: docs/benchmarks.md#sweep-packs)."""
+    if grouped_learner is False:
         return "hydra.launcher.grouped_learner=false"
+    if grouped_learner == "auto" and not cfg.cluster.use_gpu:
+        return "hydra.launcher.grouped_learner=auto on a CPU learner; true groups them there too"
     model = dataclasses.replace(cfg.model, learner_backend=resolve_learner_backend(cfg))
     return grouped_refusal(model, cfg.learner, cfg.cluster.num_learners)
 
@@ -130,7 +135,7 @@ class Pack:
     """The jobs of one pack in this process. Each job's thread calls `join` (through rl/app.py build_runtime) and
     waits; the launcher calls `start` once every job has joined or ended (`settled`), then `close` when all ended."""
 
-    def __init__(self, jobs: list[int], log_dir: Path, grouped_learner: bool = True):
+    def __init__(self, jobs: list[int], log_dir: Path, grouped_learner: bool | str = "auto"):
         self.jobs, self.log_dir, self.grouped_learner = jobs, log_dir, grouped_learner
         self.cond = threading.Condition()
         self.cfgs: dict[int, TrainConfig] = {}

@@ -32,14 +32,14 @@ INTERRUPTED = 130  # train.py's exit status for a stopped run
 
 
 class PackLauncher(Launcher):
-    def __init__(self, max_jobs: int = 8, grouped_learner: bool = True) -> None:
+    def __init__(self, max_jobs: int = 8, grouped_learner: bool | str = "auto") -> None:
         super().__init__()
         if not isinstance(max_jobs, int) or max_jobs < 1:
             fail(f"hydra.launcher.max_jobs must be a whole number >= 1 (got {max_jobs!r}): the most jobs in one pack")
-        if not isinstance(grouped_learner, bool):
+        if not isinstance(grouped_learner, bool) and grouped_learner != "auto":
             fail(
-                f"hydra.launcher.grouped_learner must be true or false (got {grouped_learner!r}): whether the learner "
-                "steps a pack's jobs together"
+                f"hydra.launcher.grouped_learner must be true, false or auto (got {grouped_learner!r}): whether the "
+                "learner steps a pack's jobs together (auto: on a GPU)"
             )
         self.max_jobs, self.grouped_learner = max_jobs, grouped_learner
         self.config: DictConfig | None = None

@@ -111,7 +111,9 @@ def pack_of_four(tiny_model, conf, tmp_path_factory):
     """The four jobs, 2 steps, in one pack: (their run directories by name, the sweep directory, the process)."""
     sweep = tmp_path_factory.mktemp("four") / "sweep"
     jobs = list(JOBS)
-    proc = run_train(sweep_args(tiny_model, conf, sweep, jobs, "run.steps=2"), timeout=900)
+    # grouped_learner=true: the grouped learner step on the CPU (auto groups only on a GPU)
+    args = sweep_args(tiny_model, conf, sweep, jobs, "run.steps=2", "hydra.launcher.grouped_learner=true")
+    proc = run_train(args, timeout=900)
     return job_dirs(sweep, jobs), sweep, proc
 
 

@@ -205,14 +205,15 @@ def test_gpu_script_reports_the_parts_it_was_carried(gpu, tmp_path):
     assert refused.returncode == 2 and "usage: bash bench/gpu/packs.sh" in refused.stderr
 
 
-def test_a_pack_side_named_each_steps_its_learner_job_after_job(gpu, tmp_path):
-    """`pack<k>-each` is the pack of k with hydra.launcher.grouped_learner=false: the baseline of the grouped learner
-    step; a side named otherwise is refused in one line."""
+def test_a_pack_side_named_each_or_grouped_sets_how_its_learner_steps(gpu, tmp_path):
+    """`pack<k>-each` and `pack<k>-grouped` are the pack of k with hydra.launcher.grouped_learner=false and true (plain
+    `pack<k>` keeps auto); a side named otherwise is refused in one line."""
     args, listed, _ = gpu
-    picked = packs.parser().parse_args(["--preset", "gpu", "--sides", "sequential,pack8,pack8-each"])
-    assert packs.sides(picked, len(listed)) == ["sequential", "pack8", "pack8-each"]
+    picked = packs.parser().parse_args(["--preset", "gpu", "--sides", "sequential,pack8,pack8-each,pack8-grouped"])
+    assert packs.sides(picked, len(listed)) == ["sequential", "pack8", "pack8-each", "pack8-grouped"]
     each = packs.train_args("pack8-each", tmp_path, args)
     assert "hydra.launcher.max_jobs=8" in each and "hydra.launcher.grouped_learner=false" in each
-    assert "hydra.launcher.grouped_learner=false" not in packs.train_args("pack8", tmp_path, args)
-    with pytest.raises(SystemExit, match="pack8-all is not sequential, pack<k> or pack<k>-each"):
+    assert "hydra.launcher.grouped_learner=true" in packs.train_args("pack8-grouped", tmp_path, args)
+    assert not any("grouped_learner" in a for a in packs.train_args("pack8", tmp_path, args))
+    with pytest.raises(SystemExit, match="pack8-all is not sequential, pack<k>, pack<k>-each or pack<k>-grouped"):
         packs.sides(packs.parser().parse_args(["--sides", "pack8-all"]), len(listed))

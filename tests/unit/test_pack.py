@@ -342,7 +342,7 @@ def test_an_interrupted_pack_stops_the_jobs_waiting_for_its_roles(tmp_path):
             "hydra/launcher=pack: cluster.num_learners=2: a pack trains on one learner (set cluster.num_learners=1)",
         ),
         (["hydra.launcher.max_jobs=0"], "hydra.launcher.max_jobs must be a whole number >= 1 (got 0)"),
-        (["hydra.launcher.grouped_learner=2"], "hydra.launcher.grouped_learner must be true or false (got 2)"),
+        (["hydra.launcher.grouped_learner=2"], "hydra.launcher.grouped_learner must be true, false or auto (got 2)"),
     ],
     ids=["refused", "max_jobs", "grouped_learner"],
 )

@@ -182,28 +182,34 @@ def test_the_lora_layers_forward_is_their_own_again_after_a_failed_grouped_step(
 
 
 @pytest.mark.parametrize(
-    ("settings", "grouped", "line"),
+    ("settings", "setting", "grouped", "line"),
     [
-        ({}, True, None),
+        ({}, True, True, None),
+        ({"cluster.use_gpu": True}, "auto", True, None),
+        ({}, "auto", False, "(hydra.launcher.grouped_learner=auto on a CPU learner; true groups them there too)"),
         (
             {"model.learner_backend": "unsloth", "cluster.use_gpu": True},
+            True,
             False,
             "(model.learner_backend=unsloth: its fused LoRA kernels",
         ),
-        ({"model.lora_dropout": 0.1}, False, "(model.lora_dropout>0: each job's dropout masks come from its own"),
-        ({}, False, "(hydra.launcher.grouped_learner=false)"),
+        ({"model.lora_dropout": 0.1}, True, False, "(model.lora_dropout>0: each job's dropout masks come from its own"),
+        ({}, False, False, "(hydra.launcher.grouped_learner=false)"),
     ],
-    ids=["peft", "unsloth", "lora_dropout", "off"],
+    ids=["peft", "auto_gpu", "auto_cpu", "unsloth", "lora_dropout", "off"],
 )
 def test_a_pack_groups_its_learner_steps_where_its_learner_can_and_says_so_where_not(
-    monkeypatch, tmp_path, capsys, settings, grouped, line
+    monkeypatch, tmp_path, capsys, settings, setting, grouped, line
 ):
+    """`hydra.launcher.grouped_learner` (`setting`): true groups where the learner can, auto only on a GPU, false
+    never; where the steps go one after another the pack says why in one line."""
+
     def build_runtime(cfg, pack=None, log_dir=None):
         role = PackedRole(FakeMergingEngine, [{"seed": c.run.seed} for c in pack])
         return SimpleNamespace(actors=LocalGroup([role]), learners=LocalGroup([role])), lambda: None
 
     monkeypatch.setattr("rl.app.build_runtime", build_runtime)
-    p = pack.Pack([0, 1], tmp_path, grouped_learner=line != "(hydra.launcher.grouped_learner=false)")
+    p = pack.Pack([0, 1], tmp_path, grouped_learner=setting)
     for job in (0, 1):
         p.cfgs[job] = typed_config(**{"run.seed": job, **settings})
     p.start()
