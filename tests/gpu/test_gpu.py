@@ -243,29 +243,39 @@ def test_two_step_ray_run_with_unsloth_learner_and_vllm_actor_on_one_gpu(model, 
     assert summary["sync/probe_floor"] <= 0.1  # the actor serves the 4-bit learner's own base (model.actor_base)
 
 
-def test_a_pack_of_two_trains_on_one_unsloth_learner_and_one_vllm_actor(model, tmp_path):
-    """`hydra/launcher=pack`: two sweep jobs share one Unsloth 4-bit learner and one vLLM engine (a LoRA slot each);
-    each job syncs its own versions, the actor serves each job's own adapter (its probe within the floor), and the
-    job with algorithm.lr=0 keeps LoRA's initial B = 0 while its pack mate's adapter moves."""
+def pack_of_two(model, tmp_path, backend: str) -> tuple[str, dict[str, list[dict]]]:
+    """A sweep of algorithm.lr=0,1e-4 as one pack on the `backend` 4-bit learner and the vLLM actor; each job's probe
+    within its floor and the lr=0 job's LoRA B still 0 while its mate's moved. Returns train.py's stdout and each
+    job's training rows (timings and the pack's keys kept)."""
     from safetensors.torch import load_file
 
     sweep = tmp_path / "sweep"
-    unsloth = [f"model.path={model}", "model.learner_backend=unsloth", "model.load_in_4bit=true"]
-    args = ["-m", *GPU_RUN, *unsloth, "algorithm.lr=0,1e-4", "hydra/launcher=pack", f"hydra.sweep.dir={sweep}"]
+    learner = [f"model.path={model}", f"model.learner_backend={backend}", "model.load_in_4bit=true"]
+    args = ["-m", *GPU_RUN, *learner, "algorithm.lr=0,1e-4", "hydra/launcher=pack", f"hydra.sweep.dir={sweep}"]
     proc = run_train(args, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "pack: jobs #0, #1 share one" in proc.stdout
-    moved = []
+    rows, moved = {}, []
     for job in ("0", "1"):
         out = sweep / job
-        train = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
-        assert [r["sync/version"] for r in train] == [1.0, 2.0]
+        train = rows[job] = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
         summary = json.loads((out / "summary.json").read_text())
         assert all(r["sync/logprob_abs_diff"] < summary["sync/probe_floor"] + 0.2 for r in train)
         weights = load_file(out / "adapter" / "adapter_model.safetensors")
         moved.append(max(float(t.abs().max()) for n, t in weights.items() if "lora_B" in n))
-        print(f"pack job {job}: probe {[r['sync/logprob_abs_diff'] for r in train]}, max |lora_B| {moved[-1]:.2e}")
+        probes = [r["sync/logprob_abs_diff"] for r in train]
+        print(f"{backend} pack job {job}: probe {probes}, max |lora_B| {moved[-1]:.2e}")
     assert moved[0] == 0.0 and moved[1] > 0.0
+    return proc.stdout, rows
+
+
+def test_a_pack_of_two_trains_on_one_unsloth_learner_and_one_vllm_actor(model, tmp_path):
+    """`hydra/launcher=pack`: two sweep jobs share one Unsloth 4-bit learner and one vLLM engine (a LoRA slot each);
+    each job syncs its own versions, the actor serves each job's own adapter (its probe within the floor), and the
+    job with algorithm.lr=0 keeps LoRA's initial B = 0 while its pack mate's adapter moves."""
+    _, rows = pack_of_two(model, tmp_path, "unsloth")
+    for train in rows.values():
+        assert [r["sync/version"] for r in train] == [1.0, 2.0]
 
 
 def test_a_pack_of_two_with_the_peft_4bit_learner_trains_both_jobs_in_one_grouped_step(model, tmp_path):
@@ -273,27 +283,10 @@ def test_a_pack_of_two_with_the_peft_4bit_learner_trains_both_jobs_in_one_groupe
     forward and backward per micro-batch, each sample through its own job's LoRA factors: `pack/grouped_jobs` 2), the
     actor serves each job's adapter (probe within the floor), and the job with algorithm.lr=0 keeps B = 0 while its
     pack mate's adapter moves."""
-    from safetensors.torch import load_file
-
-    sweep = tmp_path / "sweep"
-    peft = [f"model.path={model}", "model.learner_backend=peft", "model.load_in_4bit=true"]
-    args = ["-m", *GPU_RUN, *peft, "algorithm.lr=0,1e-4", "hydra/launcher=pack", f"hydra.sweep.dir={sweep}"]
-    proc = run_train(args, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "pack: jobs #0, #1 share one" in proc.stdout and "one after another" not in proc.stdout
-    moved = []
-    for job in ("0", "1"):
-        out = sweep / job
-        train = [r for r in metric_rows(out, timings=True) if "train/loss" in r]
+    stdout, rows = pack_of_two(model, tmp_path, "peft")
+    assert "one after another" not in stdout
+    for train in rows.values():
         assert [r["pack/grouped_jobs"] for r in train] == [2.0, 2.0]
-        summary = json.loads((out / "summary.json").read_text())
-        assert all(r["sync/logprob_abs_diff"] < summary["sync/probe_floor"] + 0.2 for r in train)
-        weights = load_file(out / "adapter" / "adapter_model.safetensors")
-        moved.append(max(float(t.abs().max()) for n, t in weights.items() if "lora_B" in n))
-        print(
-            f"grouped pack job {job}: probe {[r['sync/logprob_abs_diff'] for r in train]}, max |lora_B| {moved[-1]:.2e}"
-        )
-    assert moved[0] == 0.0 and moved[1] > 0.0
 
 
 def test_full_weight_sync_through_cuda_ipc(model, tmp_path):
