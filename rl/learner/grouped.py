@@ -21,9 +21,14 @@ step packs it, prompts shared within it, and the jobs' rows are concatenated alo
 job's span is a token range, split along that dimension. The KL reference's logprobs come from one forward of the
 same grouped rows with the adapter off, before the policies'.
 
-Job after job instead (`refusal` and `model_refusal` say why, in one line): LoRA dropout (each job's masks must come
-from its own RNG stream), Unsloth (its fused LoRA kernels read one adapter and bypass the LoRA layer's forward),
-data-parallel learners, and a trainable tensor outside the LoRA layers. With no dropout the step draws nothing from
+An Unsloth model's fused LoRA kernels read the layer's one active adapter and bypass its forward, and its compiled
+decoder blocks keep the forwards they traced: before its first grouped step the learner puts PEFT's forwards back
+and runs the blocks uncompiled (models.plain_lora_forwards), for the rest of the pack; the base's 4-bit kernels and
+Unsloth's gradient checkpointing stay.
+
+Job after job instead (`refusal`, `model_refusal` and `prepare` say why, in one line): LoRA dropout (each job's masks
+must come from its own RNG stream), data-parallel learners, a trainable tensor outside the LoRA layers, and an
+Unsloth that keeps its fused kernels. With no dropout the step draws nothing from
 torch's RNG, so each job's RNG state stays as its solo step leaves it.
 """
 
@@ -43,6 +48,7 @@ from rl.config.schema import AlgorithmConfig, LearnerConfig, ModelConfig
 from rl.learner import packing
 from rl.learner.batching import Batcher, position_logprobs
 from rl.learner.loss import entropy_use, micro_batch_loss, micro_batch_weight
+from rl.learner.models import plain_lora_forwards
 from rl.types import TrainSample
 
 
@@ -59,8 +65,6 @@ class JobStep(Protocol):
 
 def refusal(model: ModelConfig, learner: LearnerConfig, num_learners: int) -> str | None:
     """Why a pack's learner with these settings steps its jobs one after another (None: it groups them)."""
-    if model.learner_backend == LearnerBackend.unsloth:
-        return "model.learner_backend=unsloth: its fused LoRA kernels read one adapter and bypass the LoRA layers"
     if model.lora_dropout > 0:
         return "model.lora_dropout>0: each job's dropout masks come from its own RNG stream"
     if num_learners > 1:
@@ -84,6 +88,17 @@ def model_refusal(learner: Any) -> str | None:
         covered |= {f"{name}.lora_A.{adapter}.weight", f"{name}.lora_B.{adapter}.weight"}
     outside = sorted(set(learner.pack_tensors()) - covered)
     return f"{outside[0]} is trained outside the LoRA layers" if outside else None
+
+
+def prepare(learner: Any) -> str | None:
+    """`model_refusal`, then (an Unsloth model) its LoRA layers' own forwards back (models.plain_lora_forwards);
+    once per learner, the answer kept on it."""
+    if "grouped_refusal" not in learner.__dict__:
+        why = model_refusal(learner)
+        if why is None and learner.model_cfg.learner_backend == LearnerBackend.unsloth:
+            why = plain_lora_forwards(learner.model)
+        learner.grouped_refusal = why
+    return learner.grouped_refusal
 
 
 def _lora_layers(model: Any) -> list[tuple[str, Any, str]]:
@@ -133,14 +148,23 @@ class RowAdapters:
             raise RuntimeError(f"grouped LoRA forward: {x.shape[self.dim]} rows in, the jobs have {self.sizes}")
         if not torch.is_autocast_enabled():  # as the LoRA layers cast: the input in the factors' dtype
             x = x.to(pairs[0][0].dtype)
-        parts, start = [], 0
-        for (a, b), n in zip(pairs, self.sizes):
-            if n:
-                parts.append(F.linear(F.linear(x.narrow(self.dim, start, n), a), b) * scaling)
-            start += n
+        live = [(pair, n) for pair, n in zip(pairs, self.sizes) if n]
+        if self.dim == 0 and len(live) > 1 and len({n for _, n in live}) == 1:
+            # every job the same number of samples (a sweep's usual micro-batch): the jobs' factors stacked, two
+            # batched matmuls for all of them instead of two per job (a GPU step is bound by its kernel launches)
+            a = torch.stack([pair[0] for pair, _ in live]).transpose(1, 2)  # [jobs, in, r]
+            b = torch.stack([pair[1] for pair, _ in live]).transpose(1, 2)  # [jobs, r, out]
+            rows = x.reshape(len(live), -1, x.shape[-1])
+            delta = (torch.bmm(torch.bmm(rows, a), b) * scaling).reshape(*x.shape[:-1], b.shape[-1])
+        else:
+            parts, start = [], 0
+            for (a, b), n in zip(pairs, self.sizes):
+                if n:
+                    parts.append(F.linear(F.linear(x.narrow(self.dim, start, n), a), b) * scaling)
+                start += n
+            delta = torch.cat(parts, dim=self.dim)
         # a new tensor (no in-place write into the base layer's output, which autograd may hold), rounded as the
         # layer itself rounds: PEFT's 4-bit layer adds the delta in its output's dtype, its Linear in the wider one
-        delta = torch.cat(parts, dim=self.dim)
         if type(module).__module__.endswith(".bnb"):
             return result + delta.to(result.dtype)
         return (result + delta).to(result.dtype)
@@ -169,7 +193,7 @@ def train_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[dict[str, float
     """Each job's `train_step(job.samples)` as described at the top, in one forward and backward per grouped
     micro-batch; job after job where `model_refusal` says why. Each job's metrics are its solo step's keys plus
     `pack/grouped_jobs` (the jobs that shared the forward)."""
-    if len(jobs) < 2 or model_refusal(learner) is not None:
+    if len(jobs) < 2 or prepare(learner) is not None:
         return [_alone(learner, job) for job in jobs]
     t0 = time.perf_counter()
     plans = []

@@ -4,6 +4,9 @@
 - `unsloth`: Unsloth's FastLanguageModel (4-bit or 16-bit base + LoRA, its offloaded gradient checkpointing);
   CUDA only. Unsloth must be the first ML import of the process: see rl/__init__.py.
 - full fine-tuning (`model.full_finetune`): every parameter is trained, with either backend's loader.
+
+`plain_lora_forwards` undoes what Unsloth adds around the LoRA layers, for a sweep pack's grouped step
+(rl/learner/grouped.py), which must run each LoRA layer's own forward.
 """
 
 from __future__ import annotations
@@ -174,3 +177,30 @@ def _build_unsloth(
         random_state=seed,
     )
     return model, checkpointing
+
+
+def plain_lora_forwards(model: Any) -> str | None:
+    """Make every LoRA layer of an Unsloth model run its own (PEFT's) forward, for the rest of the process: the
+    fused LoRA kernels Unsloth installs on attention and MLP modules (they read the layer's one active adapter and
+    skip its forward) are switched back to PEFT's, and its per-decoder-block torch.compile is turned off per block
+    (a compiled block would keep the forwards it traced). Returns None when done, else why not, in one line. A no-op
+    on a model without them (the PEFT backend)."""
+    import sys
+
+    if "unsloth" not in sys.modules:
+        return None
+    if os.environ.get("UNSLOTH_FORCE_FUSED_LORA", "0") == "1":
+        return "UNSLOTH_FORCE_FUSED_LORA=1 keeps Unsloth's fused LoRA kernels"
+    try:
+        from unsloth.models._block_compile import _MARK, _OFF
+        from unsloth.models.llama import _decline_fused_lora_for_fsdp, _fused_lora_modules
+    except ImportError as e:  # another Unsloth release: the learner steps the jobs one after another
+        return f"this Unsloth release has no way to switch its fused LoRA kernels off ({e})"
+    _decline_fused_lora_for_fsdp(model, "a sweep pack steps its jobs' adapters in one grouped forward")
+    left = _fused_lora_modules(model)
+    if left:
+        return f"Unsloth kept its fused LoRA kernel on {type(left[0]).__name__}"
+    for module in model.modules():
+        if getattr(type(module).forward, _MARK, False):
+            module.__dict__["_unsloth_block_mode"] = _OFF
+    return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from rl.resolve import from_overrides  # the first ML-adjacent import: rl/__init__.py may import unsloth first
 
@@ -376,7 +377,86 @@ def step_syncs(model: str, kind: str, tokens: int) -> dict:
     return {"syncs": len(where), "where": where, "callers": callers, "micro_batches": metrics["train/micro_batches"]}
 
 
-JOBS = {
+def grouped_vs_alone(model: str, kind: str, samples_per_job: int = 64, steps: int = 2) -> dict:
+    """A sweep pack's learner on the GPU (rl/learner/grouped.py): three jobs (lr 1e-4, 3e-4 and 0, seeds 0-2) of
+    `samples_per_job` random-token samples each (prompts of 60-100 tokens, completions of 8-32, micro-batches of 32),
+    stepped `steps` times three ways on three learners of `kind` built alike: in one grouped step (`grouped`), job
+    after job with the model as built (`alone`: for Unsloth its fused LoRA kernels and compiled blocks, what a pack
+    that does not group runs), and job after job with the LoRA layers' own forwards (`plain`: the grouped step's
+    forwards, models.plain_lora_forwards). Per job: how far its adapter moved from the start, and how far the grouped
+    one is from each solo one (mean absolute difference), its losses; the last step's seconds per way."""
+    import random
+    import time
+
+    import torch
+
+    from rl.app import learner_args
+    from rl.learner import Learner
+    from rl.learner.models import plain_lora_forwards
+    from rl.runtime.packed import PackedRole
+    from rl.types import TrainSample
+
+    lrs = (1e-4, 3e-4, 0.0)
+    keys = [k for k in COMMON if not k.startswith("algorithm.lr")] + LEARNER[kind] + ["learner.micro_batch_size=32"]
+    jobs = [
+        learner_args(from_overrides(model, *keys, f"algorithm.lr={lr}", f"run.seed={j}")) for j, lr in enumerate(lrs)
+    ]
+    roles = {way: PackedRole(Learner, jobs) for way in ("grouped", "alone", "plain")}
+    assert plain_lora_forwards(roles["plain"].role.model) is None
+    start = [{n: t.detach().float().clone() for n, t in state["tensors"].items()} for state in roles["alone"].states]
+    rng = random.Random(0)
+
+    def batch(job: int) -> list[TrainSample]:
+        out = []
+        for _ in range(samples_per_job // 8):  # groups of 8 completions of one prompt
+            prompt = [rng.randrange(100, 20000) for _ in range(rng.randrange(60, 101))]
+            for _ in range(8):
+                n = rng.randrange(8, 33)
+                out.append(TrainSample(prompt, [rng.randrange(100, 20000) for _ in range(n)], [], rng.gauss(0, 1)))
+        logprobs = roles["plain"].on_job(
+            job, "sequence_logprobs", [s.prompt_ids for s in out], [s.completion_ids for s in out]
+        )
+        for s, lp in zip(out, logprobs):
+            s.old_logprobs = lp  # on-policy for all three ways: they start alike
+        return out
+
+    losses: dict[str, list] = {way: [] for way in roles}
+    seconds: dict[str, float] = {}
+    grouped_jobs: list[float] = []
+    for _ in range(steps):
+        batches = [batch(j) for j in range(len(lrs))]
+        for way, role in roles.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            if way == "grouped":
+                metrics = role.train_jobs([(j, (b,)) for j, b in enumerate(batches)])
+                grouped_jobs = [m["pack/grouped_jobs"] for m in metrics]
+            else:
+                metrics = [role.on_job(j, "train_step", b) for j, b in enumerate(batches)]
+            torch.cuda.synchronize()
+            seconds[way] = time.perf_counter() - t0
+            losses[way].append([m["train/loss"] for m in metrics])
+
+    def mean_diff(a: dict, b: dict) -> float:
+        return sum(float((a[n].float() - b[n].float()).abs().sum()) for n in a) / sum(t.numel() for t in a.values())
+
+    per_job = []
+    for j in range(len(lrs)):
+        got = roles["grouped"].states[j]["tensors"]
+        per_job.append(
+            {
+                "lr": lrs[j],
+                "moved": mean_diff(roles["alone"].states[j]["tensors"], start[j]),
+                "grouped_vs_alone": mean_diff(got, roles["alone"].states[j]["tensors"]),
+                "grouped_vs_plain": mean_diff(got, roles["plain"].states[j]["tensors"]),
+                "grouped_moved": mean_diff(got, start[j]),
+            }
+        )
+    return {"grouped_jobs": grouped_jobs, "seconds": seconds, "losses": losses, "jobs": per_job}
+
+
+JOBS: dict[str, Any] = {
+    "grouped_vs_alone": grouped_vs_alone,
     "learner": learner,
     "actor_vs_learner": actor_vs_learner,
     "packed_vs_padded": packed_vs_padded,

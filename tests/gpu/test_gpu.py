@@ -289,6 +289,27 @@ def test_a_pack_of_two_with_the_peft_4bit_learner_trains_both_jobs_in_one_groupe
         assert [r["pack/grouped_jobs"] for r in train] == [2.0, 2.0]
 
 
+@pytest.mark.parametrize("kind", ["unsloth", "peft_bnb"])
+def test_a_grouped_pack_step_trains_each_job_as_its_solo_steps_do(model, kind):
+    """The pack's grouped learner step on the 4-bit learners (rl/learner/grouped.py; for Unsloth after its fused LoRA
+    kernels and compiled blocks are switched off): three jobs with lr 1e-4, 3e-4 and 0 stepped twice in one grouped
+    step and job after job. Each job's adapter ends where its solo steps put it, up to bf16 rounding: far closer to
+    it than to where it started (a job trained on a mate's rows, or with a mate's factors, would be about as far from
+    it as it moved); the lr=0 job's adapter does not move."""
+    out = job("grouped_vs_alone", model=model, kind=kind)
+    print(f"{kind} grouped pack step: {json.dumps(out)}")
+    assert out["grouped_jobs"] == [3.0, 3.0, 3.0]
+    for j in out["jobs"]:
+        if j["lr"] == 0:
+            assert j["grouped_moved"] == 0.0 and j["moved"] == 0.0
+            continue
+        assert j["grouped_vs_plain"] < 0.1 * j["moved"], j  # the same forwards: rounding (padding, batched matmuls)
+        assert j["grouped_vs_alone"] < 0.3 * j["moved"], j  # Unsloth's fused kernels round otherwise
+    for way in ("alone", "plain"):
+        for got, want in zip(out["losses"]["grouped"], out["losses"][way]):
+            assert got == pytest.approx(want, rel=0.05, abs=1e-3)
+
+
 def test_full_weight_sync_through_cuda_ipc(model, tmp_path):
     out = tmp_path / "run"
     args = ["model.full_finetune=true", "model.learner_backend=peft", "cluster.weight_sync=ipc", "algorithm.lr=1e-6"]

@@ -187,12 +187,7 @@ def test_the_lora_layers_forward_is_their_own_again_after_a_failed_grouped_step(
         ({}, True, True, None),
         ({"cluster.use_gpu": True}, "auto", True, None),
         ({}, "auto", False, "(hydra.launcher.grouped_learner=auto on a CPU learner; true groups them there too)"),
-        (
-            {"model.learner_backend": "unsloth", "cluster.use_gpu": True},
-            True,
-            False,
-            "(model.learner_backend=unsloth: its fused LoRA kernels",
-        ),
+        ({"model.learner_backend": "unsloth", "cluster.use_gpu": True}, "auto", True, None),
         ({"model.lora_dropout": 0.1}, True, False, "(model.lora_dropout>0: each job's dropout masks come from its own"),
         ({}, False, False, "(hydra.launcher.grouped_learner=false)"),
     ],
