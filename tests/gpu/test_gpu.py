@@ -305,9 +305,11 @@ def test_a_grouped_pack_step_trains_each_job_as_its_solo_steps_do(model, kind):
             continue
         assert j["grouped_vs_plain"] < 0.1 * j["moved"], j  # the same forwards: rounding (padding, batched matmuls)
         assert j["grouped_vs_alone"] < 0.3 * j["moved"], j  # Unsloth's fused kernels round otherwise
-    for way in ("alone", "plain"):
-        for got, want in zip(out["losses"]["grouped"], out["losses"][way]):
-            assert got == pytest.approx(want, rel=0.05, abs=1e-3)
+    # the first step's losses from the same adapters; later ones also carry the adapters' rounding (Unsloth's fused
+    # kernels moved a loss near 0 by 0.004 on an H100)
+    assert out["losses"]["grouped"][0] == pytest.approx(out["losses"]["alone"][0], rel=0.05, abs=1e-3)
+    for got, want in zip(out["losses"]["grouped"], out["losses"]["plain"]):
+        assert got == pytest.approx(want, rel=0.05, abs=1e-3)
 
 
 def test_full_weight_sync_through_cuda_ipc(model, tmp_path):

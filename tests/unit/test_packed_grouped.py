@@ -178,6 +178,37 @@ def test_the_lora_layers_forward_is_their_own_again_after_a_failed_grouped_step(
     assert layers and not any("forward" in m.__dict__ for m in layers)
 
 
+@pytest.mark.parametrize("sizes", [[2, 2, 2], [1, 3, 2], [3, 0, 3]], ids=["equal", "unequal", "one_absent"])
+def test_lora_in_the_inputs_dtype_gives_each_row_its_own_jobs_adapter(tiny_model, sizes):
+    """RowAdapters(in_input_dtype=True), the Unsloth learner's grouped forward: each job's rows come out as the model
+    with that job's adapter in place gives them, to bf16 rounding (the batched matmuls where the jobs have equal
+    spans, one pair per job otherwise); every job in the forward gets a gradient, an absent one none."""
+    from rl.learner.grouped import RowAdapters
+
+    role = shared_learner(tiny_model, JOBS, "model.learner_dtype=bfloat16")
+    model = role.role.model
+    ids = torch.randint(10, 4000, (sum(sizes), 9), generator=torch.Generator().manual_seed(0))
+    want = []
+    for job, n in enumerate(sizes):
+        if not n:
+            continue
+        role._enter(job)
+        start = sum(sizes[:job])
+        with torch.no_grad():
+            want.append(model(input_ids=ids[start : start + n]).logits.float())
+    leaves = [{n: t.detach().clone().requires_grad_() for n, t in state["tensors"].items()} for state in role.states]
+    with RowAdapters(model, leaves, in_input_dtype=True) as adapters:
+        adapters.rows(sizes)
+        logits = model(input_ids=ids).logits.float()
+        logits.logsumexp(-1).sum().backward()
+    got = logits.detach()
+    scale = float(torch.cat(want).abs().max())
+    assert float((got - torch.cat(want)).abs().max()) <= 0.02 * scale
+    for job, n in enumerate(sizes):
+        grads = [t.grad for name, t in leaves[job].items() if "lora_A" in name]
+        assert all(g is not None and bool(g.abs().sum() > 0) for g in grads) if n else all(g is None for g in grads)
+
+
 # ------------------------------------------------------------------------------------------------ the pack's choice
 
 
