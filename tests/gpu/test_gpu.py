@@ -303,13 +303,17 @@ def test_a_grouped_pack_step_trains_each_job_as_its_solo_steps_do(model, kind):
         if j["lr"] == 0:
             assert j["grouped_moved"] == 0.0 and j["moved"] == 0.0
             continue
-        assert j["grouped_vs_plain"] < 0.1 * j["moved"], j  # the same forwards: rounding (padding, batched matmuls)
-        assert j["grouped_vs_alone"] < 0.3 * j["moved"], j  # Unsloth's fused kernels round otherwise
+        # PEFT: the same forwards, rounded otherwise by padding and batched matmuls. Unsloth: the grouped LoRA
+        # matmuls in bf16 as its fused kernels (`alone`) compute them, PEFT's (`plain`) in fp32; its fused kernels
+        # left a job 18-21% of its movement away from one with PEFT's forwards (H100, 2026-12-06)
+        tol = 0.1 if kind == "peft_bnb" else 0.35
+        assert j["grouped_vs_plain"] < tol * j["moved"] and j["grouped_vs_alone"] < 0.35 * j["moved"], j
     # the first step's losses from the same adapters; later ones also carry the adapters' rounding (Unsloth's fused
     # kernels moved a loss near 0 by 0.004 on an H100)
-    assert out["losses"]["grouped"][0] == pytest.approx(out["losses"]["alone"][0], rel=0.05, abs=1e-3)
+    for way in ("alone", "plain"):
+        assert out["losses"]["grouped"][0] == pytest.approx(out["losses"][way][0], rel=0.05, abs=2e-3)
     for got, want in zip(out["losses"]["grouped"], out["losses"]["plain"]):
-        assert got == pytest.approx(want, rel=0.05, abs=1e-3)
+        assert got == pytest.approx(want, rel=0.1, abs=5e-3)
 
 
 def test_full_weight_sync_through_cuda_ipc(model, tmp_path):
