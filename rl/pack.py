@@ -133,13 +133,16 @@ def split(cfgs: list[TrainConfig], max_jobs: int) -> tuple[list[list[int]], list
 
 class Pack:
     """The jobs of one pack in this process. Each job's thread calls `join` (through rl/app.py build_runtime) and
-    waits; the launcher calls `start` once every job has joined or ended (`settled`), then `close` when all ended."""
+    waits; the launcher calls `start` once every job has joined or ended (`settled`), then `close` once every job's
+    thread has ended (`wait_ended`)."""
 
     def __init__(self, jobs: list[int], log_dir: Path, grouped_learner: bool | str = "auto"):
         self.jobs, self.log_dir, self.grouped_learner = jobs, log_dir, grouped_learner
         self.cond = threading.Condition()
         self.cfgs: dict[int, TrainConfig] = {}
         self.settled: set[int] = set()
+        self.launched_jobs: set[int] = set()  # jobs whose thread the launcher started (`launched`)
+        self.ended_jobs: set[int] = set()  # jobs whose thread has ended (`ended`), their last line printed
         self.runtimes: dict[int, Runtime] | None = None
         self.error: BaseException | None = None
         self.stop = threading.Event()  # set: every job stops at its next call (rl/runtime/packed.py JobGroup)
@@ -164,14 +167,29 @@ class Pack:
         assert self.runtimes is not None
         return self.runtimes[job], lambda: None
 
-    def ended(self, job: int) -> None:
+    def launched(self, job: int) -> None:
+        """The launcher started job `job`'s thread: the pack closes only once it has ended."""
         with self.cond:
-            self.settled.add(job)
-            self.cond.notify_all()
+            self.launched_jobs.add(job)
+
+    def ended(self, job: int) -> None:
+        """The last thing job `job`'s thread does."""
         # its pack mates' generate calls and learner steps no longer wait for it
         gather = self.gather or self.train_gather
         if gather is not None and job in self.slots:
             gather.leave(self.slots[job])
+        with self.cond:
+            self.settled.add(job)
+            self.ended_jobs.add(job)
+            self.cond.notify_all()
+
+    def wait_ended(self, timeout_s: float | None = None) -> bool:
+        """Whether every launched job's thread has ended, waiting up to `timeout_s` for it. The launcher waits here
+        rather than in Thread.join: a KeyboardInterrupt (Ctrl-C, or SIGTERM through rl/entry.py) raised in CPython
+        3.11's Thread.join marks the thread it waited for as ended while that thread still runs, and the pack would
+        close its roles, and the process exit, before that job had printed the line that continues it."""
+        with self.cond:
+            return self.cond.wait_for(lambda: self.launched_jobs <= self.ended_jobs, timeout=timeout_s)
 
     def wait_settled(self, job: int) -> None:
         with self.cond:

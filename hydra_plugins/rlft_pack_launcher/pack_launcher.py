@@ -118,26 +118,24 @@ class PackLauncher(Launcher):
         sys.exit(0)
 
     def run_pack(self, pack: Any, configs: dict[int, DictConfig]) -> dict[int, JobReturn]:
-        """Every job of `pack` in its own thread, the shared roles started once all have reached them."""
+        """Every job of `pack` in its own thread, the shared roles started once all have reached them and closed once
+        all have ended (the pack's own record of its jobs, `Pack.wait_ended`, not Thread.join, which Ctrl-C can fool)."""
         returns: dict[int, JobReturn] = {}
-        threads = []
         try:
             for i, config in configs.items():
                 t = threading.Thread(target=self.run_one, args=(pack, i, config, returns), name=f"pack-job-{i}")
                 t.daemon = True
                 t.start()
-                threads.append(t)
+                pack.launched(i)
                 pack.wait_settled(i)
             pack.start()
-            for t in threads:
-                while t.is_alive():  # in slices: Ctrl-C and SIGTERM reach this thread between them
-                    t.join(timeout=0.5)
+            while not pack.wait_ended(timeout_s=0.5):  # in slices: Ctrl-C and SIGTERM reach this thread between them
+                pass
         except KeyboardInterrupt:
             pack.interrupt()
             sys.exit(INTERRUPTED)  # after the jobs have ended and the roles are closed (finally)
         finally:
-            for t in threads:
-                t.join()
+            pack.wait_ended()  # each job stops at its next call on the roles and prints how to continue it
             pack.close()
         if any(getattr(r, "exit_code", None) == INTERRUPTED for r in returns.values()):
             sys.exit(INTERRUPTED)

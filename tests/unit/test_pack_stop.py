@@ -1,0 +1,91 @@
+"""How a sweep pack stops (hydra/launcher=pack, rl/pack.py), without Ray or vLLM: on Ctrl-C or SIGTERM, whose
+KeyboardInterrupt reaches the launcher's thread while it waits for the jobs, every job ends with the line that
+continues it, and only then are the pack's roles closed. The same stop with real roles is the tier-2 interrupted
+sweep of tests/integration/test_packs.py."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from hydra_plugins.rlft_pack_launcher.pack_launcher import PackLauncher
+from rl import pack
+
+
+class RolelessPack(pack.Pack):
+    """A Pack with no roles: `start` hands each job an empty runtime; `close` and the launcher's waits once the pack
+    was stopped are recorded in `events`, beside what the fake jobs record."""
+
+    def __init__(self, jobs: list[int], log_dir):
+        super().__init__(jobs, log_dir)
+        self.events: list[str] = []
+        self.waited_after_stop = self.closed = False
+
+    def start(self) -> None:
+        with self.cond:
+            self.runtimes = dict.fromkeys(self.cfgs)
+            self.cond.notify_all()
+
+    def wait_ended(self, timeout_s: float | None = None) -> bool:
+        if self.stop.is_set():
+            with self.cond:
+                self.waited_after_stop = True
+                self.cond.notify_all()
+        return super().wait_ended(timeout_s)
+
+    def close(self) -> None:
+        with self.cond:
+            self.events.append("close")
+            self.closed = True
+            self.cond.notify_all()
+
+
+class FakeJobs(PackLauncher):
+    """The pack launcher with fake jobs: each joins the pack and, as train.py's job does, ends at the stop with its
+    `interrupted:` line (recorded in the pack's `events`). Job #1 stops the pack: SIGUSR1 to the launcher's thread
+    stands in for SIGTERM, whose handler raises KeyboardInterrupt there (rl/entry.py on_sigterm). Job #0 is the
+    slowest to end: still running when the launcher would close the pack if it did not wait for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[threading.Thread] = []
+
+    def run_one(self, p: RolelessPack, i: int, config, returns: dict) -> None:
+        self.threads.append(threading.current_thread())
+        try:
+            p.join(i, config)
+            if i == 1:
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+            p.stop.wait()  # its next call on the roles raises KeyboardInterrupt
+            if i == 0:
+                with p.cond:
+                    p.cond.wait_for(lambda: p.waited_after_stop or p.closed)
+            p.events.append(f"interrupted: #{i}")
+            returns[i] = SimpleNamespace(exit_code=130)
+        finally:
+            p.ended(i)
+
+
+def test_a_stopped_pack_closes_its_roles_only_once_every_job_has_printed_how_to_continue_it(tmp_path):
+    """A Ctrl-C or SIGTERM reaches the launcher's thread while it waits for the jobs (its KeyboardInterrupt raised
+    there): the pack stops every job, and closes its roles and exits 130 only after the last one has ended, the slow
+    one too (a wait that took the interrupted thread for ended would close the roles under it and lose its line)."""
+
+    def keyboard_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    launcher, p = FakeJobs(), RolelessPack([0, 1, 2], tmp_path)
+    before = signal.signal(signal.SIGUSR1, keyboard_interrupt)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            launcher.run_pack(p, {i: SimpleNamespace(job=i) for i in (0, 1, 2)})
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+        for t in launcher.threads:
+            t.join(timeout=60)
+    assert stopped.value.code == 130
+    assert sorted(p.events[:-1]) == ["interrupted: #0", "interrupted: #1", "interrupted: #2"]
+    assert p.events[-1] == "close"
