@@ -145,7 +145,10 @@ def interrupted(run_dir: Path, sweep_dir: str | None) -> NoReturn:
     args = [a for a in sys.argv[1:] if not a.startswith(moved)]
     place = f"hydra.sweep.dir={sweep_dir}" if sweep_dir else f"run.output_dir={run_dir}"
     command = shlex.join(["python", "train.py", *args, place, "run.resume=auto"])
-    print(f"interrupted: {run_dir}: {kept}; continue it with: {command}", file=sys.stderr, flush=True)
+    # one write, the newline with it: a pack's jobs stop together, and print's two writes (the text, then its end)
+    # would let a pack mate's line fall between them
+    sys.stderr.write(f"interrupted: {run_dir}: {kept}; continue it with: {command}\n")
+    sys.stderr.flush()
     sys.exit(INTERRUPTED)
 
 

@@ -6,13 +6,15 @@ sweep of tests/integration/test_packs.py."""
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from types import SimpleNamespace
 
 import pytest
 
-from hydra_plugins.rlft_pack_launcher.pack_launcher import PackLauncher
+from hydra_plugins.rlft_pack_launcher.pack_launcher import JobLabels, PackLauncher
 from rl import pack
+from train import interrupted
 
 
 class RolelessPack(pack.Pack):
@@ -89,3 +91,31 @@ def test_a_stopped_pack_closes_its_roles_only_once_every_job_has_printed_how_to_
     assert stopped.value.code == 130
     assert sorted(p.events[:-1]) == ["interrupted: #0", "interrupted: #1", "interrupted: #2"]
     assert p.events[-1] == "close"
+
+
+def test_an_interrupted_jobs_line_reaches_the_console_whole_in_one_labelled_write(tmp_path, monkeypatch):
+    """A pack's jobs stop together: each one's `interrupted:` line is one write, so a pack mate's line cannot fall
+    between its text and its newline (tests/integration/test_packs.py reads these lines back)."""
+
+    class Recorded:
+        def __init__(self):
+            self.writes: list[str] = []
+
+        def write(self, s: str) -> int:
+            self.writes.append(s)
+            return len(s)
+
+        def flush(self) -> None:
+            pass
+
+    console = Recorded()
+    labelled = JobLabels(console)
+    labelled.label("#2")
+    monkeypatch.setattr(sys, "stderr", labelled)
+    monkeypatch.setattr(sys, "argv", ["train.py", "-m", "run.seed=0,1", "hydra/launcher=pack"])
+    with pytest.raises(SystemExit) as stopped:
+        interrupted(tmp_path / "2", "/sweeps/a")
+    assert stopped.value.code == 130
+    command = "python train.py -m run.seed=0,1 hydra/launcher=pack hydra.sweep.dir=/sweeps/a run.resume=auto"
+    line = f"#2 | interrupted: {tmp_path / '2'}: it has no checkpoint yet, so it starts again from step 0; continue it"
+    assert console.writes == [f"{line} with: {command}\n"]
