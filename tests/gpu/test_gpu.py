@@ -271,11 +271,14 @@ def pack_of_two(model, tmp_path, backend: str) -> tuple[str, dict[str, list[dict
 
 def test_a_pack_of_two_trains_on_one_unsloth_learner_and_one_vllm_actor(model, tmp_path):
     """`hydra/launcher=pack`: two sweep jobs share one Unsloth 4-bit learner and one vLLM engine (a LoRA slot each);
-    each job syncs its own versions, the actor serves each job's own adapter (its probe within the floor), and the
-    job with algorithm.lr=0 keeps LoRA's initial B = 0 while its pack mate's adapter moves."""
-    _, rows = pack_of_two(model, tmp_path, "unsloth")
+    their steps are one grouped step (Unsloth's fused LoRA kernels switched off for the pack); each job syncs its own
+    versions, the actor serves each job's own adapter (its probe within the floor), and the job with algorithm.lr=0
+    keeps LoRA's initial B = 0 while its pack mate's adapter moves."""
+    stdout, rows = pack_of_two(model, tmp_path, "unsloth")
+    assert "one after another" not in stdout
     for train in rows.values():
         assert [r["sync/version"] for r in train] == [1.0, 2.0]
+        assert [r["pack/grouped_jobs"] for r in train] == [2.0, 2.0]
 
 
 def test_a_pack_of_two_with_the_peft_4bit_learner_trains_both_jobs_in_one_grouped_step(model, tmp_path):
