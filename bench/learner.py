@@ -7,6 +7,10 @@ Packed vs padded at a wide length spread:  python -m bench.learner --threads 1 -
     --sides ours_full,ours_shared,ours_packed,ours_packed_shared
 CUDA, random Qwen2.5-0.5B shape:  python -m bench.learner --device cuda --shape qwen2.5-0.5b --groups 16 \
     --prompt-len 128 --completion-len 20:1000 --micro-batch-tokens 16384 (add --packed-attention varlen|sdpa)
+A sweep pack's learner, grouped vs job after job:  python -m bench.learner --threads 1 --groups 2 --jobs 4 \
+    --sides ours_pack_grouped,ours_pack_each
+The same on CUDA:  python -m bench.learner --device cuda --shape qwen2.5-0.5b --groups 4 --jobs 4 \
+    --sides ours_pack_grouped,ours_pack_each
 
 Raw step: right-padded forward of prompt+completion, token-mean cross-entropy on the completion tokens (only
 their logits upcast to fp32, as ours), backward, grad-norm clip, AdamW step (a lean hand-written PEFT loop: no
@@ -19,7 +23,13 @@ metric costs), `ours_shared_sdpa` (ours_shared with SDPA everywhere instead of t
 for short sequences, rl/learner/attention.py). kl_coef=0 on our sides unless `--kl` (the demo's GRPO, 0.01, adds a
 no-grad reference forward; that is more work, not overhead). `--profile N` adds one profiled step per side and
 prints its top N ops by self time (CUDA time on a GPU), to see where a slow side's time goes. Tokens/s = prompt +
-completion tokens of the samples / step time, the same numerator for every side.
+completion tokens of the samples / step time, the same numerator for every side (a pack side: all N jobs' samples).
+Sweep-pack sides: `--jobs` N jobs as N LoRA adapters on one base (rl/runtime/packed.py PackedRole), built as
+`ours_full` (full rows, as the grouped step runs them) with run.seed=j and lr 1e-5*(j+1); a timed step is every
+job's step, each on samples of its own (the same shapes, seed j). `ours_pack_grouped` runs them as one grouped step
+(rl/learner/grouped.py: one forward and backward per micro-batch over every job's rows; the side fails, saying why,
+if the learner did not group them), `ours_pack_each` as N solo steps one after another; `pack_grouped_over_each`
+(each's step time over grouped's) is the grouped step's gain.
 Token ids are random (speed does not depend on them); lengths default to the demo's (8 prompts x 8 completions,
 57-token prompts, 10-40 tokens).
 
@@ -52,11 +62,11 @@ from bench.common import (
 )
 
 
-def make_samples(args):
+def make_samples(args, seed: int = 0):
     from rl.types import TrainSample
 
     lo, hi = (int(x) for x in args.completion_len.split(":"))
-    rng = random.Random(0)
+    rng = random.Random(seed)
     vocab = args.vocab
     out = []
     for _ in range(args.groups):
@@ -71,10 +81,9 @@ def make_samples(args):
 # ------------------------------------------------------------------------------------------------ ours
 
 
-def build_ours(args, path: str, *, share_prompt_prefix: bool, packed: bool = False):
-    """Our learner; returns an object whose `train_step(samples)` is timed."""
+def ours_args(args, path: str, *, share_prompt_prefix: bool, packed: bool = False, seed: int = 0, lr=None) -> dict:
+    """Our learner's constructor arguments for the bench's settings (`lr` None: the config's default)."""
     from rl.app import learner_args
-    from rl.learner import Learner
 
     cfg = learner_config(
         path,
@@ -85,11 +94,20 @@ def build_ours(args, path: str, *, share_prompt_prefix: bool, packed: bool = Fal
         f"learner.share_prompt_prefix={share_prompt_prefix}",
         f"cluster.use_gpu={args.device == 'cuda'}",
         f"algorithm.kl_coef={args.kl}",
+        *([f"algorithm.lr={lr}"] if lr is not None else []),
         rank=args.rank,
         dtype=args.dtype,
+        seed=seed,
         threads=args.threads,
     )
-    return Learner(**learner_args(cfg))
+    return learner_args(cfg)
+
+
+def build_ours(args, path: str, *, share_prompt_prefix: bool, packed: bool = False):
+    """Our learner; returns an object whose `train_step(samples)` is timed."""
+    from rl.learner import Learner
+
+    return Learner(**ours_args(args, path, share_prompt_prefix=share_prompt_prefix, packed=packed))
 
 
 def without_entropy_metric(learner):
@@ -99,6 +117,48 @@ def without_entropy_metric(learner):
     t = learner.algorithm.temperature
     learner._logprobs = lambda logits, targets: (token_logprobs(logits, targets, t), None)
     return learner
+
+
+# ------------------------------------------------------------------------------------------------ a pack's jobs
+
+PACK_SIDES = ("ours_pack_grouped", "ours_pack_each")
+
+
+def job_lr(job: int) -> float:
+    """Job `job`'s learning rate: each job its own, as a sweep's jobs differ."""
+    return 1e-5 * (job + 1)
+
+
+class PackSteps:
+    """A PackedRole learner of one job per `jobs` entry (constructor arguments); `train_step(batches)` steps job j on
+    `batches[j]`, all jobs in one grouped step (`grouped`) or one solo step per job, and returns one dict:
+    `train/micro_batches` (forwards per step: the jobs' most when grouped, their sum otherwise),
+    `pack/grouped_jobs` (the jobs that shared each forward) and the jobs' largest `memory/learner_peak_gb`."""
+
+    def __init__(self, jobs: list[dict], *, grouped: bool):
+        from rl.learner import Learner
+        from rl.runtime.packed import PackedRole
+
+        if len(jobs) < 2:
+            raise SystemExit(f"--jobs {len(jobs)}: the pack sides need at least 2 jobs (a grouped step of one is solo)")
+        self.role = PackedRole(Learner, jobs)
+        self.grouped = grouped
+
+    def train_step(self, batches: list[list]) -> dict[str, float]:
+        n = len(batches)
+        if self.grouped:
+            metrics = self.role.train_jobs([(job, (samples,)) for job, samples in enumerate(batches)])
+            shared = min(m["pack/grouped_jobs"] for m in metrics)
+            if shared != n:  # the learner stepped them one after another: the side would time the wrong thing
+                why = getattr(self.role.role, "grouped_refusal", None) or "no reason recorded"
+                raise SystemExit(f"ours_pack_grouped: the learner did not group the {n} jobs' steps: {why}")
+        else:
+            metrics = [self.role.on_job(job, "train_step", samples) for job, samples in enumerate(batches)]
+            shared = 1.0
+        forwards = [m.get("train/micro_batches", 0) for m in metrics]
+        out = {"train/micro_batches": max(forwards) if self.grouped else sum(forwards), "pack/grouped_jobs": shared}
+        peaks = [m["memory/learner_peak_gb"] for m in metrics if "memory/learner_peak_gb" in m]
+        return out | ({"memory/learner_peak_gb": max(peaks)} if peaks else {})
 
 
 # ------------------------------------------------------------------------------------------------ raw
@@ -173,12 +233,16 @@ SIDES = [
     "ours_packed_shared",
     "ours_full_no_entropy",
     "ours_shared_sdpa",
+    *PACK_SIDES,
 ]
 
 
 def build_side(side: str, args, path: str):
     if side == "raw":
         return build_raw(args, path)
+    if side in PACK_SIDES:  # full rows, as the grouped step runs them (rl/learner/grouped.py)
+        jobs = [ours_args(args, path, share_prompt_prefix=False, seed=j, lr=job_lr(j)) for j in range(args.jobs)]
+        return PackSteps(jobs, grouped=side == "ours_pack_grouped")
     packed = side.startswith("ours_packed")
     learner = build_ours(args, path, share_prompt_prefix="shared" in side, packed=packed)
     if side == "ours_shared_sdpa":  # the CPU learner's short-sequence eager attention off (rl/learner/attention.py)
@@ -200,21 +264,24 @@ def run_side(args) -> dict:
 
     path = model_path(args)
     args.vocab = min(AutoConfig.from_pretrained(path).vocab_size, 32000)
-    samples = make_samples(args)
+    pack = args.side in PACK_SIDES
+    # a pack side's step is every job's step, each on samples of its own (the same shapes, another seed)
+    work = [make_samples(args, seed=j) for j in range(args.jobs)] if pack else make_samples(args)
+    samples = [s for batch in work for s in batch] if pack else work
     before = machine()
     t0 = time.perf_counter()
     learner = build_side(args.side, args, path)
     build_s = time.perf_counter() - t0
-    steps = [learner.train_step(samples)]
+    steps = [learner.train_step(work)]
     _sync()
     step_s = []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
-        steps.append(learner.train_step(samples))
+        steps.append(learner.train_step(work))
         _sync()
         step_s.append(round(time.perf_counter() - t0, 3))
     metrics = steps[-1]
-    table = profiled_step(lambda: learner.train_step(samples), args.profile) if args.profile else None
+    table = profiled_step(lambda: learner.train_step(work), args.profile) if args.profile else None
     info = machine()
     info["load_avg_before"] = before["load_avg"]
     if args.device == "cuda":
@@ -225,6 +292,7 @@ def run_side(args) -> dict:
         "side": args.side,
         "model": args.shape or args.model,
         "backend": "peft",
+        "jobs": args.jobs if pack else 1,
         "samples": len(samples),
         "tokens": sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples),
         "completion_len": [min(completions), max(completions)],
@@ -237,6 +305,7 @@ def run_side(args) -> dict:
         "build_s": round(build_s, 1),
         "step_s": step_s,
         "micro_batches": metrics.get("train/micro_batches"),  # forwards per step (ours; None for raw)
+        **({"grouped_jobs": metrics["pack/grouped_jobs"]} if pack else {}),
         "machine": info,
         **({"profile": table} if table else {}),
     }
@@ -263,6 +332,7 @@ def compare(args) -> None:
         "packed_shared_over_packed": ("ours_packed_shared", "ours_packed"),
         "no_entropy_over_full": ("ours_full_no_entropy", "ours_full"),
         "short_eager_over_sdpa": ("ours_shared", "ours_shared_sdpa"),
+        "pack_grouped_over_each": ("ours_pack_grouped", "ours_pack_each"),  # the same tokens: each's s / grouped's
     }
     ratios = {k: round(tok[a] / tok[b], 2) for k, (a, b) in pairs.items() if a in tok and b in tok}
     first = next(iter(rows.values()))
@@ -271,15 +341,17 @@ def compare(args) -> None:
     lo, hi = first["completion_len"]
     cells = "; ".join(f"{side} {show_spread(row['tokens_per_s'], ' tok/s')}" for side, row in rows.items())
     shown = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+    pack = f", pack sides: {args.jobs} jobs of their own samples" if any(s in rows for s in PACK_SIDES) else ""
     print(
-        f"| learner step: {first['model']} peft {args.dtype}, {first['samples']} samples ({args.groups} prompts x "
+        f"| learner step: {first['model']} peft {args.dtype}, {args.groups * args.group_size} samples{pack} "
+        f"({args.groups} prompts x "
         f"{args.group_size}, {args.prompt_len}-token prompts, completions {lo}-{hi}), LoRA r={args.rank}, "
         f"micro-batch {args.micro_batch_size} seqs / {args.micro_batch_tokens} tokens packed | {cells} | "
         f"**{shown or 'one side: no ratio'}** | {machine_label(first['machine'])} |"
     )
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_args(ap)
     ap.add_argument("--groups", type=int, default=8)
@@ -291,13 +363,18 @@ def main() -> None:
     ap.add_argument("--micro-batch-size", type=int, default=16, help="padded sides: sequences per micro-batch")
     ap.add_argument("--micro-batch-tokens", type=int, default=4096, help="packed sides: tokens per row")
     ap.add_argument("--packed-attention", default="auto", choices=["auto", "sdpa", "varlen"])
+    ap.add_argument("--jobs", type=int, default=4, help="pack sides: jobs (adapters) stepped per timed step")
     ap.add_argument("--repeats", type=int, default=3, help="timed steps per side (after one warm-up)")
     ap.add_argument("--sides", default="raw,ours_full,ours_shared,ours_packed,ours_packed_shared")
     ap.add_argument("--kl", type=float, default=0.0, help="our sides' KL coefficient (>0 adds the reference forward)")
     ap.add_argument("--probe-entropy", action="store_true", help="also time ours_full without the entropy metric")
     ap.add_argument("--profile", type=int, default=0, help="also profile one step per side: the top N ops by self time")
     ap.add_argument("--side", choices=SIDES, default=None, help="run one side in this process")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.side is None:
         if args.probe_entropy and "ours_full_no_entropy" not in args.sides:
             args.sides += ",ours_full_no_entropy"
