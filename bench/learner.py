@@ -145,9 +145,14 @@ class PackSteps:
         self.grouped = grouped
 
     def train_step(self, batches: list[list]) -> dict[str, float]:
+        from rl.types import JobError
+
         n = len(batches)
         if self.grouped:
             metrics = self.role.train_jobs([(job, (samples,)) for job, samples in enumerate(batches)])
+            for m in metrics:
+                if isinstance(m, JobError):  # a job's step raised: the bench stops with its error
+                    raise m.error
             shared = min(m["pack/grouped_jobs"] for m in metrics)
             if shared != n:  # the learner stepped them one after another: the side would time the wrong thing
                 why = getattr(self.role.role, "grouped_refusal", None) or "no reason recorded"

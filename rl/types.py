@@ -149,3 +149,12 @@ class EpisodeSpec:
     use_chat_template: bool  # env messages are rendered with the chat template (else joined by newlines)
     # model.max_prompt_tokens: an agent's first prompt at most (rl/rollout/agents.py); None (a spec built by hand): no bound
     max_prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class JobError:
+    """A sweep pack job's part of a merged call that raised (its learner step, rl/learner/grouped.py): the job's
+    own call raises `error` in its thread (rl/runtime/packed.py JobGroup.result), so the job fails alone while its
+    pack mates get their results."""
+
+    error: Exception

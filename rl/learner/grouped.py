@@ -35,6 +35,7 @@ torch's RNG, so each job's RNG state stays as its solo step leaves it.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,7 +50,9 @@ from rl.learner import packing
 from rl.learner.batching import Batcher, position_logprobs
 from rl.learner.loss import entropy_use, micro_batch_loss, micro_batch_weight
 from rl.learner.models import plain_lora_forwards
-from rl.types import TrainSample
+from rl.types import JobError, TrainSample
+
+log = logging.getLogger(__name__)
 
 
 class JobStep(Protocol):
@@ -214,13 +217,42 @@ class _Plan:
     tokens: int = 0
 
 
-def train_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[dict[str, float]]:
+def train_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[dict[str, float] | JobError]:
     """Each job's `train_step(job.samples)` as described at the top, in one forward and backward per grouped
     micro-batch; job after job where `model_refusal` says why. Each job's metrics are its solo step's keys plus
-    `pack/grouped_jobs` (the jobs that shared the forward)."""
+    `pack/grouped_jobs` (the jobs that shared the forward); a job whose step raised gets its error (JobError), which
+    its own call raises, and its pack mates their metrics."""
     if len(jobs) < 2 or prepare(learner) is not None:
         return [_alone(learner, job) for job in jobs]
     t0 = time.perf_counter()
+    try:
+        plans = _forward_backward(learner, jobs)
+    except Exception as e:
+        # no job's state has changed yet (its adapter, optimizer and version change in finish_step): each job's
+        # step alone instead, so that a job whose samples or loss raise fails alone and its pack mates go on
+        log.warning("the grouped learner step failed (%s); this step runs its jobs one after another", e)
+        return [_alone(learner, job) for job in jobs]
+    out: list[dict[str, float] | JobError] = []
+    for job, p in zip(jobs, plans):
+        job.enter()
+        try:
+            params = dict(learner.model.named_parameters())
+            for n, leaf in p.leaves.items():  # the job's own Parameters now hold its storage: its optimizer's keys
+                params[n].grad = leaf.grad
+            # time/learn_s (and the tokens/s over it): the grouped step's time up to this job's optimizer step
+            metrics = learner.finish_step(p.total_loss, p.sums, p.n_signal, len(p.batches), p.tokens, t0)
+        except Exception as e:  # this job's own step (its clipping, optimizer, metrics): it fails alone
+            out.append(JobError(e))
+            continue
+        finally:
+            job.leave()
+        out.append(metrics | {"pack/grouped_jobs": float(len(jobs))})
+    return out
+
+
+def _forward_backward(learner: Any, jobs: Sequence[JobStep]) -> list[_Plan]:
+    """Every job's plan (samples, micro-batches, factors as leaves) and the grouped forwards and backwards, which
+    leave each job's gradients on its leaves; nothing of a job's own state changes."""
     plans = []
     for job in jobs:
         job.enter()
@@ -273,25 +305,15 @@ def train_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[dict[str, float
                 p.tokens += n_positions  # the forward's positions in the job's rows
             assert isinstance(total, torch.Tensor)
             total.backward()  # each job's factors get the gradient of its own loss only
-    out = []
-    for job, p in zip(jobs, plans):
-        job.enter()
-        try:
-            params = dict(learner.model.named_parameters())
-            for n, leaf in p.leaves.items():  # the job's own Parameters now hold its storage: its optimizer's keys
-                params[n].grad = leaf.grad
-            # time/learn_s (and the tokens/s over it): the grouped step's time up to this job's optimizer step
-            metrics = learner.finish_step(p.total_loss, p.sums, p.n_signal, len(p.batches), p.tokens, t0)
-        finally:
-            job.leave()
-        out.append(metrics | {"pack/grouped_jobs": float(len(jobs))})
-    return out
+    return plans
 
 
-def _alone(learner: Any, job: JobStep) -> dict[str, float]:
+def _alone(learner: Any, job: JobStep) -> dict[str, float] | JobError:
     job.enter()
     try:
         return learner.train_step(job.samples) | {"pack/grouped_jobs": 1.0}
+    except Exception as e:  # raised in the job's own thread (JobGroup.result), its pack mates unaffected
+        return JobError(e)
     finally:
         job.leave()
 

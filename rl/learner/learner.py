@@ -26,7 +26,7 @@ from rl.learner.batching import Batcher, loss_tokens, to_host
 from rl.learner.loss import entropy_use, micro_batch_loss, micro_batch_weight
 from rl.learner.models import load_policy
 from rl.learner.parallel import DataParallel
-from rl.types import Adapter, PromptRollout, Sampling, TrainSample
+from rl.types import Adapter, JobError, PromptRollout, Sampling, TrainSample
 
 
 def shares_prompt(packed: bool, checkpointing: bool, device: torch.device) -> bool:
@@ -143,8 +143,9 @@ class Learner:
         self.seed, self.version, self._gen_rng = seed, 0, None
         self._use_algorithm(algorithm)
 
-    def train_grouped(self, jobs: list) -> list[dict[str, float]]:
-        """Several pack jobs' steps in one forward and backward per micro-batch (rl/learner/grouped.py)."""
+    def train_grouped(self, jobs: list) -> list[dict[str, float] | JobError]:
+        """Several pack jobs' steps in one forward and backward per micro-batch (rl/learner/grouped.py); a job whose
+        step raised gets its JobError."""
         return grouped.train_grouped(self, jobs)
 
     def _batcher(self, packed: str | None) -> Batcher:

@@ -27,6 +27,7 @@ import torch
 
 from rl.runtime.groups import Group, Handle, broadcast_shared, call_each, method_name
 from rl.runtime.roles import Method, P, R, T
+from rl.types import JobError
 
 
 class PackSlots(Protocol):
@@ -262,7 +263,10 @@ class JobGroup(Generic[R]):
             assert self.gather is not None
             sent = self.gather.sent(ticket)
             assert sent is not None
-            return self.inner.result(sent)[ticket.position]
+            mine = self.inner.result(sent)[ticket.position]
+            if isinstance(mine, JobError):
+                raise mine.error
+            return mine
         return self.inner.result(handle)
 
     def wait(self, handles: list[Handle[Any]], timeout_s: float) -> list[int]:

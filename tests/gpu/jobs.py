@@ -394,7 +394,7 @@ def grouped_vs_alone(model: str, kind: str, samples_per_job: int = 64, steps: in
     from rl.learner import Learner
     from rl.learner.models import plain_lora_forwards
     from rl.runtime.packed import PackedRole
-    from rl.types import TrainSample
+    from rl.types import JobError, TrainSample
 
     lrs = (1e-4, 3e-4, 0.0)
     keys = [k for k in COMMON if not k.startswith("algorithm.lr")] + LEARNER[kind] + ["learner.micro_batch_size=32"]
@@ -430,6 +430,9 @@ def grouped_vs_alone(model: str, kind: str, samples_per_job: int = 64, steps: in
             t0 = time.perf_counter()
             if way == "grouped":
                 metrics = role.train_jobs([(j, (b,)) for j, b in enumerate(batches)])
+                for m in metrics:
+                    if isinstance(m, JobError):
+                        raise m.error
                 grouped_jobs = [m["pack/grouped_jobs"] for m in metrics]
             else:
                 metrics = [role.on_job(j, "train_step", b) for j, b in enumerate(batches)]

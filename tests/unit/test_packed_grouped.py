@@ -19,6 +19,7 @@ from rl.learner import Learner
 from rl.runtime.groups import LocalGroup
 from rl.runtime.packed import Gather, JobGroup, Merge, PackedRole
 from rl.runtime.roles import RolloutActor
+from rl.types import JobError
 from tests.fakes import FakeMergingEngine
 from tests.helpers import LEARNER_TEST_OVERRIDES, make_samples, run_spec, typed_config
 
@@ -166,16 +167,45 @@ def test_a_bf16_learners_grouped_step_rounds_each_lora_layer_as_the_layer_does(t
         assert_same_job(grouped, alone, job, 1e-5, 1e-6)
 
 
-def test_the_lora_layers_forward_is_their_own_again_after_a_failed_grouped_step(tiny_model):
-    role = shared_learner(tiny_model, JOBS[:2], *PADDED)
+def test_a_job_whose_step_raises_fails_alone_and_its_mates_step_as_alone(tiny_model):
+    """A malformed sample of job 1 makes the grouped step raise mid-forward: no job's state had changed, so the step
+    runs its jobs one after another; job 1 gets its error (raised in its own thread by JobGroup.result), job 0 its
+    solo step; the LoRA layers' own forward is back."""
+    grouped, alone = shared_learner(tiny_model, JOBS[:2], *PADDED), shared_learner(tiny_model, JOBS[:2], *PADDED)
     batches = batches_for(0)[:2]
-    batches[1][0].old_logprobs = []  # a malformed sample: the step raises in the middle of the forward
-    with pytest.raises(RuntimeError):
-        role.train_jobs([(j, (s,)) for j, s in enumerate(batches)])
+    batches[1][0].old_logprobs = []
+    got = grouped.train_jobs([(j, (s,)) for j, s in enumerate(batches)])
+    assert isinstance(got[1], JobError) and isinstance(got[1].error, Exception)
+    want = alone.on_job(0, "train_step", batches[0])
+    assert got[0]["pack/grouped_jobs"] == 1.0
+    assert_same_metrics(got[0], want, 1e-6)
+    assert_same_job(grouped, alone, 0, 1e-6, 1e-7)
     from peft.tuners.lora import LoraLayer
 
-    layers = [m for m in role.role.model.modules() if isinstance(m, LoraLayer)]
+    layers = [m for m in grouped.role.model.modules() if isinstance(m, LoraLayer)]
     assert layers and not any("forward" in m.__dict__ for m in layers)
+
+
+def test_a_jobs_error_from_a_merged_call_is_raised_in_that_jobs_thread_alone():
+    """JobGroup.result on a merged call (a Gather's ticket): a JobError in a job's place is raised for that job;
+    its mate gets its result."""
+
+    class Merging:
+        def train_step(self, samples):
+            raise AssertionError("merged calls only")
+
+    class Role:
+        def train_jobs(self, calls):
+            return [JobError(ValueError("job 1's loss")) if job == 1 else f"metrics {job}" for job, _ in calls]
+
+    inner = LocalGroup([Role()])
+    gather = Gather(inner, [0, 1], Merge("train_step", Role.train_jobs, 1))
+    stop = threading.Event()
+    views: list[JobGroup] = [JobGroup(inner, job, stop, gather) for job in (0, 1)]
+    handles = [v.submit(0, Merging.train_step, [job]) for job, v in enumerate(views)]
+    assert views[0].result(handles[0]) == "metrics 0"
+    with pytest.raises(ValueError, match="job 1's loss"):
+        views[1].result(handles[1])
 
 
 @pytest.mark.parametrize("sizes", [[2, 2, 2], [1, 3, 2], [3, 0, 3]], ids=["equal", "unequal", "one_absent"])
