@@ -149,10 +149,9 @@ class PackSteps:
 
         n = len(batches)
         if self.grouped:
-            metrics = self.role.train_jobs([(job, (samples,)) for job, samples in enumerate(batches)])
-            for m in metrics:
-                if isinstance(m, JobError):  # a job's step raised: the bench stops with its error
-                    raise m.error
+            # a job's step that raised stops the bench with its error
+            results = self.role.train_jobs([(job, (samples,)) for job, samples in enumerate(batches)])
+            metrics = [JobError.unwrap(m) for m in results]
             shared = min(m["pack/grouped_jobs"] for m in metrics)
             if shared != n:  # the learner stepped them one after another: the side would time the wrong thing
                 why = getattr(self.role.role, "grouped_refusal", None) or "no reason recorded"

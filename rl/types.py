@@ -158,3 +158,10 @@ class JobError:
     pack mates get their results."""
 
     error: Exception
+
+    @staticmethod
+    def unwrap(value: Any) -> Any:
+        """`value`, a job's part of a merged call's results; its error raised where it is a JobError."""
+        if isinstance(value, JobError):
+            raise value.error
+        return value

@@ -263,10 +263,7 @@ class JobGroup(Generic[R]):
             assert self.gather is not None
             sent = self.gather.sent(ticket)
             assert sent is not None
-            mine = self.inner.result(sent)[ticket.position]
-            if isinstance(mine, JobError):
-                raise mine.error
-            return mine
+            return JobError.unwrap(self.inner.result(sent)[ticket.position])
         return self.inner.result(handle)
 
     def wait(self, handles: list[Handle[Any]], timeout_s: float) -> list[int]:

@@ -429,10 +429,7 @@ def grouped_vs_alone(model: str, kind: str, samples_per_job: int = 64, steps: in
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             if way == "grouped":
-                metrics = role.train_jobs([(j, (b,)) for j, b in enumerate(batches)])
-                for m in metrics:
-                    if isinstance(m, JobError):
-                        raise m.error
+                metrics = [JobError.unwrap(m) for m in role.train_jobs([(j, (b,)) for j, b in enumerate(batches)])]
                 grouped_jobs = [m["pack/grouped_jobs"] for m in metrics]
             else:
                 metrics = [role.on_job(j, "train_step", b) for j, b in enumerate(batches)]
