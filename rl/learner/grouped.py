@@ -236,7 +236,7 @@ def train_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[dict[str, float
     for job, p in zip(jobs, plans):
         job.enter()
         try:
-            params = dict(learner.model.named_parameters())
+            params = learner.pack_tensors()
             for n, leaf in p.leaves.items():  # the job's own Parameters now hold its storage: its optimizer's keys
                 params[n].grad = leaf.grad
             # time/learn_s (and the tokens/s over it): the grouped step's time up to this job's optimizer step

@@ -106,6 +106,7 @@ class Learner:
         self.dp = DataParallel(self.device)
         self._ipc = export.IpcExport()
         self._gen_rng: torch.Generator | None = None  # learner generation's seed draws, made at its first use
+        self._pack_tensors: dict[str, torch.Tensor] | None = None  # pack_tensors, listed at its first use
 
     def _use_algorithm(self, a: AlgorithmConfig) -> None:
         """The optimizer over the trainable parameters and the loss of the `algorithm` group `a`."""
@@ -127,7 +128,11 @@ class Learner:
         return ("algorithm", "optimizer", "loss_fn", "agg_fn", "agg_unit", "version", "seed", "_gen_rng")
 
     def pack_tensors(self) -> dict[str, torch.Tensor]:
-        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        # the same Parameters for the learner's life (a pack swaps their storage): listed once, as walking the
+        # model's modules on every swap costs a grouped step of 8 jobs about a second of host time on a GPU
+        if self._pack_tensors is None:
+            self._pack_tensors = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        return self._pack_tensors
 
     def add_job(self, job: int, *, algorithm: AlgorithmConfig, seed: int, **shared: object) -> None:
         """Job `job`'s adapter starts as a solo run's: the starting adapter (model.init_adapter), else LoRA's own
