@@ -172,6 +172,7 @@ def estimate_memory(
         gpu_memory_utilization=gpu_memory_utilization,
         lora_params=lora_slot,
         in_4bit=actor_in_4bit,
+        batches=pack_jobs,
     )
     return {"actor": actor, "learner": learner}
 
@@ -217,10 +218,12 @@ def engine_memory(
     gpu_memory_utilization: float,
     lora_params: int = 0,
     in_4bit: bool = False,
+    batches: int = 1,
 ) -> RoleMemory:
     """Memory of one vLLM engine (a rollout actor, or a judge/teacher engine): its share of the device, the weights,
     a LoRA slot of `lora_params` parameters (0: none, or merged into the weights), the profiling peak on a GPU, and
-    the KV cache the rest leaves, against the `sequences` x `seq_len` tokens it is asked to hold at once."""
+    the KV cache the rest leaves, against the `sequences` x `seq_len` tokens it is asked to hold at once. `batches`: a
+    pack's jobs, whose engine runs that many times vLLM's default sequences (rl/rollout/vllm.py pack_batch_limits)."""
     eng, b, weights = engine_weights(keys.role, shape, dtype, in_4bit, lora_params)
     kv_token = shape.kv_bytes_per_token(b)
     kv_needed = sequences * seq_len * kv_token
@@ -228,7 +231,7 @@ def engine_memory(
         tp = max(1, math.ceil(gpus))
         reserved = gpu_memory_utilization * device_bytes * tp
         profile = VLLM_PROFILE_TOKENS * (2 * shape.intermediate + 4 * shape.hidden) * b
-        eng.parts["activations (vLLM profile peak)"] = profile + VLLM_PROFILE_SEQS * shape.vocab * 4
+        eng.parts["activations (vLLM profile peak)"] = profile + batches * VLLM_PROFILE_SEQS * shape.vocab * 4
         kv = reserved - eng.total
         eng.budget = reserved
         eng.notes.append(

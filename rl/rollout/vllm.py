@@ -52,6 +52,8 @@ def engine_kwargs(m: ModelConfig, c: ClusterConfig, *, max_seq_length: int, seed
     )
     if c.lora_mode == LoraMode.native:
         kwargs.update(enable_lora=True, max_lora_rank=lora_slot_rank(m.lora_rank), max_loras=lora_slots)
+    if lora_slots > 1:
+        kwargs.update(pack_batch_limits(lora_slots, c.tensor_parallel_size, max_seq_length))
     if m.load_in_4bit and m.actor_base == ActorBase.quantized:
         # vLLM quantizes each weight on load with bitsandbytes' quantize_4bit, NF4 and nested absmax: the settings
         # of the learner's BitsAndBytesConfig (rl/learner/models.py), so the same input gives the same codes
@@ -70,6 +72,21 @@ def engine_kwargs(m: ModelConfig, c: ClusterConfig, *, max_seq_length: int, seed
         # offset"): the engine dies. Without chunking a prompt is prefilled whole, in one step.
         kwargs.update(enable_chunked_prefill=False)
     return kwargs
+
+
+def pack_batch_limits(jobs: int, world_size: int, max_seq_length: int) -> dict:
+    """A pack's engine runs each job's batch at once, as each job's solo engine would: vLLM's default number of
+    running sequences for this device (`max_num_seqs`: 1024 on an H100 or H200) times the jobs. At the default a
+    pack of 8 jobs of 512 samples decoded in four waves, one after another, where its solo runs take one each."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    tokens, seqs = EngineArgs.get_batch_defaults(world_size)
+    n = jobs * seqs.get(UsageContext.LLM_CLASS, 256)
+    limits = {"max_num_seqs": n}
+    if n > tokens.get(UsageContext.LLM_CLASS, 8192):  # vLLM: a step's tokens at least its sequences
+        limits["max_num_batched_tokens"] = max(n, max_seq_length)
+    return limits
 
 
 def _not_the_lora_tokenizer_notice(record) -> bool:

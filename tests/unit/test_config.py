@@ -322,6 +322,27 @@ def test_native_lora_slots_take_a_rank_vllm_allows(tmp_path):
     assert actor.parts["LoRA slot"] == shape.lora_params(8, list(cfg.model.lora_targets)) * 2  # the plan counts it too
 
 
+def test_a_packs_engine_runs_every_jobs_batch_at_once(tmp_path):
+    """A pack of N jobs serves N adapter slots and admits N times vLLM's default running sequences for the device,
+    so that N batches the size of a solo run's decode together (at the default they queued in waves); a solo engine
+    keeps vLLM's default (test_plan.py: the plan counts the larger profiling batch)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    from rl.rollout.vllm import engine_kwargs
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    cfg = specs.from_overrides(str(model), "cluster.lora_mode=native")
+    seqs = EngineArgs.get_batch_defaults(1)[1][UsageContext.LLM_CLASS]
+    solo = engine_kwargs(cfg.model, cfg.cluster, max_seq_length=cfg.max_seq_length, seed=0)
+    pack = engine_kwargs(cfg.model, cfg.cluster, max_seq_length=cfg.max_seq_length, seed=0, lora_slots=8)
+    assert "max_num_seqs" not in solo and pack["max_loras"] == 8 and pack["max_num_seqs"] == 8 * seqs
+    big = engine_kwargs(cfg.model, cfg.cluster, max_seq_length=cfg.max_seq_length, seed=0, lora_slots=64)
+    assert big["max_num_batched_tokens"] >= big["max_num_seqs"] == 64 * seqs  # vLLM refuses fewer tokens than seqs
+
+
 def test_quantized_actors_load_the_model_in_nf4_with_native_lora(tmp_path):
     """model.actor_base=quantized: the actors load model.path and vLLM quantizes it to NF4 (engine argument
     quantization=bitsandbytes), with vLLM's LoRA (auto -> native: nothing can be merged into NF4 weights); the plan

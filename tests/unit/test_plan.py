@@ -388,6 +388,15 @@ def test_cpu_plan_reserves_the_teachers_cpus_and_names_their_memory_key(tmp_path
     assert "teacher" not in plan.format_plan(cfg)[0]
 
 
+def test_a_packs_engine_profiles_every_jobs_batch():
+    """A pack's engine runs each job's batch at once (rl/rollout/vllm.py pack_batch_limits): vLLM's profiling run
+    then computes the last-token logits of that many sequences, times the jobs."""
+    shape = shapes.ModelShape.from_hf_config(QWEN_05B)
+    key = "activations (vLLM profile peak)"
+    one, four = (estimate(shape, pack_jobs=n)["actor"].parts[key] for n in (1, 4))
+    assert four - one == 3 * memory.VLLM_PROFILE_SEQS * shape.vocab * 4
+
+
 @pytest.mark.parametrize("tokens", [0, 4096], ids=["padded", "packed"])
 def test_a_pack_whose_learner_groups_its_jobs_counts_every_jobs_gradients_and_rows(tokens):
     """A sweep pack's grouped learner step (rl/learner/grouped.py) holds every job's gradients and one micro-batch of
