@@ -19,7 +19,7 @@ from pathlib import Path
 from bench.common import REPO, machine
 
 FOLDER = re.compile(r"(?P<side>[^-]+)-(?P<repeat>\d+)(?:-part(?P<k>\d+)of(?P<m>\d+))?")  # Part.folder's names
-COMMIT_ENV = "RLFT_COMMIT"  # the commit a part ran at where its machine has no git (the lent GPU machine's copy)
+COMMIT_ENV = "RLFT_COMMIT"  # the commit a part ran at, where the machine's git does not know it (the lent GPU machine)
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,10 @@ def device_of(info: dict) -> str:
 
 
 def where_run() -> dict:
-    """This machine (bench.common machine()), its commit from $RLFT_COMMIT where it has no git."""
+    """This machine (bench.common machine()), its commit $RLFT_COMMIT where that is set: the lent GPU machine's copy
+    of the working tree may sit in a git checkout of another commit (there, the last landed one), not what ran."""
     info = machine()
-    info["commit"] = info["commit"] or os.environ.get(COMMIT_ENV, "")
+    info["commit"] = os.environ.get(COMMIT_ENV) or info["commit"]
     return info
 
 

@@ -217,3 +217,15 @@ def test_a_pack_side_named_each_or_grouped_sets_how_its_learner_steps(gpu, tmp_p
     assert not any("grouped_learner" in a for a in packs.train_args("pack8", tmp_path, args))
     with pytest.raises(SystemExit, match="pack8-all is not sequential, pack<k>, pack<k>-each or pack<k>-grouped"):
         packs.sides(packs.parser().parse_args(["--sides", "pack8-all"]), len(listed))
+
+
+def test_a_part_records_the_commit_it_was_told_over_the_machines_git(monkeypatch):
+    """The lent GPU machine's copy of the working tree can sit in a checkout of another commit: $RLFT_COMMIT, set by
+    bench/gpu/packs.sh from COMMIT=, names what ran; without it the machine's own git does."""
+    from bench.common import machine
+    from bench.packs_parts import COMMIT_ENV, where_run
+
+    monkeypatch.delenv(COMMIT_ENV, raising=False)
+    assert where_run()["commit"] == machine()["commit"]
+    monkeypatch.setenv(COMMIT_ENV, "abc1234")
+    assert where_run()["commit"] == "abc1234"
