@@ -118,19 +118,23 @@ def train(
     step = start
     try:
         for step in range(start, steps + 1):
-            t_step = time.perf_counter()
+            t_step, t_probe = time.perf_counter(), 0.0
             if isinstance(data, Demonstrations):
                 samples, m = data.next(cfg.run.prompts_per_step)
             else:
                 batch = data.next(step)  # generate (or collect what was sent ahead) + score + dynamic sampling
+                t = time.perf_counter()
                 m = probe.collect()  # the previous sync's probe, when it was read late (staleness > 0)
+                t_probe = time.perf_counter() - t
                 samples, sm = prepare(cfg, runtime, tokenizer, batch, step, logger)  # shaping -> advantages -> masks
-                m |= sm
+                m |= sm | {"time/prepare_s": time.perf_counter() - t - t_probe}
             # a continuous rollout keeps its actors fed while the learners step
             m |= learn(runtime, samples, a.updates_per_step, data.pump)
             nonfinite = count_nonfinite(m, nonfinite, step, cfg)
             m |= runtime.sync()
+            t = time.perf_counter()
             m |= probe.after_sync(step, last=step == steps)
+            m["time/probe_s"] = t_probe + time.perf_counter() - t  # the sync probe's calls and its wait for them
             m |= throughput(m, samples, time.perf_counter() - t_step)
             m |= runtime.pop_idle(m["time/step_s"])
             if cfg.eval.size and cfg.eval.interval and step % cfg.eval.interval == 0 and step != steps:

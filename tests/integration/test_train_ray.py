@@ -16,6 +16,10 @@ def test_two_steps_on_ray_with_vllm(tiny_model, tmp_path):
     steps = check_trained(out)
     # the learner's own part of the export is inside the driver's view of it, which is inside the whole sync
     assert 0 < steps[0]["time/sync_learner_export_s"] <= steps[0]["time/sync_export_s"] <= steps[0]["time/sync_s"]
+    # the step's parts, the driver's own (prepare) and the sync probe's included, are within the step
+    for s in steps:
+        parts = ("rollout", "reward", "prepare", "learn", "sync", "probe")
+        assert s["time/probe_s"] > 0 and sum(s[f"time/{p}_s"] for p in parts) <= s["time/step_s"]
     assert "step 2/2" in proc.stdout
 
 
