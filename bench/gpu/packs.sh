@@ -11,8 +11,9 @@
 # result.json, console.log, each job's summary.json, metrics.jsonl and .hydra/; no adapters, checkpoints or rollout
 # dumps; a cut part as PART-cut.tar.gz, never unpacked again) with the table in $OUT/packs/report.txt. Put the
 # tarballs in .packs-carry/ on the CPU machine and name .packs-carry in the next call's `carry`. COMMIT=<hash> names
-# the commit the call runs (the machine's copy has no git). The result line is appended by `report` on the CPU
-# machine once every side is whole (there: PY=.venv/bin/python bash bench/gpu/packs.sh report).
+# the commit the call runs (the machine's git names another: its copy sits in a checkout of the last landed commit).
+# The result line is appended by `report` on the CPU machine once every side is whole (there: PY=.venv/bin/python bash
+# bench/gpu/packs.sh report).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 usage="usage: bash bench/gpu/packs.sh sequential|pack2|pack4|pack8 [K/M] [bench.packs args] | report [args]"
