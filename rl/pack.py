@@ -32,7 +32,7 @@ from rl.config.schema import TrainConfig
 from rl.errors import RoleStartFailed, StartupError
 from rl.learner.grouped import refusal as grouped_refusal
 from rl.resolve import resolve_cpu_threads, resolve_learner_backend
-from rl.runtime.packed import TRAIN, Gather, JobGroup
+from rl.runtime.packed import TRAIN, BusyClock, Gather, JobGroup
 from rl.runtime.roles import Learner, RolloutActor
 from rl.runtime.runtime import Runtime
 
@@ -224,9 +224,10 @@ class Pack:
             else:
                 print(f"pack: the learner steps the jobs one after another ({why})", flush=True)
             runtimes = {}
+            busy = BusyClock(shared.actors), BusyClock(shared.learners)
             for slot, (job, cfg) in enumerate(zip(jobs, cfgs)):
-                actors: JobGroup[RolloutActor] = JobGroup(shared.actors, slot, self.stop, self.gather)
-                learners: JobGroup[Learner] = JobGroup(shared.learners, slot, self.stop, self.train_gather)
+                actors: JobGroup[RolloutActor] = JobGroup(shared.actors, slot, self.stop, self.gather, busy[0])
+                learners: JobGroup[Learner] = JobGroup(shared.learners, slot, self.stop, self.train_gather, busy[1])
                 episodes = cfg.episodes is not None
                 runtimes[job] = Runtime(actors, learners, cfg.cluster, None, episodes=episodes)
         except BaseException as e:

@@ -238,13 +238,36 @@ class Gather:
             return ticket.handle
 
 
+class BusyClock:
+    """The busy time of a pack's shared group, counted once for all its jobs (`read`: the member-seconds collected
+    so far), so that each job's view reports how much of it passed since that job last asked: each job's idle
+    fractions are then the shared roles' over its own step, where the first job to ask took it all."""
+
+    def __init__(self, inner: Group[Any]):
+        self.inner, self.total, self.lock = inner, 0.0, threading.Lock()
+
+    def read(self) -> float:
+        with self.lock:
+            self.total += self.inner.pop_busy_s()
+            return self.total
+
+
 class JobGroup(Generic[R]):
     """Job `job`'s view of a group of PackedRoles (in this process or Ray actors): the Group interface, each call
     sent to `PackedRole.on_job`, and single-turn generate calls through the pack's `gather` when it has one.
-    Closing it leaves the shared roles running (the pack closes them)."""
+    `clock`: the busy time of `inner`, shared by the pack's views of it. Closing it leaves the shared roles running
+    (the pack closes them)."""
 
-    def __init__(self, inner: Group[Any], job: int, stop: threading.Event, gather: Gather | None = None):
+    def __init__(
+        self,
+        inner: Group[Any],
+        job: int,
+        stop: threading.Event,
+        gather: Gather | None = None,
+        clock: BusyClock | None = None,
+    ):
         self.inner, self.job, self.stop, self.gather = inner, job, stop, gather  # gather: on this same `inner`
+        self.clock, self.busy_seen = clock or BusyClock(inner), 0.0
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -294,9 +317,10 @@ class JobGroup(Generic[R]):
         return broadcast_shared(self, method, *args, **kwargs)
 
     def pop_busy_s(self) -> float:
-        """The shared members' busy time since the last pop, whichever job pops it (a pack's idle fractions are the
-        shared roles')."""
-        return self.inner.pop_busy_s()
+        """The shared members' busy time since this job's last pop, whichever job's calls it was."""
+        total = self.clock.read()
+        busy, self.busy_seen = total - self.busy_seen, total
+        return busy
 
     def close(self) -> None:
         pass

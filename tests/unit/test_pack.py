@@ -14,7 +14,7 @@ import pytest
 from rl import pack
 from rl.errors import StartupError
 from rl.runtime.groups import LocalGroup
-from rl.runtime.packed import Gather, JobGroup, PackedRole
+from rl.runtime.packed import BusyClock, Gather, JobGroup, PackedRole
 from rl.runtime.roles import RolloutActor
 from tests.fakes import FakeMergingEngine, FakePackedRole
 from tests.helpers import run_train, typed_config
@@ -240,6 +240,23 @@ def test_a_failed_call_keeps_what_it_changed_in_its_own_job_only():
         shared.on_job(0, "fail_after_train", 1.0)
     assert shared.states[0]["attrs"]["version"] == 1 and shared.on_job(0, "factor_values") == solo_after(0, 1.0)
     assert shared.states[1]["attrs"]["version"] == 0 and shared.on_job(1, "factor_values") == solo_after(1)
+
+
+def test_each_jobs_view_reports_the_shared_roles_busy_time_over_its_own_steps():
+    """A pack's jobs share their roles: each job's idle fractions are the shared roles' over that job's step, so
+    each view's pop_busy_s is the busy time collected since that job last asked, whichever job's call it was (the
+    first job to ask took it all, and its mates' actors showed idle 1.0)."""
+    shared = packed(0, 1)
+    inner = LocalGroup([shared])
+    clock = BusyClock(inner)
+    views = [JobGroup(inner, job, threading.Event(), clock=clock) for job in (0, 1)]
+    views[0].call(FakePackedRole.train, [(1.0,)])
+    first = views[0].pop_busy_s()
+    assert first > 0 and views[1].pop_busy_s() == first  # job 1's step saw the shared role busy as long
+    assert views[0].pop_busy_s() == 0 == views[1].pop_busy_s()
+    views[1].call(FakePackedRole.train, [(1.0,)])
+    second = views[1].pop_busy_s()
+    assert second > 0 and views[0].pop_busy_s() == second
 
 
 def test_a_job_group_sends_each_call_to_its_job_and_stops_when_the_pack_stops():
