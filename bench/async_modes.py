@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import REPO, append_result, median, show_spread, spread
+from rl.run_files import read_metrics
 from tests.helpers import repo_env
 
 MODES = {
@@ -64,7 +65,7 @@ def run(mode: str, repeat: int, out: Path, args: argparse.Namespace) -> dict:
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=repo_env())
     if proc.returncode != 0:
         raise SystemExit(f"{mode} (repeat {repeat}) failed:\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir / "metrics.jsonl")
     steps = [r for r in rows if "reward/mean" in r]
     summary = json.loads((run_dir / "summary.json").read_text())
     samples = samples_trained(steps)

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from bench.common import REPO, append_result, show_spread, spread
+from rl.run_files import read_metrics
 from tests.helpers import LENGTH_REWARD, repo_env
 
 # each layout's train.py overrides on top of the experiment; the shares are those of the 0.5B measurement in
@@ -108,7 +109,7 @@ def machine_info() -> dict:
 
 def summarise(layout: str, out: Path, wall_s: float) -> dict:
     """One layout's row from its run folder: steps 2-N (the first pays compilation and the first sync)."""
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = read_metrics(out / "metrics.jsonl")
     rows = [r for r in rows if "time/step_s" in r]
     steady = rows[1:] or rows
 

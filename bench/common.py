@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from rl.run_files import read_metrics
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_ENV = "RLFT_BENCH_RESULTS"  # where results go instead of bench/results.jsonl (a test's tmp_path)
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -207,9 +209,9 @@ def run_result(run_dir: Path) -> dict:
     summary = run_dir / "summary.json"
     result = json.loads(summary.read_text()) if summary.is_file() else {}
     metrics = run_dir / "metrics.jsonl"
-    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.is_file() else []
+    rows = read_metrics(metrics) if metrics.is_file() else []
     steps = [r for r in rows if "time/step_s" in r and r.get("step", 0) >= 2]
-    for key in ("time/step_s", "time/rollout_s", "time/learn_s", "time/sync_s"):
+    for key in ("time/step_s", "time/rollout_s", "time/reward_s", "time/learn_s", "time/sync_s", "time/probe_s"):
         values = [r[key] for r in steps if key in r]
         if values:
             result[f"median_{key}"] = round(statistics.median(values), 3)

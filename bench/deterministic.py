@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import REPO, append_result, show_spread, spread
+from rl.run_files import read_metrics
 from tests.helpers import repo_env
 
 
@@ -42,7 +43,7 @@ def train_args(deterministic: bool, run_dir: Path, args: argparse.Namespace) -> 
 
 
 def step_times(run_dir: Path) -> dict:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir / "metrics.jsonl")
     steps = [r for r in rows if "time/step_s" in r and r["step"] >= 2]
     if not steps:
         raise SystemExit(f"{run_dir}: no step after the first in metrics.jsonl")

@@ -54,6 +54,7 @@ from bench.common import (
     show_spread,
     spread,
 )
+from rl.run_files import read_metrics
 from tests.helpers import repo_env
 
 # TRL's loss_type -> our algorithm.loss_agg computing the same aggregation (TRL's docstrings: grpo averages each
@@ -219,7 +220,7 @@ def run_train(side: str, args: list[str], out: Path) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"train.py failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = read_metrics(out / "metrics.jsonl")
     rows = [r for r in rows if "time/step_s" in r]
     times = [r["time/step_s"] for r in rows]
     return side_result(

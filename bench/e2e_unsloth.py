@@ -58,6 +58,7 @@ from pathlib import Path
 from bench.colocate import LAYOUTS, kv_cache_tokens, machine_info, model_folder
 from bench.common import REPO, append_result, show_spread, spread
 from bench.e2e_trl import Work, logged, run_keys, run_train, side_result, step_marks, trl_task
+from rl.run_files import read_metrics
 from tests.helpers import repo_env
 
 SIDES = ("unsloth", *LAYOUTS)
@@ -177,7 +178,7 @@ class DevicePeak:
 def run_ours(layout: str, work: Work, model: Path, run: Path, args) -> dict:
     """One train.py run in `layout`: bench.e2e_trl's row plus the learner's peak and the actor's KV cache."""
     row = run_train(layout, ours_args(layout, work, model, run, args.steps, args.actor_memory), run)
-    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    metrics = read_metrics(run / "metrics.jsonl")
     peaks = [m["memory/learner_peak_gb"] for m in metrics if "memory/learner_peak_gb" in m]
     row["torch_peak_gib"] = round(max(peaks), 2) if peaks else None
     row["kv_cache_tokens"] = kv_cache_tokens(run / "logs" / "actor0.log")

@@ -69,6 +69,7 @@ from bench.packs_parts import (
     provenance,
     where_run,
 )
+from rl.run_files import read_metrics
 from tests.helpers import repo_env
 
 SEQUENTIAL = "sequential"
@@ -176,7 +177,7 @@ def same_work(command: list[str]) -> list[str]:
 def read_job(job_dir: Path) -> dict:
     """One job's held-out accuracy before and after (summary.json) and the samples it trained (metrics.jsonl)."""
     summary = json.loads((job_dir / "summary.json").read_text())
-    rows = [json.loads(x) for x in (job_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = read_metrics(job_dir / "metrics.jsonl")
     steps = [r for r in rows if "train/samples" in r]
     return {
         "steps": len(steps),

@@ -14,10 +14,11 @@ import json
 from pathlib import Path
 
 from bench.common import append_result
+from rl.run_files import read_metrics
 
 
 def load(run: Path) -> dict:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run / "metrics.jsonl")
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
     tokens, total, skipped, evals = {0: 0.0}, 0.0, 0.0, {}
     for r in rows:

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import REPO, append_result
+from rl.run_files import read_metrics
 from tests.helpers import LENGTH_REWARD, repo_env
 
 
@@ -62,7 +63,7 @@ def run(staleness: int, model: Path, out: Path, args: argparse.Namespace) -> dic
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=repo_env())
     if proc.returncode != 0:
         raise SystemExit(f"staleness={staleness} failed:\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir / "metrics.jsonl")
     rows = [r for r in rows if "reward/mean" in r]
     rewards = [r["reward/mean"] for r in rows]
     later = rows[1:]
