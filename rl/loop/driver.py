@@ -125,9 +125,9 @@ def train(
                 batch = data.next(step)  # generate (or collect what was sent ahead) + score + dynamic sampling
                 t = time.perf_counter()
                 m = probe.collect()  # the previous sync's probe, when it was read late (staleness > 0)
-                t_probe = time.perf_counter() - t
+                t_probe, t = time.perf_counter() - t, time.perf_counter()
                 samples, sm = prepare(cfg, runtime, tokenizer, batch, step, logger)  # shaping -> advantages -> masks
-                m |= sm | {"time/prepare_s": time.perf_counter() - t - t_probe}
+                m |= sm | {"time/prepare_s": time.perf_counter() - t}
             # a continuous rollout keeps its actors fed while the learners step
             m |= learn(runtime, samples, a.updates_per_step, data.pump)
             nonfinite = count_nonfinite(m, nonfinite, step, cfg)

@@ -81,10 +81,10 @@ def pack_batch_limits(jobs: int, world_size: int, max_seq_length: int) -> dict:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.usage.usage_lib import UsageContext
 
-    tokens, seqs = EngineArgs.get_batch_defaults(world_size)
-    n = jobs * seqs.get(UsageContext.LLM_CLASS, 256)
+    tokens, seqs = EngineArgs.get_batch_defaults(world_size)  # every device's defaults name LLM_CLASS (`LLM(...)`)
+    n = jobs * seqs[UsageContext.LLM_CLASS]
     limits = {"max_num_seqs": n}
-    if n > tokens.get(UsageContext.LLM_CLASS, 8192):  # vLLM: a step's tokens at least its sequences
+    if n > tokens[UsageContext.LLM_CLASS]:  # vLLM: a step's tokens at least its sequences
         limits["max_num_batched_tokens"] = max(n, max_seq_length)
     return limits
 
