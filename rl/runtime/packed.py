@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol
 
 import torch
@@ -150,13 +150,44 @@ TRAIN = Merge("train_step", PackedRole.train_jobs, 1)  # a grouped learner step 
 
 
 @dataclass(eq=False)
+class _Sent:
+    """A merged call once sent: its handle, and its results once the first of its jobs fetched them, which the
+    others read there (a Ray actor's result is then fetched, deserialized and counted as the role's busy time once,
+    not once per job: a pack of 8 unpickled every job's rollouts 8 times, in the threads of one process)."""
+
+    handle: Handle[Any]
+    unread: int  # the jobs whose results were not read yet: the results are let go after the last
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    value: Any = None
+    error: BaseException | None = None
+    fetched: bool = False
+
+    def result(self, inner: Group[Any]) -> list[Any]:
+        with self.lock:
+            if not self.fetched:
+                try:
+                    self.value = inner.result(self.handle)
+                except BaseException as e:  # every job of the call gets it, as each job's own call would raise it
+                    self.error = e
+                self.fetched = True
+            value, error = self.value, self.error
+            self.unread -= 1
+            if self.unread == 0:
+                self.value = None
+        if error is not None:
+            raise error
+        return value
+
+
+@dataclass(eq=False)
 class _Ticket:
-    """A job's call waiting in a Gather; `handle` and `position` once it was sent with the others."""
+    """A job's call waiting in a Gather; the merged call (`sent`) and the job's `position` in it once it was sent
+    with the others."""
 
     job: int
     args: tuple
     gather: Gather
-    handle: Handle[Any] | None = None
+    sent: _Sent | None = None
     position: int = 0
 
 
@@ -220,22 +251,22 @@ class Gather:
         queues = self.waiting[index]
         while any(queues.get(j) for j in self.live) and all(self._ready(queues, j) for j in self.live):
             tickets = [queues[j].popleft() for j in sorted(self.live) if queues.get(j)]
-            handle = self.inner.submit(index, self.merge.call, [(t.job, t.args) for t in tickets])
+            sent = _Sent(self.inner.submit(index, self.merge.call, [(t.job, t.args) for t in tickets]), len(tickets))
             for k, t in enumerate(tickets):
-                t.handle, t.position = handle, k
+                t.sent, t.position = sent, k
                 if self.board.blocked.get(t.job) is t:
                     del self.board.blocked[t.job]
             self.cond.notify_all()
 
-    def sent(self, ticket: _Ticket, timeout_s: float | None = None) -> Handle[Any] | None:
-        """The merged call's handle once sent (waits up to `timeout_s`; None: not sent yet). Waiting without a
-        timeout blocks the job on `ticket`: the pack's other Gathers no longer wait for its calls meanwhile."""
+    def sent(self, ticket: _Ticket, timeout_s: float | None = None) -> _Sent | None:
+        """The merged call once sent (waits up to `timeout_s`; None: not sent yet). Waiting without a timeout blocks
+        the job on `ticket`: the pack's other Gathers no longer wait for its calls meanwhile."""
         with self.cond:
-            if ticket.handle is None and timeout_s is None:
+            if ticket.sent is None and timeout_s is None:
                 self.board.blocked[ticket.job] = ticket
                 self.board.recheck()
-            self.cond.wait_for(lambda: ticket.handle is not None, timeout=timeout_s)
-            return ticket.handle
+            self.cond.wait_for(lambda: ticket.sent is not None, timeout=timeout_s)
+            return ticket.sent
 
 
 class BusyClock:
@@ -286,7 +317,7 @@ class JobGroup(Generic[R]):
             assert self.gather is not None
             sent = self.gather.sent(ticket)
             assert sent is not None
-            return JobError.unwrap(self.inner.result(sent)[ticket.position])
+            return JobError.unwrap(sent.result(self.inner)[ticket.position])
         return self.inner.result(handle)
 
     def wait(self, handles: list[Handle[Any]], timeout_s: float) -> list[int]:
@@ -296,6 +327,8 @@ class JobGroup(Generic[R]):
         where: list[int] = []
         for k, h in enumerate(handles):
             sent = self.gather.sent(h.token, 0.0) if isinstance(h.token, _Ticket) else h
+            if isinstance(sent, _Sent):
+                sent = sent.handle
             if sent is not None:
                 inner.append(sent)
                 where.append(k)

@@ -423,3 +423,28 @@ def test_a_job_that_leaves_is_no_longer_waited_for_and_a_call_with_items_goes_al
     # a multi-turn call (items given) is the job's own call, never merged
     alone = views[0].submit(0, RolloutActor.generate, [2], None, None, [{"q": 1}])
     assert views[0].result(alone) == [(2, 0)] and role.role.engine_calls == [1, 1]  # its own engine call
+
+
+class CountingGroup(LocalGroup):
+    """A LocalGroup that counts the results fetched from it (a Ray group deserializes each fetch)."""
+
+    def __init__(self, members: list):
+        super().__init__(members)
+        self.fetched = 0
+
+    def result(self, handle):
+        self.fetched += 1
+        return super().result(handle)
+
+
+def test_a_merged_calls_results_are_fetched_once_for_all_its_jobs_and_let_go_after_the_last():
+    """The jobs of a merged call read its results from one fetch: a Ray group's results of a pack of 8 were
+    deserialized once per job, all of them in each job's thread, and their busy time counted 8 times."""
+    role = PackedRole(FakeMergingEngine, [dict(seed=j) for j in range(3)])
+    inner = CountingGroup([role])
+    gather = Gather(inner, [0, 1, 2])
+    views = [JobGroup(inner, j, threading.Event(), gather) for j in range(3)]
+    handles = [v.submit(0, RolloutActor.generate, [j], None) for j, v in enumerate(views)]
+    assert [v.result(h) for v, h in zip(views, handles)] == [[(0, 0)], [(1, 0)], [(2, 0)]]
+    assert inner.fetched == 1
+    assert handles[0].token.sent.value is None  # read by every job: nothing held
