@@ -32,7 +32,7 @@ from rl.config.schema import TrainConfig
 from rl.errors import RoleStartFailed, StartupError
 from rl.learner.grouped import refusal as grouped_refusal
 from rl.resolve import resolve_cpu_threads, resolve_learner_backend
-from rl.runtime.packed import TRAIN, BusyClock, Gather, JobGroup
+from rl.runtime.packed import LOGPROBS, TRAIN, BusyClock, Gather, JobGroup
 from rl.runtime.roles import Learner, RolloutActor
 from rl.runtime.runtime import Runtime
 
@@ -149,6 +149,7 @@ class Pack:
         self.slots: dict[int, int] = {}  # job -> its slot in the shared roles
         self.gather: Gather | None = None  # the jobs' generate calls merged, on a vLLM engine
         self.train_gather: Gather | None = None  # the jobs' learner steps merged (rl/learner/grouped.py)
+        self.probe_gather: Gather | None = None  # and their sync probes' scoring, beside the steps
         self._teardown: Callable[[], None] | None = None
         self._log: logging.Handler | None = None
 
@@ -221,13 +222,15 @@ class Pack:
             why = learner_steps_apart(first, self.grouped_learner)
             if why is None:
                 self.train_gather = Gather(shared.learners, slots, TRAIN, beside=self.gather)
+                self.probe_gather = Gather(shared.learners, slots, LOGPROBS, beside=self.train_gather)
             else:
                 print(f"pack: the learner steps the jobs one after another ({why})", flush=True)
             runtimes = {}
             busy = BusyClock(shared.actors), BusyClock(shared.learners)
             for slot, (job, cfg) in enumerate(zip(jobs, cfgs)):
-                actors: JobGroup[RolloutActor] = JobGroup(shared.actors, slot, self.stop, self.gather, busy[0])
-                learners: JobGroup[Learner] = JobGroup(shared.learners, slot, self.stop, self.train_gather, busy[1])
+                actors: JobGroup[RolloutActor] = JobGroup(shared.actors, slot, self.stop, self.gather or (), busy[0])
+                merged = [g for g in (self.train_gather, self.probe_gather) if g is not None]
+                learners: JobGroup[Learner] = JobGroup(shared.learners, slot, self.stop, merged, busy[1])
                 episodes = cfg.episodes is not None
                 runtimes[job] = Runtime(actors, learners, cfg.cluster, None, episodes=episodes)
         except BaseException as e:

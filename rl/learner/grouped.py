@@ -199,18 +199,24 @@ class RowAdapters:
 
 
 @dataclass
-class _Plan:
-    """One job's step: its loss (from its algorithm group), micro-batches, counts, factors and running sums."""
+class _Rows:
+    """One job's part of a grouped forward: its algorithm (temperature, min-p), micro-batches and LoRA factors."""
 
     algorithm: AlgorithmConfig
-    loss_fn: Callable
-    agg_fn: Callable
-    unit: str
     batches: list[list[TrainSample]]
-    n_seq: int
-    n_tok: int
-    n_signal: int
     leaves: dict[str, torch.Tensor]
+
+
+@dataclass
+class _Plan(_Rows):
+    """One job's step: its rows, loss (from its algorithm group), counts and running sums."""
+
+    loss_fn: Callable = field(default=lambda *a: None)
+    agg_fn: Callable = field(default=lambda *a: None)
+    unit: str = ""
+    n_seq: int = 0
+    n_tok: int = 0
+    n_signal: int = 0
     refs: dict[int, torch.Tensor] = field(default_factory=dict)
     sums: dict[str, Any] = field(default_factory=dict)
     total_loss: Any = 0.0
@@ -262,14 +268,14 @@ def _forward_backward(learner: Any, jobs: Sequence[JobStep]) -> list[_Plan]:
             plans.append(
                 _Plan(
                     learner.algorithm,
+                    learner._micro_batches(samples),
+                    leaves,
                     learner.loss_fn,
                     learner.agg_fn,
                     learner.agg_unit,
-                    learner._micro_batches(samples),
                     n_seq,
                     n_tok,
                     n_signal,
-                    leaves,
                 )
             )
         finally:
@@ -318,6 +324,55 @@ def _alone(learner: Any, job: JobStep) -> dict[str, float] | JobError:
         job.leave()
 
 
+def logprobs_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[list[list[float]] | JobError]:
+    """Each job's `sequence_logprobs(prompts, completions)` (`job.samples`: that pair) in one no-grad forward per
+    grouped micro-batch, each row through its own job's factors: the sync probes of a pack's jobs after a grouped
+    step score their samples in one forward, where one forward per job ran one after another. Job after job where
+    the step would be (`prepare`)."""
+    if len(jobs) < 2 or prepare(learner) is not None:
+        return [_alone_logprobs(learner, job) for job in jobs]
+    rows = []
+    for job in jobs:
+        job.enter()
+        try:
+            pair: Any = job.samples  # this call's samples: (prompts, completions)
+            prompts, completions = pair
+            samples = [TrainSample(p, c, [0.0] * len(c), 0.0) for p, c in zip(prompts, completions)]
+            factors = {n: p.data for n, p in learner.pack_tensors().items()}
+            rows.append(_Rows(learner.algorithm, learner._micro_batches(samples), factors))
+        finally:
+            job.leave()
+    out: list[list[list[float]]] = [[] for _ in rows]
+    forward = _GroupedForward(learner)
+    unsloth = learner.model_cfg.learner_backend == LearnerBackend.unsloth
+    learner.model.eval()
+    try:
+        with torch.no_grad(), RowAdapters(learner.model, [r.leaves for r in rows], in_input_dtype=unsloth) as adapters:
+            for k in range(max(len(r.batches) for r in rows)):
+                part = [r for r in rows if k < len(r.batches)]
+                for r, (logp, *_) in zip(part, forward(learner.model, part, k, lambda a: "none", adapters, rows)):
+                    out[rows.index(r)].extend(
+                        logp[i, : len(s.completion_ids)].tolist() for i, s in enumerate(r.batches[k])
+                    )
+    except Exception as e:
+        log.warning("the grouped sync-probe forward failed (%s); its jobs are scored one after another", e)
+        return [_alone_logprobs(learner, job) for job in jobs]
+    finally:
+        learner.model.train()
+    scored: list[list[list[float]] | JobError] = list(out)
+    return scored
+
+
+def _alone_logprobs(learner: Any, job: JobStep) -> list[list[float]] | JobError:
+    job.enter()
+    try:
+        return learner.sequence_logprobs(*job.samples)
+    except Exception as e:  # raised in the job's own thread, its pack mates unaffected
+        return JobError(e)
+    finally:
+        job.leave()
+
+
 class _GroupedForward:
     """One forward of the k-th micro-batches of some jobs, split back per job. Padded micro-batches: their rows
     concatenated, padded to the longest (rows are samples); packed rows: each job's micro-batch packed as its solo
@@ -331,11 +386,11 @@ class _GroupedForward:
     def __call__(
         self,
         model: Any,
-        part: list[_Plan],
+        part: Sequence[_Rows],
         k: int,
         entropy: Callable[[AlgorithmConfig], str],
         adapters: RowAdapters | None = None,
-        plans: list[_Plan] | None = None,
+        plans: Sequence[_Rows] | None = None,
     ) -> list[tuple]:
         """Per job of `part`: its completion-aligned logprobs and entropy [B_j, C_j] (under its own temperature and
         min-p), its loss mask, behaviour logprobs and advantages, and the token positions its rows took in the
@@ -379,6 +434,6 @@ class _GroupedForward:
         return out
 
 
-def _spans(plans: list[_Plan], part: list[_Plan], spans: list[int]) -> list[int]:
+def _spans(plans: Sequence[_Rows], part: Sequence[_Rows], spans: list[int]) -> list[int]:
     size = {id(p): n for p, n in zip(part, spans)}
     return [size.get(id(p), 0) for p in plans]

@@ -153,6 +153,10 @@ class Learner:
         step raised gets its JobError."""
         return grouped.train_grouped(self, jobs)
 
+    def logprobs_grouped(self, jobs: list) -> list[list[list[float]] | JobError]:
+        """Several pack jobs' `sequence_logprobs` calls in one forward per micro-batch (rl/learner/grouped.py)."""
+        return grouped.logprobs_grouped(self, jobs)
+
     def _batcher(self, packed: str | None) -> Batcher:
         lc = self.learner_cfg
         return Batcher(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol
 
@@ -112,6 +112,12 @@ class PackedRole:
         with self._lock:
             return self.role.train_grouped([_JobStep(self, job, args[0]) for job, args in calls])
 
+    def logprobs_jobs(self, calls: list[tuple[int, tuple]]) -> list[Any]:
+        """Several jobs' `sequence_logprobs(prompts, completions)` calls (their sync probes) as one grouped forward (a
+        role with `logprobs_grouped`: the learner)."""
+        with self._lock:
+            return self.role.logprobs_grouped([_JobStep(self, job, args) for job, args in calls])
+
     def jobs(self) -> int:
         return len(self.states)
 
@@ -147,6 +153,7 @@ class Merge:
 
 GENERATE = Merge("generate", PackedRole.generate_jobs, 3)  # single-turn: prompts, sampling, seeds (no items)
 TRAIN = Merge("train_step", PackedRole.train_jobs, 1)  # a grouped learner step (rl/learner/grouped.py)
+LOGPROBS = Merge("sequence_logprobs", PackedRole.logprobs_jobs, 2)  # the sync probes' scoring (not the reference's)
 
 
 @dataclass(eq=False)
@@ -285,19 +292,20 @@ class BusyClock:
 
 class JobGroup(Generic[R]):
     """Job `job`'s view of a group of PackedRoles (in this process or Ray actors): the Group interface, each call
-    sent to `PackedRole.on_job`, and single-turn generate calls through the pack's `gather` when it has one.
-    `clock`: the busy time of `inner`, shared by the pack's views of it. Closing it leaves the shared roles running
-    (the pack closes them)."""
+    sent to `PackedRole.on_job`, and the calls a Gather of the pack's on this `inner` takes through it (`gathers`:
+    one or several, each its own kind of call). `clock`: the busy time of `inner`, shared by the pack's views of it.
+    Closing it leaves the shared roles running (the pack closes them)."""
 
     def __init__(
         self,
         inner: Group[Any],
         job: int,
         stop: threading.Event,
-        gather: Gather | None = None,
+        gathers: Gather | Sequence[Gather] = (),
         clock: BusyClock | None = None,
     ):
-        self.inner, self.job, self.stop, self.gather = inner, job, stop, gather  # gather: on this same `inner`
+        self.inner, self.job, self.stop = inner, job, stop
+        self.gathers = (gathers,) if isinstance(gathers, Gather) else tuple(gathers)
         self.clock, self.busy_seen = clock or BusyClock(inner), 0.0
 
     def __len__(self) -> int:
@@ -307,33 +315,34 @@ class JobGroup(Generic[R]):
         if self.stop.is_set():  # the pack is stopping: this job ends as an interrupted run (train.py)
             raise KeyboardInterrupt
         name = method_name(method)
-        if self.gather is not None and self.gather.takes(name, args, kwargs):
-            return Handle(index, self.gather.submit(index, self.job, args))
+        for gather in self.gathers:
+            if gather.takes(name, args, kwargs):
+                return Handle(index, gather.submit(index, self.job, args))
         return self.inner.submit(index, PackedRole.on_job, self.job, name, *args, **kwargs)
 
     def result(self, handle: Handle[T]) -> T:
         ticket = handle.token
         if isinstance(ticket, _Ticket):
-            assert self.gather is not None
-            sent = self.gather.sent(ticket)
+            sent = ticket.gather.sent(ticket)
             assert sent is not None
             return JobError.unwrap(sent.result(self.inner)[ticket.position])
         return self.inner.result(handle)
 
     def wait(self, handles: list[Handle[Any]], timeout_s: float) -> list[int]:
-        if self.gather is None:
-            return self.inner.wait(handles, timeout_s)
         inner: list[Handle[Any]] = []
         where: list[int] = []
         for k, h in enumerate(handles):
-            sent = self.gather.sent(h.token, 0.0) if isinstance(h.token, _Ticket) else h
-            if isinstance(sent, _Sent):
-                sent = sent.handle
-            if sent is not None:
-                inner.append(sent)
-                where.append(k)
+            ticket = h.token
+            if isinstance(ticket, _Ticket):
+                sent = ticket.gather.sent(ticket, 0.0)
+                if sent is None:
+                    continue
+                h = sent.handle
+            inner.append(h)
+            where.append(k)
         if not inner:  # nothing sent yet: wait for the first to be
-            self.gather.sent(handles[0].token, timeout_s)
+            first = handles[0].token
+            first.gather.sent(first, timeout_s)
             return []
         return [where[k] for k in self.inner.wait(inner, timeout_s)]
 

@@ -17,7 +17,7 @@ from rl import pack
 from rl.app import learner_args
 from rl.learner import Learner
 from rl.runtime.groups import LocalGroup
-from rl.runtime.packed import Gather, JobGroup, Merge, PackedRole
+from rl.runtime.packed import LOGPROBS, Gather, JobGroup, Merge, PackedRole
 from rl.runtime.roles import RolloutActor
 from rl.types import JobError
 from tests.fakes import FakeMergingEngine
@@ -206,6 +206,49 @@ def test_a_jobs_error_from_a_merged_call_is_raised_in_that_jobs_thread_alone():
     assert views[0].result(handles[0]) == "metrics 0"
     with pytest.raises(ValueError, match="job 1's loss"):
         views[1].result(handles[1])
+
+
+@pytest.mark.parametrize("layout", [PADDED, ("learner.micro_batch_tokens=32",)], ids=["padded", "packed"])
+def test_the_jobs_sync_probes_are_scored_in_one_forward_as_each_alone(tiny_model, layout):
+    """The pack's sync probes (PackedRole.logprobs_jobs, rl/learner/grouped.py logprobs_grouped): each job's
+    completions scored through its own adapter and at its own temperature in one grouped forward, the logprobs of
+    the same job's `sequence_logprobs` alone to float rounding; a job absent from a call is not scored."""
+    role = shared_learner(tiny_model, JOBS, *layout)
+    probes = []
+    for j in range(len(JOBS)):
+        samples = make_samples(groups=1, group_size=2 + j, seed=20 + j)
+        probes.append(([s.prompt_ids for s in samples], [s.completion_ids for s in samples]))
+    alone = [role.on_job(j, "sequence_logprobs", *probe) for j, probe in enumerate(probes)]
+    together = role.logprobs_jobs([(j, probe) for j, probe in enumerate(probes)])
+    for got, want in zip(together, alone):
+        assert [len(x) for x in got] == [len(x) for x in want]
+        for x, y in zip(got, want):
+            assert x == pytest.approx(y, abs=1e-5)
+    assert len({round(together[j][0][0], 4) for j in range(len(JOBS))}) == len(JOBS)  # three adapters, not one
+    assert role.logprobs_jobs([(2, probes[2]), (0, probes[0])])[0][0] == pytest.approx(together[2][0], abs=1e-5)
+
+
+def test_the_pack_sends_its_jobs_probe_scoring_to_the_learner_as_one_call(tiny_model):
+    """Beside the steps' Gather, a Gather of the learner's `sequence_logprobs` calls: the jobs' k-th probe scoring
+    goes to the learner as one call (a KL reference's scoring, `reference=True`, stays each job's own)."""
+    role = shared_learner(tiny_model, JOBS[:2], *PADDED)
+    calls: list[int] = []
+    scored = role.logprobs_jobs
+    role.logprobs_jobs = lambda jobs: calls.append(len(jobs)) or scored(jobs)  # type: ignore[method-assign]  # counted
+    inner = LocalGroup([role])
+    steps = Gather(inner, [0, 1], Merge("train_step", PackedRole.train_jobs, 1))
+    probes = Gather(inner, [0, 1], LOGPROBS, beside=steps)
+    stop = threading.Event()
+    views: list[JobGroup] = [JobGroup(inner, j, stop, [steps, probes]) for j in (0, 1)]
+    samples = make_samples(groups=1, group_size=2, seed=3)
+    pair = ([s.prompt_ids for s in samples], [s.completion_ids for s in samples])
+    first = views[0].submit(0, Learner.sequence_logprobs, *pair)
+    assert calls == []  # job 1 has not scored its probe yet
+    second = views[1].submit(0, Learner.sequence_logprobs, *pair)
+    assert calls == [2]
+    assert views[0].result(first) != views[1].result(second)  # each through its own adapter
+    ref = views[0].result(views[0].submit(0, Learner.sequence_logprobs, *pair, True))
+    assert calls == [2] and len(ref) == 2
 
 
 @pytest.mark.parametrize("sizes", [[2, 2, 2], [1, 3, 2], [3, 0, 3]], ids=["equal", "unequal", "one_absent"])
