@@ -168,33 +168,52 @@ class PackLauncher(Launcher):
             ret.return_value = e
             returns[i] = ret
         finally:
+            for stream in (sys.stdout, sys.stderr):
+                if isinstance(stream, JobLabels):
+                    stream.flush()  # the job's last text without its newline, if any
             join_pack(None)
             pack.ended(i)
 
 
 class JobLabels:
     """A stream that starts each line a pack's job thread writes with the job's number ("#3 | "), so that the
-    jobs' console lines, which interleave, say whose they are; other threads' lines pass unchanged."""
+    jobs' console lines, which interleave, say whose they are; other threads' lines pass unchanged. A job's text
+    reaches the stream in whole lines, each write one or more of them: `print` writes a line's text and its newline
+    separately, and a pack mate's line fell between the two. A line without its newline yet waits in its thread
+    until the newline or a flush."""
 
     def __init__(self, stream: Any):
         self.stream = stream
         self.local = threading.local()
 
     def label(self, text: str | None) -> None:
-        self.local.label, self.local.at_start = text, True
+        # pending: the thread's text after its last newline; begun: its start already went out (flushed)
+        self.local.label, self.local.pending, self.local.begun = text, "", False
 
     def write(self, s: str) -> int:
         label = getattr(self.local, "label", None)
         if label is None or not s:
             return self.stream.write(s)
-        out = []
-        for line in s.splitlines(keepends=True):
-            out.append(f"{label} | {line}" if self.local.at_start else line)
-            self.local.at_start = line.endswith("\n")
-        self.stream.write("".join(out))
+        text = self.local.pending + s
+        if "\n" not in text:
+            self.local.pending = text
+            return len(s)
+        whole, _, self.local.pending = text.rpartition("\n")
+        lines = [
+            line if k == 0 and self.local.begun else f"{label} | {line}" for k, line in enumerate(whole.split("\n"))
+        ]
+        self.local.begun = False
+        self.stream.write("\n".join(lines) + "\n")
         return len(s)
 
-    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding: the stream's own
+    def flush(self) -> None:
+        label, pending = getattr(self.local, "label", None), getattr(self.local, "pending", "")
+        if label is not None and pending:  # a line flushed before its newline (a prompt, a progress bar) goes out
+            self.stream.write(pending if self.local.begun else f"{label} | {pending}")
+            self.local.pending, self.local.begun = "", True
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding: the stream's own
         return getattr(self.stream, name)
 
 

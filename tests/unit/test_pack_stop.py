@@ -119,3 +119,56 @@ def test_an_interrupted_jobs_line_reaches_the_console_whole_in_one_labelled_writ
     command = "python train.py -m run.seed=0,1 hydra/launcher=pack hydra.sweep.dir=/sweeps/a run.resume=auto"
     line = f"#2 | interrupted: {tmp_path / '2'}: it has no checkpoint yet, so it starts again from step 0; continue it"
     assert console.writes == [f"{line} with: {command}\n"]
+
+
+def test_a_jobs_printed_lines_reach_the_console_whole_however_its_mates_interleave():
+    """`print` writes a line's text and its newline in two writes; between them a pack mate's thread may write. Each
+    job's lines reach the console whole and labelled, a flushed line start once, and other threads' text unchanged."""
+    writes: list[str] = []
+
+    class Console:
+        def write(self, s: str) -> int:
+            writes.append(s)
+            return len(s)
+
+        def flush(self) -> None:
+            pass
+
+    labelled = JobLabels(Console())
+    second = threading.Event()
+
+    def job(label: str, first: threading.Event, then: threading.Event) -> None:
+        labelled.label(label)
+        labelled.write(f"step 1 of {label}")
+        first.set()
+        assert then.wait(30)
+        labelled.write("\n")
+        labelled.write("two\nlines\nand a st")
+        labelled.flush()
+        labelled.write("art\n")
+
+    first = threading.Event()
+    a = threading.Thread(target=job, args=("#0", first, second))
+    a.start()
+    first.wait(5)
+    go = threading.Event()
+    go.set()
+    b = threading.Thread(target=job, args=("#1", threading.Event(), go))
+    b.start()
+    b.join(30)  # job #1 prints whole while job #0's first line waits for its newline
+    labelled.write("the launcher's own line\n")
+    second.set()
+    a.join(30)
+    text = "".join(writes)
+    assert text.splitlines() == [
+        "#1 | step 1 of #1",
+        "#1 | two",
+        "#1 | lines",
+        "#1 | and a start",
+        "the launcher's own line",
+        "#0 | step 1 of #0",
+        "#0 | two",
+        "#0 | lines",
+        "#0 | and a start",
+    ]
+    assert all(w.endswith("\n") or w.endswith("and a st") for w in writes)
