@@ -26,10 +26,17 @@ decoder blocks keep the forwards they traced: before its first grouped step the 
 and runs the blocks uncompiled (models.plain_lora_forwards), for the rest of the pack; the base's 4-bit kernels and
 Unsloth's gradient checkpointing stay.
 
+The sync probes of the pack's jobs are scored the same way (`logprobs_grouped`): one no-grad forward over every
+job's probe rows, each through its own factors, where one forward per job ran one after another.
+
 Job after job instead (`refusal`, `model_refusal` and `prepare` say why, in one line): LoRA dropout (each job's masks
 must come from its own RNG stream), data-parallel learners, a trainable tensor outside the LoRA layers, and an
 Unsloth that keeps its fused kernels. With no dropout the step draws nothing from
 torch's RNG, so each job's RNG state stays as its solo step leaves it.
+
+Past 400 lines because the grouped LoRA layers, the grouped forward and the two calls that use them (the step, the
+probes' scoring) must agree with the solo paths to float rounding in both row layouts and both LoRA precisions, and
+are read together.
 """
 
 from __future__ import annotations
