@@ -137,6 +137,23 @@ def run_side(side: str, args) -> dict:
     }
 
 
+def table(rows: dict[str, dict]) -> str:
+    """A markdown table of the sides, each side's seconds per sample against `solo`'s where it ran."""
+    base = rows.get("solo")
+    out = [
+        "| side | jobs x samples | call s (median, spread) | samples/s | s per sample vs solo |",
+        "|---|---|---|---|---|",
+    ]
+    for side, r in rows.items():
+        per = r["median_s"] / r["samples"]
+        vs = f"{per / (base['median_s'] / base['samples']):.2f}" if base else "-"
+        out.append(
+            f"| {side} | {r['jobs']} x {r['samples'] // r['jobs']} | {show_spread(spread(r['call_s']), ' s', 3)} | "
+            f"{r['samples'] / r['median_s']:.0f} | {vs} |"
+        )
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="embedded:smollm2-135m-instruct")
@@ -156,16 +173,7 @@ def main() -> None:
     for side in args.sides.split(","):
         rows[side] = run_side_process("bench.pack_engine", side, sys.argv[1:])
         print(json.dumps(rows[side]), flush=True)
-    base = rows.get("solo")
-    print("| side | jobs x samples | call s (median, spread) | samples/s | s per sample vs solo |")
-    print("|---|---|---|---|---|")
-    for side, r in rows.items():
-        per = r["median_s"] / r["samples"]
-        vs = f"{per / (base['median_s'] / base['samples']):.2f}" if base else "-"
-        print(
-            f"| {side} | {r['jobs']} x {r['samples'] // r['jobs']} | {show_spread(spread(r['call_s']), ' s', 3)} | "
-            f"{r['samples'] / r['median_s']:.0f} | {vs} |"
-        )
+    print(table(rows))
     append_result("pack-engine", {"sides": rows, "args": {k: v for k, v in vars(args).items() if k != "side"}})
 
 

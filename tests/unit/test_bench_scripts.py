@@ -48,6 +48,7 @@ def test_every_bench_script_is_covered():
         "e2e_unsloth",
         "learner",
         "learner_backends",
+        "pack_engine",
         "packs",
         "quantized_base",
         "rollout",
@@ -68,6 +69,25 @@ def test_bench_parses_its_arguments(name, monkeypatch, capsys):
         module.main()
     assert done.value.code == 0
     assert "usage:" in capsys.readouterr().out
+
+
+def test_pack_engine_sides_differ_in_one_engine_setting_each_and_compare_with_the_solo_engine(tmp_path):
+    """bench.pack_engine: `solo` is a solo GPU run's engine (merged adapter), every other side native LoRA (a pack's),
+    `pack_graphs` with CUDA graphs; the table's last column is each side's seconds per sample over solo's."""
+    from bench import pack_engine
+    from rl.resolve import from_overrides
+
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2))
+    for side in pack_engine.SIDES:
+        c = from_overrides(str(tmp_path), *pack_engine.engine_keys(side, "cuda")).cluster
+        assert c.use_gpu and c.lora_mode.value == ("merged" if side == "solo" else "native")
+        assert c.enforce_eager == (side != "pack_graphs")
+
+    def row(jobs, seconds):
+        return {"jobs": jobs, "samples": jobs * 512, "call_s": [seconds] * 3, "median_s": seconds}
+
+    text = pack_engine.table({"solo": row(1, 0.5), "pack": row(8, 2.0)})
+    assert "| pack | 8 x 512 | 2.000 s (2.000-2.000, n=3) | 2048 | 0.50 |" in text
 
 
 def plan_fits(args: list[str]) -> str:
