@@ -205,25 +205,26 @@ class RowAdapters:
         return (result.to(dtype) + torch.cat(parts, dim=self.dim)).to(result.dtype)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Rows:
-    """One job's part of a grouped forward: its algorithm (temperature, min-p), micro-batches and LoRA factors."""
+    """One job's part of a grouped forward: its algorithm (temperature, min-p), micro-batches and LoRA factors (each
+    job's part is itself: two jobs with equal fields are still two)."""
 
     algorithm: AlgorithmConfig
     batches: list[list[TrainSample]]
     leaves: dict[str, torch.Tensor]
 
 
-@dataclass
+@dataclass(eq=False)
 class _Plan(_Rows):
     """One job's step: its rows, loss (from its algorithm group), counts and running sums."""
 
-    loss_fn: Callable = field(default=lambda *a: None)
-    agg_fn: Callable = field(default=lambda *a: None)
-    unit: str = ""
-    n_seq: int = 0
-    n_tok: int = 0
-    n_signal: int = 0
+    loss_fn: Callable
+    agg_fn: Callable
+    unit: str
+    n_seq: int
+    n_tok: int
+    n_signal: int
     refs: dict[int, torch.Tensor] = field(default_factory=dict)
     sums: dict[str, Any] = field(default_factory=dict)
     total_loss: Any = 0.0
@@ -356,11 +357,10 @@ def logprobs_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[list[list[fl
     try:
         with torch.no_grad(), RowAdapters(learner.model, [r.leaves for r in rows], in_input_dtype=unsloth) as adapters:
             for k in range(max(len(r.batches) for r in rows)):
-                part = [r for r in rows if k < len(r.batches)]
-                for r, (logp, *_) in zip(part, forward(learner.model, part, k, lambda a: "none", adapters, rows)):
-                    out[rows.index(r)].extend(
-                        logp[i, : len(s.completion_ids)].tolist() for i, s in enumerate(r.batches[k])
-                    )
+                part = [j for j, r in enumerate(rows) if k < len(r.batches)]
+                split = forward(learner.model, [rows[j] for j in part], k, lambda a: "none", adapters, rows)
+                for j, (logp, *_) in zip(part, split):
+                    out[j].extend(logp[i, : len(s.completion_ids)].tolist() for i, s in enumerate(rows[j].batches[k]))
     except Exception as e:
         log.warning("the grouped sync-probe forward failed (%s); its jobs are scored one after another", e)
         return [_alone_logprobs(learner, job) for job in jobs]

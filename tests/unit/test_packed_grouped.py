@@ -15,7 +15,7 @@ import torch
 
 from rl import pack
 from rl.app import learner_args
-from rl.learner import Learner
+from rl.learner import Learner, grouped
 from rl.runtime.groups import LocalGroup
 from rl.runtime.packed import LOGPROBS, Gather, JobGroup, Merge, PackedRole
 from rl.runtime.roles import RolloutActor
@@ -208,17 +208,30 @@ def test_a_jobs_error_from_a_merged_call_is_raised_in_that_jobs_thread_alone():
         views[1].result(handles[1])
 
 
+def probe_pair(group_size: int, seed: int) -> tuple[list, list]:
+    samples = make_samples(groups=1, group_size=group_size, seed=seed)
+    return [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
+
+
+def never_alone(monkeypatch) -> None:
+    """The grouped scoring must not fall back to scoring its jobs one after another (it does so, with a warning,
+    when its forward raises)."""
+
+    def alone(learner, job):
+        raise AssertionError("the grouped probe scoring fell back to job after job")
+
+    monkeypatch.setattr(grouped, "_alone_logprobs", alone)
+
+
 @pytest.mark.parametrize("layout", [PADDED, ("learner.micro_batch_tokens=32",)], ids=["padded", "packed"])
-def test_the_jobs_sync_probes_are_scored_in_one_forward_as_each_alone(tiny_model, layout):
+def test_the_jobs_sync_probes_are_scored_in_one_forward_as_each_alone(tiny_model, layout, monkeypatch):
     """The pack's sync probes (PackedRole.logprobs_jobs, rl/learner/grouped.py logprobs_grouped): each job's
     completions scored through its own adapter and at its own temperature in one grouped forward, the logprobs of
     the same job's `sequence_logprobs` alone to float rounding; a job absent from a call is not scored."""
     role = shared_learner(tiny_model, JOBS, *layout)
-    probes = []
-    for j in range(len(JOBS)):
-        samples = make_samples(groups=1, group_size=2 + j, seed=20 + j)
-        probes.append(([s.prompt_ids for s in samples], [s.completion_ids for s in samples]))
+    probes = [probe_pair(2 + j, 20 + j) for j in range(len(JOBS))]
     alone = [role.on_job(j, "sequence_logprobs", *probe) for j, probe in enumerate(probes)]
+    never_alone(monkeypatch)
     together = role.logprobs_jobs([(j, probe) for j, probe in enumerate(probes)])
     for got, want in zip(together, alone):
         assert [len(x) for x in got] == [len(x) for x in want]
@@ -226,6 +239,23 @@ def test_the_jobs_sync_probes_are_scored_in_one_forward_as_each_alone(tiny_model
             assert x == pytest.approx(y, abs=1e-5)
     assert len({round(together[j][0][0], 4) for j in range(len(JOBS))}) == len(JOBS)  # three adapters, not one
     assert role.logprobs_jobs([(2, probes[2]), (0, probes[0])])[0][0] == pytest.approx(together[2][0], abs=1e-5)
+
+
+def test_two_jobs_with_equal_settings_and_the_same_probe_are_each_scored_in_the_grouped_forward(
+    tiny_model, monkeypatch
+):
+    """Jobs that differ only in their seed share their algorithm group, and the probe's prompts are the same for
+    every job: each job's part of the grouped forward is its own however equal its fields (a lookup by equality
+    compared the jobs' factors and raised, and the scoring went job after job)."""
+    role = shared_learner(tiny_model, (("run.seed=0",), ("run.seed=1",)), *PADDED)
+    probe = probe_pair(2, 20)
+    alone = [role.on_job(j, "sequence_logprobs", *probe) for j in (0, 1)]
+    never_alone(monkeypatch)
+    together = role.logprobs_jobs([(0, probe), (1, probe)])
+    for got, want in zip(together, alone):
+        for x, y in zip(got, want):
+            assert x == pytest.approx(y, abs=1e-5)
+    assert together[0] != together[1]  # two adapters
 
 
 def test_the_pack_sends_its_jobs_probe_scoring_to_the_learner_as_one_call(tiny_model):
