@@ -2,7 +2,7 @@
 job's held-out accuracy side by side, and the speed-up of each pack size.
 
 python -m bench.packs [--preset gpu|cpu] [--sweep KEY=A,B ...] [--packs 2,4,N] [--sides sequential,pack2,...]
-    [--repeats 3] [--part K/M] [--report-only] [--no-append] [--out DIR] [-- <train.py overrides: added to the preset's]
+    [--repeats 3] [--part K/M] [--report-only] [--restore SIDE] [--no-append] [--out DIR] [-- <train.py overrides]
 
 Each side is one `python train.py -m <workload> <sweep>` in a fresh process: `sequential` with Hydra's basic launcher
 (each job starts its own roles, trains, and stops them before the next job starts), `pack<k>` with hydra/launcher=pack
@@ -35,7 +35,9 @@ process the whole side would not (its first job pays the one-time imports: each 
 `startup_s`, from the process's start to its first job, show it) and may start on a machine without compilation
 caches (its `caches`); the report shows all three. bench/gpu/packs.sh runs one part per call on the lent GPU machine.
 A part's call appends nothing: `--report-only` prints the table of what --out holds and appends the result line once
-every side of every repeat there is whole. (Past 400 lines: one command runs the sides and their parts, reads them
+every side of every repeat there is whole. `--restore SIDE` first writes SIDE's parts under --out from the newest
+result line that holds it for the same workload (its folders lost with the machine that kept them), each marked
+`restored` with that line's number in the report; the result line appended then holds them again. (Past 400 lines: one command runs the sides and their parts, reads them
 back and reports them; what a part is and how parts add up lives in bench/packs_parts.py.)
 """
 
@@ -51,7 +53,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import REPO, append_result, median, show_spread, spread
+from bench.common import REPO, append_result, median, results_path, show_spread, spread
 from bench.packs_parts import (
     FOLDER,
     Incomplete,
@@ -67,6 +69,8 @@ from bench.packs_parts import (
     one_device,
     parse_part,
     provenance,
+    recorded_side,
+    restored_parts,
     where_run,
 )
 from rl.run_files import read_metrics
@@ -395,10 +399,50 @@ def parser() -> argparse.ArgumentParser:
         "--part", default="1/1", help="K/M: run part K of M of each side (the first swept key's values cut)"
     )
     ap.add_argument("--report-only", action="store_true", help="run nothing: the table of the sides --out holds")
+    ap.add_argument(
+        "--restore",
+        default=None,
+        metavar="SIDE",
+        help="first write SIDE's parts under --out from its newest result line",
+    )
     ap.add_argument("--no-append", action="store_true", help="do not append the result line to bench/results.jsonl")
     ap.add_argument("--out", default=None, help="folder for the sides (default: a temporary one)")
     ap.add_argument("overrides", nargs="*", help="train.py overrides after --, added to the preset's workload")
     return ap
+
+
+def restore(args: argparse.Namespace, out: Path, listed: list[list[str]]) -> None:
+    """--restore SIDE: the side's part folders under --out (each its result.json, marked `restored`) from the newest
+    sweep-packs line of the results file that holds it for this workload, so that a side measured on an earlier
+    machine, whose folders are gone, counts again beside sides run now."""
+    side, path = args.restore, results_path()
+    here = (workload(args), sweep(args))
+
+    def same(record: dict) -> bool:
+        try:
+            kept = parser().parse_args(record.get("arguments", []))
+        except SystemExit:
+            return False
+        kept.preset = kept.preset or ("cpu" if record.get("result", {}).get("device") == "cpu" else "gpu")
+        return (workload(kept), sweep(kept)) == here
+
+    found = recorded_side(path.read_text().splitlines() if path.is_file() else [], side, same)
+    if found is None:
+        raise SystemExit(f"--restore {side}: no sweep-packs line of {path} holds {side} of this workload")
+    number, record = found
+    where = f"{path.name} line {number} ({record['date']}, commit {record['commit']})"
+    for run in (r for r in record["result"]["runs"] if r["side"] == side):
+        if (out / Part().folder(side, run["repeat"])).exists() or found_parts(out, side, run["repeat"]):
+            raise SystemExit(
+                f"{out}: {side} repeat {run['repeat']} is there already; --restore writes only where it is not"
+            )
+        for result in restored_parts(run, where):
+            part = parse_part(result["part"])
+            folder = out / part.folder(side, run["repeat"])
+            result["command"] = train_args(side, folder / "sweep", args, part_sweep(args, listed, part)[0])
+            folder.mkdir(parents=True)
+            (folder / "result.json").write_text(json.dumps(result))
+        print(f"{side} repeat {run['repeat']}: restored under {out} from {where}", flush=True)
 
 
 def run_sides(args: argparse.Namespace, order: list[str], out: Path, listed: list[list[str]], names: list[str]) -> None:
@@ -423,9 +467,13 @@ def main() -> None:
     listed = jobs(args)
     names = labels(args, listed)
     order = sides(args, len(listed))
-    if args.report_only and not (args.out and Path(args.out).is_dir()):
+    if args.report_only and not args.restore and not (args.out and Path(args.out).is_dir()):
         raise SystemExit(f"--report-only: give --out, the folder that holds the sides (now {args.out})")
+    if args.restore and not args.out:
+        raise SystemExit("--restore: give --out, the folder to write the side's parts in")
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-packs-")).resolve()
+    if args.restore:
+        restore(args, out, listed)
     if args.report_only:
         repeats = sorted({int(m["repeat"]) for f in out.iterdir() if (m := FOLDER.fullmatch(f.name))})
     else:

@@ -183,7 +183,11 @@ def assemble(parts: list[dict], n_jobs: int) -> dict:
         "device": parts[0].get("device"),
         "machine": max((p["machine"] for p in parts), key=lambda info: info["date"]),
         "parts": [
-            {**{k: p.get(k) for k in ("part", "wall_s", "startup_s", "caches", "machine")}, "jobs": job_numbers(p)}
+            {
+                **{k: p.get(k) for k in ("part", "wall_s", "startup_s", "caches", "machine")},
+                **({"restored": p["restored"]} if p.get("restored") else {}),
+                "jobs": job_numbers(p),
+            }
             for p in parts
         ],
     }
@@ -206,8 +210,54 @@ def provenance(results: list[dict]) -> str:
         ran = " | ".join("+".join(f"{seconds[n] or 0:.0f}" for n in job_numbers(p)) for p in parts)
         walls = " + ".join(f"{p['wall_s']:.1f}" for p in parts)
         how = f"{len(parts)} parts, {walls} s" if len(parts) > 1 else "whole"
+        restored = sorted({p["restored"] for p in parts if p.get("restored")})
+        how += "".join(f"; restored from {where}" for where in restored)
         lines.append(
             f"{label(r)}: {how}; start to first job {start or '-'} s; each job's own s {ran}; "
             f"compilation caches at start: {caches}"
         )
     return "\n".join(lines)
+
+
+def recorded_side(lines: list[str], side: str, same: Callable[[dict], bool]) -> tuple[int, dict] | None:
+    """The newest sweep-packs result line (its number from 1, its record) whose runs hold `side` and that `same` takes
+    for this workload; None where no line does."""
+    for number in range(len(lines), 0, -1):
+        text = lines[number - 1].strip()
+        if not text:
+            continue
+        record = json.loads(text)
+        if record.get("claim") != "sweep-packs" or not same(record):
+            continue
+        if any(r.get("side") == side for r in record.get("result", {}).get("runs", [])):
+            return number, record
+    return None
+
+
+def restored_parts(run: dict, where: str) -> list[dict]:
+    """A recorded side's run (a result line's, whole or the sum of its parts) as the result of each part that ran,
+    each marked `restored` with `where` it was read from: what a part's call left in its folder, less its command."""
+    by_job = {j["job"]: j for j in run["jobs"]}
+    parts = run.get("parts") or [{**run, "jobs": job_numbers(run)}]
+    out = []
+    for p in parts:
+        jobs = [by_job[n] for n in job_numbers(p)]
+        samples = sum(j["samples"] for j in jobs)
+        out.append(
+            {
+                "bench": "packs",
+                "side": run["side"],
+                "repeat": run["repeat"],
+                "part": p.get("part", "1/1") if "/" in str(p.get("part", "")) else "1/1",
+                "wall_s": p["wall_s"],
+                "startup_s": p.get("startup_s"),
+                "samples": samples,
+                "samples_per_s": round(samples / p["wall_s"], 3),
+                "jobs": jobs,
+                "device": run.get("device"),
+                "caches": p.get("caches"),
+                "machine": p.get("machine") or run.get("machine"),
+                "restored": where,
+            }
+        )
+    return out

@@ -176,6 +176,49 @@ def test_report_only_appends_the_result_line_once_every_side_is_whole(gpu, tmp_p
     assert [len(r.get("parts", [])) for r in line["result"]["runs"]] == [4, 0]
 
 
+def test_a_side_whose_folders_are_gone_is_restored_from_its_result_line_and_reports_as_before(
+    gpu, tmp_path, monkeypatch, capsys
+):
+    """--restore sequential writes the sequential parts of the newest result line of this workload back under --out
+    (the machine that kept their folders replaced): the side assembles as it did, the report names the line, and a
+    pack side run now reports against it; refused where the side is there already or no line of this workload has it."""
+    results = tmp_path / "results.jsonl"
+    monkeypatch.setenv("RLFT_BENCH_RESULTS", str(results))
+    before = tmp_path / "before"
+    write_sequential(before, gpu)
+    write_part(before, gpu, "pack8", Part(), 415.0, date="2026-12-08")
+    argv = ["bench.packs", "--preset", "gpu", "--packs", "N", "--report-only", "--out"]
+    monkeypatch.setattr(sys, "argv", [*argv, str(before)])
+    packs.main()
+    other = json.loads(results.read_text())
+    other["arguments"] = [*other["arguments"], "--", "run.steps=12"]  # a newer line of another workload: skipped
+    results.write_text(results.read_text() + json.dumps(other) + "\n")
+    capsys.readouterr()
+
+    after = tmp_path / "after"
+    write_part(after, gpu, "pack8", Part(), 400.0, date="2026-12-09")
+    monkeypatch.setattr(sys, "argv", [*argv, str(after), "--restore", "sequential", "--no-append"])
+    packs.main()
+    printed = capsys.readouterr().out
+    assert (
+        f"sequential repeat 0: restored under {after} from results.jsonl line 1 (2026-12-08, commit abc1234)" in printed
+    )
+    assert sorted(p.name for p in after.iterdir()) == ["pack8-0", *(f"sequential-0-part{k}of4" for k in range(1, 5))]
+    args, listed, names = gpu
+    assert (
+        packs.side_result("sequential", 0, after, args, listed, names)["jobs"]
+        == packs.side_result("sequential", 0, before, args, listed, names)["jobs"]
+    )
+    assert "| sequential | 1660.0 (1660.0-1660.0, n=1) |" in printed and "| 4.15x (4.15-4.15, n=1) |" in printed
+    assert "restored from results.jsonl line 1 (2026-12-08, commit abc1234)" in printed
+
+    with pytest.raises(SystemExit, match="sequential repeat 0 is there already; --restore writes only where it is not"):
+        packs.main()
+    monkeypatch.setattr(sys, "argv", [*argv, str(tmp_path / "new"), "--restore", "sequential", "--", "run.steps=4"])
+    with pytest.raises(SystemExit, match="--restore sequential: no sweep-packs line of .* holds sequential of this"):
+        packs.main()
+
+
 def test_gpu_script_reports_the_parts_it_was_carried(gpu, tmp_path):
     """bench/gpu/packs.sh `report`: the carried tarballs unpacked (a cut part's left packed), the table printed; an
     unknown side stops it with its usage line."""
