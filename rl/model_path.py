@@ -114,20 +114,30 @@ def _gguf_to_hf(gguf: Path, out: Path) -> None:
         _convert(gguf, out)
 
 
+def gguf_config(gguf: Path):
+    """The HF config of the converted folder, read from the GGUF file's metadata (no weights loaded; about 10 s on
+    the embedded model): what the conversion writes as config.json, so that `plan=true` sizes a model not converted
+    yet."""
+    import torch
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if hasattr(config, "quantization_config"):  # the folder holds dequantized bf16 weights
+        delattr(config, "quantization_config")
+    config.dtype = torch.bfloat16
+    return config
+
+
 def _convert(gguf: Path, out: Path) -> None:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, fname = str(gguf.parent), gguf.name
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
     # transformers dequantizes GGUF tensors on load; the loaded object still refuses save_pretrained on 5.x, so
     # the weights are copied into a model rebuilt from the config.
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(folder, gguf_file=fname)
-    for key in ("quantization_config",):
-        if hasattr(config, key):
-            delattr(config, key)
-    config.dtype = torch.bfloat16
+    config = gguf_config(gguf)
     bos, eos = "<|im_start|>", "<|im_end|>"
     tok.bos_token, tok.eos_token, tok.pad_token = bos, eos, eos
     config.bos_token_id = tok.convert_tokens_to_ids(bos)

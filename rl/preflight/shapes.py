@@ -123,8 +123,10 @@ def load_shape(path: str) -> tuple[ModelShape | None, str]:
         if name not in models.EMBEDDED:
             models.embedded_gguf(name)  # raises the ConfigError listing the embedded models
         cfg_file = models.cache_dir() / "models" / models.EMBEDDED[name][2] / "config.json"
-        if not cfg_file.is_file():
-            return None, f"{path} is not converted yet (the first run converts it, about 25 s)"
+        if not cfg_file.is_file():  # not converted yet (the first run does it): the config its GGUF converts to
+            gguf = models.embedded_gguf(name)
+            config = models.gguf_config(gguf).to_dict()
+            return ModelShape.from_hf_config(config, name=path), f"{gguf} (its metadata; the first run converts it)"
     elif path.startswith(("/", ".", "~")) or Path(path).expanduser().exists() or path.count("/") != 1:
         cfg_file = Path(models.resolve_model_path(path)) / "config.json"  # validates the folder
     else:

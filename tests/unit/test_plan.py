@@ -52,6 +52,18 @@ def test_parameter_counts_match_hand_arithmetic_and_the_model_cards():
     assert big.flops_per_token() == 2 * big.params and big.flops_per_token(train=True) == 6 * big.params
 
 
+def test_the_embedded_model_is_sized_from_its_gguf_before_the_first_run_converts_it(tmp_path, monkeypatch):
+    """plan=true before any run: the embedded model's shape from its GGUF's metadata (SmolLM2-135M-Instruct's card:
+    30 layers, hidden 576, 9 heads / 3 KV heads, tied embeddings), nothing converted or written to the cache."""
+    monkeypatch.setenv("RLFT_CACHE", str(tmp_path / "cache"))
+    shape, source = shapes.load_shape("embedded:smollm2-135m-instruct")
+    assert shape is not None and source.endswith(".gguf (its metadata; the first run converts it)")
+    assert (shape.layers, shape.hidden, shape.intermediate, shape.heads, shape.kv_heads) == (30, 576, 1536, 9, 3)
+    assert shape.vocab == 49152 and shape.tied_embeddings and shape.dtype == "bfloat16"
+    assert 134e6 < shape.params < 135e6  # "135M"
+    assert not (tmp_path / "cache").exists()
+
+
 @pytest.mark.parametrize("config", [QWEN_05B, QWEN_7B], ids=["0.5B", "7B"])
 def test_weight_bytes_bf16_and_4bit(config):
     shape = shapes.ModelShape.from_hf_config(config)
