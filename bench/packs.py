@@ -69,8 +69,7 @@ from bench.packs_parts import (
     one_device,
     parse_part,
     provenance,
-    recorded_side,
-    restored_parts,
+    restore_side,
     where_run,
 )
 from rl.run_files import read_metrics
@@ -412,10 +411,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def restore(args: argparse.Namespace, out: Path, listed: list[list[str]]) -> None:
-    """--restore SIDE: the side's part folders under --out (each its result.json, marked `restored`) from the newest
-    sweep-packs line of the results file that holds it for this workload, so that a side measured on an earlier
-    machine, whose folders are gone, counts again beside sides run now."""
-    side, path = args.restore, results_path()
+    """--restore SIDE (bench/packs_parts.py restore_side): the side's parts under --out from the newest result line
+    that holds it for this workload (the preset's and the command line's overrides and sweep)."""
     here = (workload(args), sweep(args))
 
     def same(record: dict) -> bool:
@@ -426,23 +423,10 @@ def restore(args: argparse.Namespace, out: Path, listed: list[list[str]]) -> Non
         kept.preset = kept.preset or ("cpu" if record.get("result", {}).get("device") == "cpu" else "gpu")
         return (workload(kept), sweep(kept)) == here
 
-    found = recorded_side(path.read_text().splitlines() if path.is_file() else [], side, same)
-    if found is None:
-        raise SystemExit(f"--restore {side}: no sweep-packs line of {path} holds {side} of this workload")
-    number, record = found
-    where = f"{path.name} line {number} ({record['date']}, commit {record['commit']})"
-    for run in (r for r in record["result"]["runs"] if r["side"] == side):
-        if (out / Part().folder(side, run["repeat"])).exists() or found_parts(out, side, run["repeat"]):
-            raise SystemExit(
-                f"{out}: {side} repeat {run['repeat']} is there already; --restore writes only where it is not"
-            )
-        for result in restored_parts(run, where):
-            part = parse_part(result["part"])
-            folder = out / part.folder(side, run["repeat"])
-            result["command"] = train_args(side, folder / "sweep", args, part_sweep(args, listed, part)[0])
-            folder.mkdir(parents=True)
-            (folder / "result.json").write_text(json.dumps(result))
-        print(f"{side} repeat {run['repeat']}: restored under {out} from {where}", flush=True)
+    def command(side: str, part: Part, folder: Path) -> list[str]:
+        return train_args(side, folder / "sweep", args, part_sweep(args, listed, part)[0])
+
+    restore_side(results_path(), args.restore, out, same, command)
 
 
 def run_sides(args: argparse.Namespace, order: list[str], out: Path, listed: list[list[str]], names: list[str]) -> None:

@@ -2,8 +2,9 @@
 demo, against a lent machine's 10-minute calls) runs as parts, each a `train.py -m` of a sub-sweep, and counts once
 every part is there. Here: what a part is and its folder's name, how the sweep is cut (the first swept key's values),
 the check that a pack side's part holds packs that the launcher forms for the whole sweep, where a part ran (the
-device, the machine, the compilation caches it found), and the sum of the parts. bench/packs.py runs the parts and
-reads them back; this module keeps that one under 500 lines.
+device, the machine, the compilation caches it found), the sum of the parts, and a side's parts written back from
+its result line (--restore). bench/packs.py runs the parts and reads them back; this module keeps that one under
+500 lines.
 """
 
 from __future__ import annotations
@@ -261,3 +262,29 @@ def restored_parts(run: dict, where: str) -> list[dict]:
             }
         )
     return out
+
+
+def restore_side(
+    path: Path, side: str, out: Path, same: Callable[[dict], bool], command: Callable[[str, Part, Path], list[str]]
+) -> None:
+    """bench.packs --restore SIDE: the side's part folders under --out (each its result.json, marked `restored`, its
+    train.py arguments `command(side, part, folder)`) from the newest sweep-packs line of the results file `path`
+    that holds it and that `same` takes for this workload, so that a side measured on an earlier machine, whose
+    folders are gone with it, counts again beside sides run now. Refused where the side is under --out already."""
+    found = recorded_side(path.read_text().splitlines() if path.is_file() else [], side, same)
+    if found is None:
+        raise SystemExit(f"--restore {side}: no sweep-packs line of {path} holds {side} of this workload")
+    number, record = found
+    where = f"{path.name} line {number} ({record['date']}, commit {record['commit']})"
+    for run in (r for r in record["result"]["runs"] if r["side"] == side):
+        if (out / Part().folder(side, run["repeat"])).exists() or found_parts(out, side, run["repeat"]):
+            raise SystemExit(
+                f"{out}: {side} repeat {run['repeat']} is there already; --restore writes only where it is not"
+            )
+        for result in restored_parts(run, where):
+            part = parse_part(result["part"])
+            folder = out / part.folder(side, run["repeat"])
+            result["command"] = command(side, part, folder)
+            folder.mkdir(parents=True)
+            (folder / "result.json").write_text(json.dumps(result))
+        print(f"{side} repeat {run['repeat']}: restored under {out} from {where}", flush=True)
