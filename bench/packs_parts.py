@@ -249,7 +249,7 @@ def restored_parts(run: dict, where: str) -> list[dict]:
                 "bench": "packs",
                 "side": run["side"],
                 "repeat": run["repeat"],
-                "part": p.get("part", "1/1") if "/" in str(p.get("part", "")) else "1/1",
+                "part": p.get("part", "1/1"),  # a whole side's run is part 1/1
                 "wall_s": p["wall_s"],
                 "startup_s": p.get("startup_s"),
                 "samples": samples,
