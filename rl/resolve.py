@@ -1,6 +1,6 @@
 """The one resolve step: the validated config in, the same config out with every `auto`/`null` filled.
 
-`resolve(cfg, run_dir)` fills the learner backend and dtype, the learning rate, the LoRA mode, a CPU run's threads
+`resolve(cfg, run_dir)` fills the learner backend, the dtypes, the learning rate, the LoRA mode, a CPU run's threads
 per role where its roles overlap, the packed-row budget, the loss normaliser, the overlong buffer, the output folders,
 `model.path` (an embedded model converted once), the weights the actors load (`model.actor_path`: beside a 4-bit learner its NF4 base dequantized) and the
 multi-turn episode limits (`episodes`, from `env`); it checks the registry names (advantage, policy loss,
@@ -79,6 +79,22 @@ def resolve_learner_backend(cfg: TrainConfig) -> LearnerBackend:
         return name
     found = cfg.cluster.use_gpu and importlib.util.find_spec("unsloth") is not None
     return LearnerBackend.unsloth if found else LearnerBackend.peft
+
+
+def resolve_dtype(dtype: DType | str, use_gpu: bool) -> DType:
+    """`model.dtype` / `model.learner_dtype` as the roles load the weights: auto = bfloat16 on GPUs (`use_gpu`) and on
+    CPUs that compute it natively (rl/preflight/machine.py cpu_computes_bf16), float32 on the others, where bf16 is
+    emulated: on an AVX2-only CPU the CPU demo's first step took 461 s in bf16 and 49-53 s in fp32
+    (docs/configuration.md). A CPU run is judged by the machine that resolves its config (a remote Ray cluster of
+    other CPUs: set the keys)."""
+    dtype = DType(dtype)
+    if dtype != DType.auto:
+        return dtype
+    if use_gpu:
+        return DType.bfloat16
+    from rl.preflight.machine import cpu_computes_bf16
+
+    return DType.bfloat16 if cpu_computes_bf16() else DType.float32
 
 
 def resolve_micro_batch_tokens(cfg: TrainConfig) -> int:
@@ -345,7 +361,8 @@ def resolve(
         model=replace(
             m,
             learner_backend=resolve_learner_backend(cfg),
-            learner_dtype=DType.bfloat16 if m.learner_dtype == DType.auto else m.learner_dtype,
+            dtype=resolve_dtype(m.dtype, cfg.cluster.use_gpu),
+            learner_dtype=resolve_dtype(m.learner_dtype, cfg.cluster.use_gpu),
             init_adapter=resolve_init_adapter(cfg),
         ),
         algorithm=replace(

@@ -21,7 +21,7 @@ class DType(str, Enum):
     float32 = "float32"
     bfloat16 = "bfloat16"
     float16 = "float16"
-    auto = "auto"
+    auto = "auto"  # bfloat16 where the roles compute it natively, else float32 (resolved in rl/resolve.py)
 
 
 class ClusterMode(str, Enum):

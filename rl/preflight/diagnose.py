@@ -59,7 +59,7 @@ def _kv_need(cfg: TrainConfig) -> tuple[float, int, int]:
         shape = None
     if shape is None:
         return 0.0, seqs, seq_len
-    dtype = cfg.model.dtype.value if cfg.model.dtype != "auto" else shape.dtype
+    dtype = cfg.model.dtype.value  # resolved
     return float(seqs * seq_len * shape.kv_bytes_per_token(DTYPE_BYTES.get(dtype, 2))), seqs, seq_len
 
 
@@ -254,7 +254,7 @@ def _cpu_kv_hint(cfg: TrainConfig) -> str:
         return ""
     if shape is None:
         return ""
-    dtype = cfg.model.dtype.value if cfg.model.dtype != "auto" else shape.dtype
+    dtype = cfg.model.dtype.value  # resolved
     non_kv = vllm_cpu_non_kv_bytes(shape.weight_bytes(DTYPE_BYTES.get(dtype, 2)))
     f = cfg.cluster.gpu_memory_utilization
     need, seqs, seq_len = _kv_need(cfg)

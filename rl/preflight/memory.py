@@ -44,6 +44,7 @@ from rl.config.schema import ConfigError
 from rl.model_path import adapter_lora, lora_slot_rank
 from rl.preflight.shapes import DTYPE_BYTES, ModelShape
 from rl.resolve import (
+    resolve_dtype,
     resolve_lora_mode,
     resolve_micro_batch_tokens,
     teacher_in_4bit,
@@ -123,7 +124,8 @@ def estimate_memory(
         raise ConfigError("model.load_in_4bit=true cannot be fully fine-tuned: set model.full_finetune=false (LoRA)")
     seq_len = max_prompt_tokens + max_new_tokens
     checkpointing = load_in_4bit if gradient_checkpointing is None else gradient_checkpointing
-    learner_name = learner_dtype if learner_dtype != "auto" else "bfloat16"  # as rl/resolve.py resolves auto
+    actor_dtype = resolve_dtype(actor_dtype, use_gpu).value  # auto as the run resolves it
+    learner_name = resolve_dtype(learner_dtype, use_gpu).value
     learner_b = DTYPE_BYTES.get(learner_name, 2)
 
     learner = RoleMemory("learner")
@@ -195,12 +197,13 @@ TEACHER_KEYS = EngineKeys("teacher", "cluster.teacher_memory_utilization", "clus
 def engine_weights(
     role: str, shape: ModelShape, dtype: str, in_4bit: bool, lora_params: int
 ) -> tuple[RoleMemory, int, float]:
-    """A rollout or judge/teacher engine's memory so far: its weights in `dtype` ("auto": the model's) or 4-bit, and
-    a LoRA slot of `lora_params` parameters (0: none). With the bytes per element and the weights' bytes."""
+    """A rollout or judge/teacher engine's memory so far: its weights in `dtype` (resolved: rl/resolve.py
+    resolve_dtype) or 4-bit, and a LoRA slot of `lora_params` parameters (0: none). With the bytes per element and the
+    weights' bytes."""
     eng = RoleMemory(role)
-    b = DTYPE_BYTES.get(dtype if dtype != "auto" else shape.dtype, 2)
+    b = DTYPE_BYTES.get(dtype, 2)
     weights = shape.weight_bytes(b, in_4bit)
-    precision = "4-bit NF4" if in_4bit else dtype if dtype != "auto" else shape.dtype
+    precision = "4-bit NF4" if in_4bit else dtype
     eng.parts[f"weights ({precision})"] = weights
     if lora_params:
         eng.parts["LoRA slot"] = lora_params * b
@@ -353,7 +356,7 @@ def plan_for_config(
             TEACHER_KEYS,
             use_gpu=bool(c.use_gpu),
             device_bytes=device_bytes,
-            dtype=value(m.dtype),
+            dtype=resolve_dtype(value(m.dtype), bool(c.use_gpu)).value,
             seq_len=context,
             sequences=math.ceil(samples / teachers),  # each engine scores (or judges) its share of the step
             gpus=c.gpus_per_teacher,

@@ -276,6 +276,30 @@ def test_a_cpu_run_whose_roles_overlap_splits_the_cores_between_them(overrides, 
     assert got == expected
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["bf16_cpu", "avx2_cpu"])
+def test_the_auto_dtypes_are_bf16_where_the_hardware_computes_it_and_fp32_on_other_cpus(native, tmp_path, monkeypatch):
+    """model.dtype and model.learner_dtype default to auto: bf16 on GPUs and on a CPU with native bf16, fp32 on a
+    CPU that emulates it (there bf16 made the demo's step 9x slower); a value given is kept on either; the plan
+    sizes the roles in the same dtypes."""
+    from rl.preflight import machine, memory
+    from rl.preflight.shapes import ModelShape
+
+    monkeypatch.setattr(machine, "cpu_computes_bf16", lambda: native)
+    cpu = "bfloat16" if native else "float32"
+    m = specs.from_overrides(str(tmp_path)).model
+    assert (m.dtype, m.learner_dtype) == (cpu, cpu)
+    m = specs.from_overrides(str(tmp_path), "cluster.use_gpu=true").model
+    assert (m.dtype, m.learner_dtype) == ("bfloat16", "bfloat16")
+    m = specs.from_overrides(str(tmp_path), "model.dtype=float16", "model.learner_dtype=bfloat16").model
+    assert (m.dtype, m.learner_dtype) == ("float16", "bfloat16")
+    shape = ModelShape(
+        vocab=1000, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, head_dim=16, tied_embeddings=True
+    )
+    cfg = OmegaConf.to_object(OmegaConf.structured(TrainConfig))  # unresolved: the plan's autos
+    roles = memory.plan_for_config(cfg, shape, 16 * 1024**3)
+    assert f"weights ({cpu})" in roles["actor"].parts and f"weights ({cpu})" in roles["learner"].parts
+
+
 def test_a_4bit_learners_actors_load_its_dequantized_base(tmp_path):
     """model.actor_base=learner (default): beside a 4-bit learner the actors load its NF4 base dequantized, a cache
     folder keyed by the model, backend and versions (made on a GPU before the roles start: rl/app.py);
@@ -315,11 +339,12 @@ def test_native_lora_slots_take_a_rank_vllm_allows(tmp_path):
     cfg = specs.from_overrides(str(model), "model.lora_rank=4", "cluster.lora_mode=native")
     assert engine_kwargs(cfg)["max_lora_rank"] == 8
     from rl.preflight.plan import plan_for_config
-    from rl.preflight.shapes import ModelShape
+    from rl.preflight.shapes import DTYPE_BYTES, ModelShape
 
     shape = ModelShape(layers=24, hidden=896, intermediate=4864, heads=14, kv_heads=2, head_dim=64, vocab=32000)
     actor = plan_for_config(cfg, shape, 80 * 2**30)["actor"]
-    assert actor.parts["LoRA slot"] == shape.lora_params(8, list(cfg.model.lora_targets)) * 2  # the plan counts it too
+    slot = shape.lora_params(8, list(cfg.model.lora_targets)) * DTYPE_BYTES[cfg.model.dtype.value]
+    assert actor.parts["LoRA slot"] == slot  # the plan counts it too, in the engine's dtype
 
 
 def test_a_packs_engine_runs_every_jobs_batch_at_once(tmp_path):
