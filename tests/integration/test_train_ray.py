@@ -23,6 +23,24 @@ def test_two_steps_on_ray_with_vllm(tiny_model, tmp_path):
     assert "step 2/2" in proc.stdout
 
 
+def test_an_fp32_actor_over_a_bf16_checkpoint_merges_the_adapter_in_fp32(tiny_model, tmp_path):
+    """The tiny model's file is bf16 and both roles run fp32 (as `auto` picks on a CPU without native bf16): the
+    actor merges each adapter in its own fp32, so its logprobs stay the learner's to fp32 rounding. Merged in the
+    file's bf16, every delta was rounded to the base weights' bf16 spacing: the probe read 3.4e-4-4.5e-4 here at
+    lr 1e-2 against 4e-7 (the floor 4.5e-7), and 0.04-0.07 nats per token on the CPU demo (SmolLM2, floor 0)."""
+    import json
+
+    config = json.loads((tiny_model / "config.json").read_text())
+    assert config.get("dtype", config.get("torch_dtype")) == "bfloat16"
+    out = tmp_path / "run"
+    proc = run_train(
+        [f"model.path={tiny_model}", f"run.output_dir={out}", "cluster=local", *TINY_RUN, "algorithm.lr=1e-2"]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = check_trained(out)
+    assert all(r["sync/logprob_abs_diff"] < 1e-5 for r in steps), [r["sync/logprob_abs_diff"] for r in steps]
+
+
 def test_full_finetune_in_local_mode_syncs_every_weight_to_vllm(tiny_model, tmp_path):
     """model.full_finetune=true: all weights go to the vLLM actor each step (worker extension, in place), the probe
     confirms the actor runs them, the KL uses the frozen reference copy, and the result is an HF model folder.

@@ -53,6 +53,25 @@ def test_bf16_merge_is_within_one_unit_in_the_last_place_of_the_exact_result():
         assert bool(((merged.float() - exact).abs() <= ulp).all())
 
 
+def test_a_bf16_base_served_in_fp32_is_merged_in_fp32():
+    """With the engine's dtype the payload merges in it: a bf16 checkpoint's base served by an fp32 engine gets
+    the fp32 sum to fp32 rounding; merged in the file's bf16, a training-sized delta (|delta| << |W0|) loses most of
+    its bits to W0's bf16 spacing."""
+    prefix = "model.layers.0.self_attn."
+    base = {k: v.to(torch.bfloat16) for k, v in base_weights().items() if k.startswith(prefix)}
+    weights = {k: v * (0.02 if "lora_A" in k else 1e-3) for k, v in peft_weights(rank=16).items()}
+    factors, scale = lora_factors({"r": 16, "lora_alpha": 32}, weights)
+    fp32 = dict(merged_payload(base, factors, scale, dtype=torch.float32))
+    bf16 = dict(merged_payload(base, factors, scale))
+    b, a = factors[prefix + "q_proj"]
+    delta = scale * b @ a
+    exact = base[prefix + "q_proj.weight"].float() + delta
+    assert fp32[prefix + "q_proj.weight"].dtype == torch.float32 == fp32[prefix + "k_proj.weight"].dtype
+    torch.testing.assert_close(fp32[prefix + "q_proj.weight"], exact, rtol=0, atol=1e-6)
+    lost = (bf16[prefix + "q_proj.weight"].float() - exact).abs().mean() / delta.abs().mean()
+    assert lost > 0.5  # the bf16 merge misses most of the delta (0.94 here)
+
+
 def base_weights() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(2)
     return {
