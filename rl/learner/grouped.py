@@ -237,7 +237,7 @@ def train_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[dict[str, float
     `pack/grouped_jobs` (the jobs that shared the forward); a job whose step raised gets its error (JobError), which
     its own call raises, and its pack mates their metrics."""
     if len(jobs) < 2 or prepare(learner) is not None:
-        return [_alone(learner, job) for job in jobs]
+        return [_step_alone(learner, job) for job in jobs]
     t0 = time.perf_counter()
     try:
         plans = _forward_backward(learner, jobs)
@@ -245,7 +245,7 @@ def train_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[dict[str, float
         # no job's state has changed yet (its adapter, optimizer and version change in finish_step): each job's
         # step alone instead, so that a job whose samples or loss raise fails alone and its pack mates go on
         log.warning("the grouped learner step failed (%s); this step runs its jobs one after another", e)
-        return [_alone(learner, job) for job in jobs]
+        return [_step_alone(learner, job) for job in jobs]
     out: list[dict[str, float] | JobError] = []
     for job, p in zip(jobs, plans):
         job.enter()
@@ -322,14 +322,24 @@ def _forward_backward(learner: Any, jobs: Sequence[JobStep]) -> list[_Plan]:
     return plans
 
 
-def _alone(learner: Any, job: JobStep) -> dict[str, float] | JobError:
+def _alone(job: JobStep, call: Callable[[], Any]) -> Any:
+    """`call()` with `job`'s adapter and state entered: what a job outside a grouped step runs (its step or its
+    probe's logprobs), its error returned as a JobError so that its pack mates go on."""
     job.enter()
     try:
-        return learner.train_step(job.samples) | {"pack/grouped_jobs": 1.0}
+        return call()
     except Exception as e:  # raised in the job's own thread (JobGroup.result), its pack mates unaffected
         return JobError(e)
     finally:
         job.leave()
+
+
+def _step_alone(learner: Any, job: JobStep) -> dict[str, float] | JobError:
+    return _alone(job, lambda: learner.train_step(job.samples) | {"pack/grouped_jobs": 1.0})
+
+
+def _logprobs_alone(learner: Any, job: JobStep) -> list[list[float]] | JobError:
+    return _alone(job, lambda: learner.sequence_logprobs(*job.samples))
 
 
 def logprobs_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[list[list[float]] | JobError]:
@@ -338,7 +348,7 @@ def logprobs_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[list[list[fl
     step score their samples in one forward, where one forward per job ran one after another. Job after job where
     the step would be (`prepare`)."""
     if len(jobs) < 2 or prepare(learner) is not None:
-        return [_alone_logprobs(learner, job) for job in jobs]
+        return [_logprobs_alone(learner, job) for job in jobs]
     rows = []
     for job in jobs:
         job.enter()
@@ -363,21 +373,11 @@ def logprobs_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[list[list[fl
                     out[j].extend(logp[i, : len(s.completion_ids)].tolist() for i, s in enumerate(rows[j].batches[k]))
     except Exception as e:
         log.warning("the grouped sync-probe forward failed (%s); its jobs are scored one after another", e)
-        return [_alone_logprobs(learner, job) for job in jobs]
+        return [_logprobs_alone(learner, job) for job in jobs]
     finally:
         learner.model.train()
     scored: list[list[list[float]] | JobError] = list(out)
     return scored
-
-
-def _alone_logprobs(learner: Any, job: JobStep) -> list[list[float]] | JobError:
-    job.enter()
-    try:
-        return learner.sequence_logprobs(*job.samples)
-    except Exception as e:  # raised in the job's own thread, its pack mates unaffected
-        return JobError(e)
-    finally:
-        job.leave()
 
 
 class _GroupedForward:

@@ -64,11 +64,12 @@ vLLM engine output (errors):
 
 @pytest.fixture
 def spec(tmp_path):
-    """A run's resolved config for Qwen2.5-0.5B's shapes (config.json only): 8 prompts x 8 samples, 256 + 32 tokens."""
+    """A run's resolved config for Qwen2.5-0.5B's shapes (config.json only): 8 prompts x 8 samples, 256 + 32 tokens,
+    the engine in bf16 (auto would be fp32 on a CPU without native bf16)."""
     folder = tmp_path / "qwen"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(QWEN_05B))
-    return run_spec(folder, "cluster.gpu_memory_utilization=0.01")
+    return run_spec(folder, "cluster.gpu_memory_utilization=0.01", "model.dtype=bfloat16")
 
 
 def test_engine_root_cause_is_the_workers_error_not_vllms_wrappers():

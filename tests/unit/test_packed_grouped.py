@@ -220,7 +220,7 @@ def never_alone(monkeypatch) -> None:
     def alone(learner, job):
         raise AssertionError("the grouped probe scoring fell back to job after job")
 
-    monkeypatch.setattr(grouped, "_alone_logprobs", alone)
+    monkeypatch.setattr(grouped, "_logprobs_alone", alone)
 
 
 @pytest.mark.parametrize("layout", [PADDED, ("learner.micro_batch_tokens=32",)], ids=["padded", "packed"])
