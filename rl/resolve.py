@@ -16,6 +16,7 @@ Import-light at module level (no torch, no vllm, no ray): the preflight plan res
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -83,18 +84,23 @@ def resolve_learner_backend(cfg: TrainConfig) -> LearnerBackend:
 
 def resolve_dtype(dtype: DType | str, use_gpu: bool) -> DType:
     """`model.dtype` / `model.learner_dtype` as the roles load the weights: auto = bfloat16 on GPUs (`use_gpu`) and on
-    CPUs that compute it natively (rl/preflight/machine.py cpu_computes_bf16), float32 on the others, where bf16 is
+    CPUs that compute it natively (`cpu_computes_bf16`), float32 on the others, where bf16 is
     emulated: on an AVX2-only CPU the CPU demo's first step took 461 s in bf16 and 49-53 s in fp32
     (docs/configuration.md). A CPU run is judged by the machine that resolves its config (a remote Ray cluster of
     other CPUs: set the keys)."""
     dtype = DType(dtype)
     if dtype != DType.auto:
         return dtype
-    if use_gpu:
-        return DType.bfloat16
-    from rl.preflight.machine import cpu_computes_bf16
+    return DType.bfloat16 if use_gpu or cpu_computes_bf16() else DType.float32
 
-    return DType.bfloat16 if cpu_computes_bf16() else DType.float32
+
+@functools.cache
+def cpu_computes_bf16() -> bool:
+    """Whether torch's CPU kernels compute bf16 natively on this machine (oneDNN's bf16 path: AVX-512 or AMX on x86,
+    the bf16 extension on Arm); without it bf16 is emulated, several times slower than fp32."""
+    import torch
+
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def resolve_micro_batch_tokens(cfg: TrainConfig) -> int:

@@ -1,12 +1,10 @@
-"""What this machine has, read without starting anything: its GPUs (nvidia-smi), its RAM, the NUMA node a vLLM
-CPU engine allocates from (capped by a cgroup limit) and whether its CPU computes bf16 natively. The plan (plan.py)
-and the start-up diagnosis (diagnose.py) size their suggestions with these; rl/resolve.py picks `auto` dtypes by the
-last.
+"""What this machine has, read without starting anything: its GPUs (nvidia-smi), its RAM, and the NUMA node a vLLM
+CPU engine allocates from (capped by a cgroup limit). The plan (plan.py) and the start-up diagnosis (diagnose.py)
+size their suggestions with these.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import subprocess
@@ -32,15 +30,6 @@ def detect_gpus() -> tuple[int, float, str] | None:
         return (len(rows), float(rows[0][1]) * 1024**2, rows[0][0].strip()) if rows else None
     except ValueError:  # "[N/A]" and the like
         return None
-
-
-@functools.cache
-def cpu_computes_bf16() -> bool:
-    """Whether torch's CPU kernels compute bf16 natively here (oneDNN's bf16 path: AVX-512 or AMX on x86, the bf16
-    extension on Arm); without it bf16 is emulated, several times slower than fp32 (docs/configuration.md)."""
-    import torch
-
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def ram_bytes() -> float:

@@ -281,10 +281,10 @@ def test_the_auto_dtypes_are_bf16_where_the_hardware_computes_it_and_fp32_on_oth
     """model.dtype and model.learner_dtype default to auto: bf16 on GPUs and on a CPU with native bf16, fp32 on a
     CPU that emulates it (there bf16 made the demo's step 9x slower); a value given is kept on either; the plan
     sizes the roles in the same dtypes."""
-    from rl.preflight import machine, memory
+    from rl.preflight import memory
     from rl.preflight.shapes import ModelShape
 
-    monkeypatch.setattr(machine, "cpu_computes_bf16", lambda: native)
+    monkeypatch.setattr(specs, "cpu_computes_bf16", lambda: native)
     cpu = "bfloat16" if native else "float32"
     m = specs.from_overrides(str(tmp_path)).model
     assert (m.dtype, m.learner_dtype) == (cpu, cpu)
