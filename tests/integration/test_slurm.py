@@ -47,6 +47,19 @@ def job_state(job: str, env: dict) -> str:
     return fields.get("JobState", "UNKNOWN")
 
 
+def cluster_logs(env: dict, job: str, lines: int = 40) -> str:
+    """The job's record and the tails of the test cluster's slurmctld and slurmd logs (its folder goes with the
+    fixture): why SLURM failed a job that wrote nothing to its output."""
+    state = Path(env["SLURM_CONF"]).parent
+    record = subprocess.run(["scontrol", "-o", "show", "job", job], env=env, capture_output=True, text=True).stdout
+    tails = [
+        f"--- {name}\n" + "\n".join((state / name).read_text(errors="replace").splitlines()[-lines:])
+        for name in ("slurmctld.log", "slurmd.log")
+        if (state / name).is_file()
+    ]
+    return "\n".join([record, *tails])
+
+
 def wait_job(job: str, env: dict, states: tuple[str, ...], log: Path) -> str:
     for _ in range(JOB_TIMEOUT_S):
         state = job_state(job, env)
@@ -142,7 +155,8 @@ def test_a_stopped_run_keeps_its_checkpoint_and_the_requeued_job_finishes_it(slu
     assert kept and all(not n.startswith(".") for n in kept)  # whole checkpoints only, no temp folder left
     # SLURM holds a requeued job back for about two minutes before it may start again: let it start now
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm_env, check=True)
-    assert wait_job(job, slurm_env, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), log) == "COMPLETED"
+    state = wait_job(job, slurm_env, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), log)
+    assert state == "COMPLETED", log.read_text()[-2000:] + "\n" + cluster_logs(slurm_env, job)
     text = log.read_text()
     assert f"resumed from {run_dir / 'checkpoints' / kept[-1]}" in text, text[-3000:]
     rows = [r for r in metric_rows(run_dir) if "train/loss" in r]
