@@ -113,7 +113,8 @@ def estimate_memory(
     pack_jobs: int = 1,
     grouped: bool = False,
 ) -> dict[str, RoleMemory]:
-    """Memory of one rollout actor and one learner (bytes). `device_bytes`: one GPU's memory, or the machine's RAM
+    """Memory of one rollout actor and one learner (bytes). `actor_dtype`, `learner_dtype`: resolved (rl/resolve.py
+    resolve_dtype; plan_for_config resolves a config's). `device_bytes`: one GPU's memory, or the machine's RAM
     when `use_gpu` is false. `gradient_checkpointing` None means on with 4-bit (Unsloth's default), else off.
     `actor_in_4bit`: the engine holds the weights in NF4 (model.actor_base=quantized). `pack_jobs`: the jobs of a
     sweep pack sharing the roles (hydra/launcher=pack): one base, and per job an adapter and its AdamW moments on the
@@ -124,15 +125,13 @@ def estimate_memory(
         raise ConfigError("model.load_in_4bit=true cannot be fully fine-tuned: set model.full_finetune=false (LoRA)")
     seq_len = max_prompt_tokens + max_new_tokens
     checkpointing = load_in_4bit if gradient_checkpointing is None else gradient_checkpointing
-    actor_dtype = resolve_dtype(actor_dtype, use_gpu).value  # auto as the run resolves it
-    learner_name = resolve_dtype(learner_dtype, use_gpu).value
-    learner_b = DTYPE_BYTES.get(learner_name, 2)
+    learner_b = DTYPE_BYTES.get(learner_dtype, 2)
 
     learner = RoleMemory("learner")
-    precision = "4-bit NF4" if load_in_4bit else learner_name
+    precision = "4-bit NF4" if load_in_4bit else learner_dtype
     learner.parts[f"weights ({precision})"] = shape.weight_bytes(learner_b, load_in_4bit)
     if full_finetune:
-        trainable, train_b, label = shape.params, learner_b, f"full fine-tune, {learner_name}"
+        trainable, train_b, label = shape.params, learner_b, f"full fine-tune, {learner_dtype}"
     else:
         trainable, train_b, label = shape.lora_params(lora_rank, lora_targets), 4, f"LoRA r={lora_rank}, fp32"
         learner.parts[f"LoRA weights ({label}{f', x{pack_jobs} jobs' if pack_jobs > 1 else ''})"] = (
@@ -321,12 +320,13 @@ def plan_for_config(
 
     vllm = value(c.rollout_backend) == "vllm"
     samples = cfg.run.prompts_per_step * cfg.algorithm.group_size
+    actor_dtype = resolve_dtype(value(m.dtype), bool(c.use_gpu)).value  # auto as the run resolves it
     roles = estimate_memory(
         shape,
         use_gpu=bool(c.use_gpu),
         device_bytes=device_bytes,
-        actor_dtype=value(m.dtype),
-        learner_dtype=value(m.learner_dtype),
+        actor_dtype=actor_dtype,
+        learner_dtype=resolve_dtype(value(m.learner_dtype), bool(c.use_gpu)).value,
         load_in_4bit=m.load_in_4bit,
         full_finetune=m.full_finetune,
         lora_rank=m.lora_rank,
@@ -356,7 +356,7 @@ def plan_for_config(
             TEACHER_KEYS,
             use_gpu=bool(c.use_gpu),
             device_bytes=device_bytes,
-            dtype=resolve_dtype(value(m.dtype), bool(c.use_gpu)).value,
+            dtype=actor_dtype,
             seq_len=context,
             sequences=math.ceil(samples / teachers),  # each engine scores (or judges) its share of the step
             gpus=c.gpus_per_teacher,
