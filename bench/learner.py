@@ -33,8 +33,13 @@ if the learner did not group them), `ours_pack_each` as N solo steps one after a
 Token ids are random (speed does not depend on them); lengths default to the demo's (8 prompts x 8 completions,
 57-token prompts, 10-40 tokens).
 
-Backend: transformers + PEFT (CPU or CUDA). The GPU backends (Unsloth 4-bit, PEFT + bitsandbytes 4-bit, PEFT bf16)
-against each library's own step are bench/learner_backends.py (measured on the H200, README).
+Backend (`--backend`): `peft`, transformers + PEFT (CPU or CUDA; the raw side's library); `unsloth`, the GPU demo's
+Unsloth 4-bit learner (model.learner_backend=unsloth, model.load_in_4bit=true; our sides and the pack sides only),
+e.g. a sweep pack's grouped step as the demo runs it, with its top ops:
+    python -m bench.learner --device cuda --backend unsloth --groups 32 --group-size 16 --micro-batch-size 64 \
+        --jobs 8 --sides ours_pack_grouped,ours_pack_each --profile 25
+The GPU backends (Unsloth 4-bit, PEFT + bitsandbytes 4-bit, PEFT bf16) against each library's own step are
+bench/learner_backends.py (measured on the H200, README).
 """
 
 from __future__ import annotations
@@ -85,9 +90,11 @@ def ours_args(args, path: str, *, share_prompt_prefix: bool, packed: bool = Fals
     """Our learner's constructor arguments for the bench's settings (`lr` None: the config's default)."""
     from rl.app import learner_args
 
+    # peft: the raw side's library (`auto` would take Unsloth on a GPU that has it); unsloth: the GPU demo's learner
+    backend = ["model.learner_backend=unsloth", "model.load_in_4bit=true"] if args.backend == "unsloth" else []
     cfg = learner_config(
         path,
-        "model.learner_backend=peft",  # the raw side's library: `auto` would take Unsloth on a GPU that has it
+        *(backend or ["model.learner_backend=peft"]),
         f"learner.micro_batch_size={args.micro_batch_size}",
         f"learner.micro_batch_tokens={args.micro_batch_tokens if packed else 0}",
         f"learner.packed_attention={args.packed_attention}",
@@ -295,7 +302,7 @@ def run_side(args) -> dict:
         "bench": "learner",
         "side": args.side,
         "model": args.shape or args.model,
-        "backend": "peft",
+        "backend": args.backend,
         "jobs": args.jobs if pack else 1,
         "samples": len(samples),
         "tokens": sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples),
@@ -317,6 +324,8 @@ def run_side(args) -> dict:
 
 def compare(args) -> None:
     """Each side in a fresh process, one after the other; medians, spreads, ratios of medians, a markdown row."""
+    if args.backend == "unsloth" and ("raw" in args.sides.split(",") or args.device != "cuda"):
+        raise SystemExit("--backend unsloth: a CUDA learner of our sides only (drop `raw` from --sides, --device cuda)")
     rows = {}
     for side in args.sides.split(","):
         if side not in SIDES:
@@ -347,7 +356,7 @@ def compare(args) -> None:
     shown = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
     pack = f", pack sides: {args.jobs} jobs of their own samples" if any(s in rows for s in PACK_SIDES) else ""
     print(
-        f"| learner step: {first['model']} peft {args.dtype}, {args.groups * args.group_size} samples{pack} "
+        f"| learner step: {first['model']} {args.backend} {args.dtype}, {args.groups * args.group_size} samples{pack} "
         f"({args.groups} prompts x "
         f"{args.group_size}, {args.prompt_len}-token prompts, completions {lo}-{hi}), LoRA r={args.rank}, "
         f"micro-batch {args.micro_batch_size} seqs / {args.micro_batch_tokens} tokens packed | {cells} | "
@@ -364,6 +373,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--completion-len", default="10:40", help="lo:hi completion tokens, uniform")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument(
+        "--backend",
+        default="peft",
+        choices=["peft", "unsloth"],
+        help="our sides' learner: PEFT in --dtype, or the GPU demo's Unsloth 4-bit (CUDA; no raw side)",
+    )
     ap.add_argument("--micro-batch-size", type=int, default=16, help="padded sides: sequences per micro-batch")
     ap.add_argument("--micro-batch-tokens", type=int, default=4096, help="packed sides: tokens per row")
     ap.add_argument("--packed-attention", default="auto", choices=["auto", "sdpa", "varlen"])

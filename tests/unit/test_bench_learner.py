@@ -45,3 +45,11 @@ def test_the_grouped_side_fails_with_the_learners_reason_when_it_steps_job_after
     batches = [make_samples(groups=1, group_size=2, seed=j) for j in range(2)]
     with pytest.raises(SystemExit, match="did not group the 2 jobs' steps: model.lora_dropout>0"):
         steps.train_step(batches)
+
+
+def test_the_unsloth_backend_builds_the_demos_4bit_learner_and_refuses_the_raw_side(tiny_model):
+    args = bench_learner.parser().parse_args([*SMALL, "--backend", "unsloth", "--device", "cuda"])
+    kwargs = bench_learner.ours_args(args, str(tiny_model), share_prompt_prefix=False)
+    assert kwargs["model"].learner_backend.value == "unsloth" and kwargs["model"].load_in_4bit
+    with pytest.raises(SystemExit, match="drop `raw` from --sides"):
+        bench_learner.compare(bench_learner.parser().parse_args([*SMALL, "--backend", "unsloth", "--sides", "raw"]))
