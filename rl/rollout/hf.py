@@ -28,7 +28,7 @@ class HFRollout(EpisodeEngine):
         self.model = (
             AutoModelForCausalLM.from_pretrained(
                 model_path,
-                dtype=getattr(torch, dtype) if dtype != "auto" else "auto",
+                dtype=getattr(torch, dtype),  # resolved: model.dtype=auto is bf16 or fp32 by then (rl/resolve.py)
                 trust_remote_code=trust_remote_code,
             )
             .to(self.device)
