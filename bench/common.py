@@ -211,7 +211,8 @@ def run_result(run_dir: Path) -> dict:
     metrics = run_dir / "metrics.jsonl"
     rows = read_metrics(metrics) if metrics.is_file() else []
     steps = [r for r in rows if "time/step_s" in r and r.get("step", 0) >= 2]
-    for key in ("time/step_s", "time/rollout_s", "time/reward_s", "time/learn_s", "time/sync_s", "time/probe_s"):
+    parts = ("step", "rollout", "reward", "learn", "sync", "probe", "probe_samples", "probe_score", "prepare")
+    for key in (f"time/{part}_s" for part in parts):
         values = [r[key] for r in steps if key in r]
         if values:
             result[f"median_{key}"] = round(statistics.median(values), 3)

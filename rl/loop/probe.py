@@ -46,7 +46,7 @@ class SyncProbe:
     def measure_floor(self) -> float:
         """Learner vs actors on the base model (version 0 on both sides: a correct sync), before any step. Taken
         before a checkpoint is restored, so its sampling never shifts a resumed run's restored random streams."""
-        floor = self.runtime.probe_finish(self.runtime.probe_submit(self.prompts, self.sampling, self._seeds(0)))
+        floor = self.runtime.probe_finish(self.runtime.probe_submit(self.prompts, self.sampling, self._seeds(0))).diff
         self.limit = floor + self.threshold
         if self.floor_limit is not None and floor > self.floor_limit:
             raise BaseMismatch(
@@ -64,7 +64,7 @@ class SyncProbe:
         if self.deferred and not last:
             self._held = (step, calls)
             return {}
-        return {"sync/logprob_abs_diff": self._check(step, calls)}
+        return self._check(step, calls)
 
     def _seeds(self, step: int) -> list[int]:
         return [prompt_seed(self.seed, i, "probe", step) for i in range(len(self.prompts))]
@@ -74,14 +74,16 @@ class SyncProbe:
         if self._held is None:
             return {}
         (step, calls), self._held = self._held, None
-        return {"sync/logprob_abs_diff": self._check(step, calls)}
+        return self._check(step, calls)
 
-    def _check(self, step: int, calls: list) -> float:
-        diff = self.runtime.probe_finish(calls)
+    def _check(self, step: int, calls: list) -> dict[str, float]:
+        """The probe's metrics: its difference and where its time went (time/probe_samples_s: the wait for the
+        actors' samples, time/probe_score_s: the learner's scoring; both within the driver's time/probe_s)."""
+        diff, samples_s, score_s = self.runtime.probe_finish(calls)
         if diff > self.limit:
             raise ProbeFailed(
                 f"adapter sync check failed at step {step}: mean |logp_learner - logp_actor| = {diff:.4f} > "
                 f"{self.limit:.4f} (probe floor before training + sync_probe_threshold): the actor is not running the "
                 "learner's adapter"
             )
-        return diff
+        return {"sync/logprob_abs_diff": diff, "time/probe_samples_s": samples_s, "time/probe_score_s": score_s}

@@ -18,7 +18,7 @@ from rl.runtime.pipeline import PendingGeneration, Pipeline
 from rl.runtime.pool import ActorPool, Call
 from rl.runtime.roles import Learner, Method, RolloutActor, T, Teacher
 from rl.runtime.stream import NewGroup, Stream
-from rl.runtime.sync import AdapterSync, Versions
+from rl.runtime.sync import AdapterSync, ProbeReading, Versions
 from rl.types import Adapter, PromptRollout, Sampling, TrainSample, completions_of, prompts_of
 
 
@@ -199,7 +199,7 @@ class Runtime:
     def probe_submit(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None) -> list[Call]:
         return self.adapter_sync.probe_submit(prompts, sampling, seeds)
 
-    def probe_finish(self, calls: list[Call]) -> float:
+    def probe_finish(self, calls: list[Call]) -> ProbeReading:
         return self.adapter_sync.probe_finish(calls)
 
     # ------------------------------------------------------------------------------------------------ metrics

@@ -11,7 +11,7 @@ actors' logprobs with learner 0's on the version just published.
 from __future__ import annotations
 
 import time
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from rl.runtime.groups import Group
 from rl.runtime.pool import ActorPool, Call
@@ -21,6 +21,15 @@ from rl.types import Adapter, PromptRollout, Sampling, completions_of, prompts_o
 
 class VersionMismatch(RuntimeError):
     pass
+
+
+class ProbeReading(NamedTuple):
+    """A sync probe's answer: the mean |logp_learner - logp_actor| per token, the seconds spent waiting for the actors'
+    probe samples (near 0 when the probe was read a step late) and the seconds of learner 0's scoring of them."""
+
+    diff: float
+    samples_s: float
+    score_s: float
 
 
 class Versions:
@@ -158,11 +167,14 @@ class AdapterSync:
         self.pool.rejoin(wait=True)
         return [self.pool.submit(i, RolloutActor.generate, prompts, sampling, seeds) for i in self.pool.live()]
 
-    def probe_finish(self, calls: list[Call]) -> float:
-        """Mean |logp_learner - logp_actor| over the probe's tokens; call it before the learners step again.
-        An actor that died meanwhile is left out of this probe (it is restarted and re-sent the adapter)."""
+    def probe_finish(self, calls: list[Call]) -> ProbeReading:
+        """Mean |logp_learner - logp_actor| over the probe's tokens, and the time its two halves took; call it
+        before the learners step again. An actor that died meanwhile is left out of this probe (it is restarted and
+        re-sent the adapter)."""
         current = self.versions.current
+        t0 = time.perf_counter()
         per_actor = [(call.actor, rollouts) for call, rollouts in self.pool.results(calls, "the sync probe")]
+        t1 = time.perf_counter()
         for i, rollouts in list(per_actor):
             for r in rollouts:
                 if r.adapter_version != current and not self.versions.ok(i, r.adapter_version):
@@ -175,7 +187,7 @@ class AdapterSync:
         diffs: list[float] = []
         for _, rollouts in per_actor:
             diffs.extend(self._differences(rollouts))
-        return sum(diffs) / max(len(diffs), 1)
+        return ProbeReading(sum(diffs) / max(len(diffs), 1), t1 - t0, time.perf_counter() - t1)
 
     def _differences(self, rollouts: list[PromptRollout]) -> list[float]:
         completions = completions_of(rollouts)

@@ -20,6 +20,9 @@ def test_two_steps_on_ray_with_vllm(tiny_model, tmp_path):
     for s in steps:
         parts = ("rollout", "reward", "prepare", "learn", "sync", "probe")
         assert s["time/probe_s"] > 0 and sum(s[f"time/{p}_s"] for p in parts) <= s["time/step_s"]
+        # the probe's two halves (the actors' samples, the learner's scoring) are within it
+        assert 0 < s["time/probe_samples_s"] and 0 < s["time/probe_score_s"]
+        assert s["time/probe_samples_s"] + s["time/probe_score_s"] <= s["time/probe_s"]
     assert "step 2/2" in proc.stdout
 
 
