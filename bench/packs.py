@@ -15,7 +15,9 @@ of their `train/samples`) over that wall time. The sides rotate between repeats,
 them; the speed-up of a side is the sequential side's wall time over its own within a repeat, its median and range
 over the repeats. The held-out accuracy before and after of each job comes from the job's summary.json, each side in a
 column; the seed spread (the largest max-min of the sequential side's accuracy after over the seeds and repeats of
-one setting) says how far a packed job may fall from its solo run by chance.
+one setting) says how far a packed job may fall from its solo run by chance. Where a step goes, per side: the median
+over its jobs of each job's median seconds of a step's parts over its steps 2-N (`time/rollout_s`, `time/learn_s`,
+the sync probe's `time/probe_s` and its two halves, ...; metrics.jsonl).
 
 Presets: `gpu` is the GPU demo (+experiment=gpu_smollm2_chain_sum, 8 jobs: 4 learning rates x 2 seeds), `cpu` the CPU
 demo's SmolLM2 in a few short steps (4 jobs: 2 learning rates x 2 seeds). Each side's sweep folder, console and
@@ -53,7 +55,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import REPO, append_result, median, results_path, show_spread, spread
+from bench.common import REPO, append_result, median, results_path, run_result, show_spread, spread
 from bench.packs_parts import (
     FOLDER,
     Incomplete,
@@ -178,15 +180,22 @@ def same_work(command: list[str]) -> list[str]:
 
 
 def read_job(job_dir: Path) -> dict:
-    """One job's held-out accuracy before and after (summary.json) and the samples it trained (metrics.jsonl)."""
+    """One job's held-out accuracy before and after (summary.json), the samples it trained and the median seconds of
+    each part of its steps 2-N (metrics.jsonl: `time/rollout_s` as "rollout", ...)."""
     summary = json.loads((job_dir / "summary.json").read_text())
     rows = read_metrics(job_dir / "metrics.jsonl")
     steps = [r for r in rows if "train/samples" in r]
+    parts = {
+        k.removeprefix("median_time/").removesuffix("_s"): v
+        for k, v in run_result(job_dir).items()
+        if k.startswith("median_time/")
+    }
     return {
         "steps": len(steps),
         "samples": sum(r["train/samples"] for r in steps),
         "accuracy_before": summary.get("eval/accuracy_before"),
         "accuracy_after": summary.get("eval/accuracy_after"),
+        "step_parts": parts,
     }
 
 
@@ -369,6 +378,7 @@ def report(results: list[dict], order: list[str], names: list[str]) -> str:
     for i, name in enumerate(names):
         after = " | ".join(cell(accuracy(runs, i, "accuracy_after")) for runs in by.values())
         lines.append(f"| #{i} {name} | {cell(accuracy(first, i, 'accuracy_before'))} | {after} |")
+    lines += step_parts(by)
     if SEQUENTIAL in by:
         base = by[SEQUENTIAL]
         lines.append("")
@@ -383,6 +393,24 @@ def report(results: list[dict], order: list[str], names: list[str]) -> str:
             if side != SEQUENTIAL and gaps:
                 lines.append(f"{side}: largest |after - sequential's after| over the jobs: {max(gaps):.3f}")
     return "\n".join(lines)
+
+
+STEP_PARTS = ("step", "rollout", "reward", "learn", "sync", "probe", "probe_samples", "probe_score", "prepare")
+
+
+def step_parts(by: dict[str, list[dict]]) -> list[str]:
+    """Where a step goes, per side: the median over its runs' jobs of each job's median seconds of a step's part (a
+    part no job logged, as in runs older than the metric, shows "-"); no table where no run recorded them."""
+    rows = []
+    for side, runs in by.items():
+        jobs = [j["step_parts"] for r in runs for j in r["jobs"] if j.get("step_parts")]
+        if jobs:
+            cells = [median(v) if (v := [j[p] for j in jobs if p in j]) else None for p in STEP_PARTS]
+            rows.append(f"| {side} | " + " | ".join("-" if c is None else f"{c:.2f}" for c in cells) + " |")
+    if not rows:
+        return []
+    head = ["", "step parts, s (medians over steps 2-N and the jobs):", "| side | " + " | ".join(STEP_PARTS) + " |"]
+    return head + ["|---|" + "---|" * len(STEP_PARTS)] + rows
 
 
 def parser() -> argparse.ArgumentParser:

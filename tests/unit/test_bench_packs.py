@@ -272,3 +272,23 @@ def test_a_part_records_the_commit_it_was_told_over_the_machines_git(monkeypatch
     assert where_run()["commit"] == machine()["commit"]
     monkeypatch.setenv(COMMIT_ENV, "abc1234")
     assert where_run()["commit"] == "abc1234"
+
+
+def test_a_jobs_step_parts_are_its_medians_from_step_2_and_the_report_shows_each_sides(gpu, tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "summary.json").write_text(json.dumps({"eval/accuracy_before": 0.25, "eval/accuracy_after": 0.5}))
+    rows = [{"step": 0, "time/eval_s": 5.0}]  # step 1 compiles: left out of the medians
+    rows += [{"step": s, "train/samples": 8, "time/step_s": 10.0 * s, "time/probe_s": 1.0 + s} for s in (1, 2, 3, 4)]
+    (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    read = packs.read_job(job)
+    assert read["steps"] == 4 and read["samples"] == 32 and read["step_parts"] == {"step": 30.0, "probe": 4.0}
+    args, listed, names = gpu
+    write_sequential(tmp_path / "out", gpu)
+    write_part(tmp_path / "out", gpu, "pack8", Part(), 415.0)
+    results, _ = packs.collect(["sequential", "pack8"], [0], tmp_path / "out", args, listed, names)
+    for j in results[1]["jobs"]:
+        j["step_parts"] = {"step": 9.0 + j["job"], "learn": 4.0}
+    table = packs.report(results, ["sequential", "pack8"], names)
+    assert "| side | step | rollout | reward | learn | sync | probe | probe_samples | probe_score | prepare |" in table
+    assert "| pack8 | 12.50 | - | - | 4.00 | - | - | - | - | - |" in table  # the sequential parts logged none
