@@ -202,22 +202,30 @@ def append_result(
     return record
 
 
-def run_result(run_dir: Path) -> dict:
-    """A train.py run's result: its summary.json, and the median over steps 2..N (step 1 compiles) of each
-    `time/*_s` part of a step in its metrics.jsonl."""
-    run_dir = Path(run_dir)
-    summary = run_dir / "summary.json"
-    result = json.loads(summary.read_text()) if summary.is_file() else {}
-    metrics = run_dir / "metrics.jsonl"
+STEP_PARTS = ("step", "rollout", "reward", "learn", "sync", "probe", "probe_samples", "probe_score", "prepare")
+
+
+def step_part_medians(run_dir: Path) -> tuple[dict[str, float], int]:
+    """The median over a run's steps 2..N (step 1 compiles) of each part of a step its metrics.jsonl logs
+    (`time/rollout_s` as "rollout", ...; STEP_PARTS), and how many steps that is."""
+    metrics = Path(run_dir) / "metrics.jsonl"
     rows = read_metrics(metrics) if metrics.is_file() else []
     steps = [r for r in rows if "time/step_s" in r and r.get("step", 0) >= 2]
-    parts = ("step", "rollout", "reward", "learn", "sync", "probe", "probe_samples", "probe_score", "prepare")
-    for key in (f"time/{part}_s" for part in parts):
-        values = [r[key] for r in steps if key in r]
+    medians = {}
+    for part in STEP_PARTS:
+        values = [r[f"time/{part}_s"] for r in steps if f"time/{part}_s" in r]
         if values:
-            result[f"median_{key}"] = round(statistics.median(values), 3)
-    result["steps_timed"] = len(steps)
-    return result
+            medians[part] = round(statistics.median(values), 3)
+    return medians, len(steps)
+
+
+def run_result(run_dir: Path) -> dict:
+    """A train.py run's result: its summary.json, and the median over steps 2..N of each part of a step
+    (`median_time/rollout_s`, ...: step_part_medians)."""
+    summary = Path(run_dir) / "summary.json"
+    result = json.loads(summary.read_text()) if summary.is_file() else {}
+    medians, timed = step_part_medians(run_dir)
+    return result | {f"median_time/{part}_s": v for part, v in medians.items()} | {"steps_timed": timed}
 
 
 def timed_generations(generate, prompts: list[list[int]], sampling, repeats: int, warmup: int | None = None):

@@ -33,11 +33,9 @@ if the learner did not group them), `ours_pack_each` as N solo steps one after a
 Token ids are random (speed does not depend on them); lengths default to the demo's (8 prompts x 8 completions,
 57-token prompts, 10-40 tokens).
 
-Backend (`--backend`): `peft`, transformers + PEFT (CPU or CUDA; the raw side's library); `unsloth`, the GPU demo's
-Unsloth 4-bit learner (model.learner_backend=unsloth, model.load_in_4bit=true; our sides and the pack sides only),
-e.g. a sweep pack's grouped step as the demo runs it, with its top ops:
-    python -m bench.learner --device cuda --backend unsloth --groups 32 --group-size 16 --micro-batch-size 64 \
-        --jobs 8 --sides ours_pack_grouped,ours_pack_each --profile 25
+Backend: `peft` (transformers + PEFT, CPU or CUDA), or `--backend unsloth`, the GPU demo's Unsloth 4-bit learner (our
+sides only), e.g. a pack's grouped step as the demo runs it: python -m bench.learner --device cuda --backend unsloth
+--groups 32 --group-size 16 --micro-batch-size 64 --jobs 8 --sides ours_pack_grouped,ours_pack_each --profile 25.
 The GPU backends (Unsloth 4-bit, PEFT + bitsandbytes 4-bit, PEFT bf16) against each library's own step are
 bench/learner_backends.py (measured on the H200, README).
 """
@@ -373,12 +371,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--completion-len", default="10:40", help="lo:hi completion tokens, uniform")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument(
-        "--backend",
-        default="peft",
-        choices=["peft", "unsloth"],
-        help="our sides' learner: PEFT in --dtype, or the GPU demo's Unsloth 4-bit (CUDA; no raw side)",
-    )
+    backends = ["peft", "unsloth"]  # PEFT in --dtype, or the GPU demo's Unsloth 4-bit (CUDA; no raw side)
+    ap.add_argument("--backend", default="peft", choices=backends, help="our sides' learner")
     ap.add_argument("--micro-batch-size", type=int, default=16, help="padded sides: sequences per micro-batch")
     ap.add_argument("--micro-batch-tokens", type=int, default=4096, help="packed sides: tokens per row")
     ap.add_argument("--packed-attention", default="auto", choices=["auto", "sdpa", "varlen"])

@@ -55,7 +55,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import REPO, append_result, median, results_path, run_result, show_spread, spread
+from bench.common import REPO, append_result, median, results_path, show_spread, spread, step_part_medians
 from bench.packs_parts import (
     FOLDER,
     Incomplete,
@@ -72,6 +72,7 @@ from bench.packs_parts import (
     parse_part,
     provenance,
     restore_side,
+    step_parts_table,
     where_run,
 )
 from rl.run_files import read_metrics
@@ -185,17 +186,12 @@ def read_job(job_dir: Path) -> dict:
     summary = json.loads((job_dir / "summary.json").read_text())
     rows = read_metrics(job_dir / "metrics.jsonl")
     steps = [r for r in rows if "train/samples" in r]
-    parts = {
-        k.removeprefix("median_time/").removesuffix("_s"): v
-        for k, v in run_result(job_dir).items()
-        if k.startswith("median_time/")
-    }
     return {
         "steps": len(steps),
         "samples": sum(r["train/samples"] for r in steps),
         "accuracy_before": summary.get("eval/accuracy_before"),
         "accuracy_after": summary.get("eval/accuracy_after"),
-        "step_parts": parts,
+        "step_parts": step_part_medians(job_dir)[0],
     }
 
 
@@ -378,7 +374,7 @@ def report(results: list[dict], order: list[str], names: list[str]) -> str:
     for i, name in enumerate(names):
         after = " | ".join(cell(accuracy(runs, i, "accuracy_after")) for runs in by.values())
         lines.append(f"| #{i} {name} | {cell(accuracy(first, i, 'accuracy_before'))} | {after} |")
-    lines += step_parts(by)
+    lines += step_parts_table(by)
     if SEQUENTIAL in by:
         base = by[SEQUENTIAL]
         lines.append("")
@@ -393,24 +389,6 @@ def report(results: list[dict], order: list[str], names: list[str]) -> str:
             if side != SEQUENTIAL and gaps:
                 lines.append(f"{side}: largest |after - sequential's after| over the jobs: {max(gaps):.3f}")
     return "\n".join(lines)
-
-
-STEP_PARTS = ("step", "rollout", "reward", "learn", "sync", "probe", "probe_samples", "probe_score", "prepare")
-
-
-def step_parts(by: dict[str, list[dict]]) -> list[str]:
-    """Where a step goes, per side: the median over its runs' jobs of each job's median seconds of a step's part (a
-    part no job logged, as in runs older than the metric, shows "-"); no table where no run recorded them."""
-    rows = []
-    for side, runs in by.items():
-        jobs = [j["step_parts"] for r in runs for j in r["jobs"] if j.get("step_parts")]
-        if jobs:
-            cells = [median(v) if (v := [j[p] for j in jobs if p in j]) else None for p in STEP_PARTS]
-            rows.append(f"| {side} | " + " | ".join("-" if c is None else f"{c:.2f}" for c in cells) + " |")
-    if not rows:
-        return []
-    head = ["", "step parts, s (medians over steps 2-N and the jobs):", "| side | " + " | ".join(STEP_PARTS) + " |"]
-    return head + ["|---|" + "---|" * len(STEP_PARTS)] + rows
 
 
 def parser() -> argparse.ArgumentParser:
