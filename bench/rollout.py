@@ -6,8 +6,9 @@ CUDA (random Qwen2.5-0.5B shape, no hub needed):  python -m bench.rollout --devi
     --prompts 64 --n 8 --max-tokens 256
 
 Ours: one `generate` call with the whole step's prompts (the driver passes all prompts of a step at once; vLLM
-batches them continuously), with a rank-16 adapter loaded the way the framework loads it (`--lora-mode auto` picks
-what `cluster.lora_mode=auto` does), sampled-token logprobs returned, as training needs them. Raw vLLM: `LLM` with
+batches them continuously), each prompt with its own seed as a run's sampler sends it (rl/seeds.py), with a rank-16
+adapter loaded the way the framework loads it (`--lora-mode auto` picks what `cluster.lora_mode=auto` does),
+sampled-token logprobs returned, as training needs them. Raw vLLM: `LLM` with
 the same engine settings and `SamplingParams` without logprobs, on the base weights (what a merged adapter costs);
 `raw_same`: the same with our actor's SamplingParams (sampled-token logprobs, no detokenisation); `raw_engine`: that,
 on an engine built with our actor's own engine arguments (rl/rollout/vllm.py `engine_kwargs`: processed logprobs,
@@ -17,7 +18,8 @@ HF: `model.generate` on all prompts x n in one left-padded batch (the strongest 
 finish early still ride along until the longest finishes), on the base weights. Same temperature 1 sampling,
 top_p 1, no top-k, max_tokens. Tokens/s counts generated tokens up to and including EOS on every side.
 `--diagnose` adds timings on our engine driven with other SamplingParams (vLLM's own detokenisation and per-token
-logprob dicts; no logprobs), to split our overhead over raw vLLM. Every number is a median of `--repeats` timed
+logprob dicts; no logprobs; no seeds: vLLM draws each seeded request's noise with its own generator, a request at a
+time, so `ours_unseeded` and `no_logprobs_seeded` show what the seeds cost), to split our overhead over raw vLLM. Every number is a median of `--repeats` timed
 calls (x `--rounds` fresh processes per side) shown with its min-max spread; a ratio of medians comes with the
 range the two spreads allow (one run's ratio has moved 0.77x -> 0.87x between runs on the H200).
 Prints JSON lines and a markdown row.
@@ -108,16 +110,28 @@ def engine_kwargs(path: str, prompts: list[list[int]], args) -> dict:
     )
 
 
-def plain_generate(llm, lora_request=None, **extra):
-    """A generate(prompts, Sampling) function that drives a vLLM `LLM` directly with `SamplingParams(**extra)`, its
-    outputs shaped for `timed_generation` (`.completions` with `.token_ids`)."""
+def run_seeds(n: int) -> list[int]:
+    """A seed per prompt, as a run's sampler sends its step's prompts (rl/seeds.py; run seed 0, step 1)."""
+    from rl.seeds import prompt_seed
+
+    return [prompt_seed(0, i, "train", 1) for i in range(n)]
+
+
+def plain_generate(llm, lora_request=None, seeded: bool = False, **extra):
+    """A generate(prompts, Sampling) function that drives a vLLM `LLM` directly with `SamplingParams(**extra)` (with
+    `seeded`, one per prompt with its run_seeds seed), its outputs shaped for `timed_generation` (`.completions` with
+    `.token_ids`)."""
     from types import SimpleNamespace
 
     from vllm import SamplingParams
 
     def generate(ps, s):
-        params = SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, **extra)
-        outs = llm.generate([{"prompt_token_ids": p} for p in ps], params, lora_request=lora_request, use_tqdm=False)
+        def params(seed=None):
+            keys = dict(n=s.n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, seed=seed)
+            return SamplingParams(**keys, **extra)
+
+        per = [params(seed) for seed in run_seeds(len(ps))] if seeded else params()
+        outs = llm.generate([{"prompt_token_ids": p} for p in ps], per, lora_request=lora_request, use_tqdm=False)
         return [SimpleNamespace(completions=o.outputs) for o in outs]
 
     return generate
@@ -194,7 +208,11 @@ def ours_rate(path: str, prompts: list[list[int]], args) -> dict:
         adapter.version = v
         load_s.append(r.load_adapter(adapter)["seconds"])
     sampling = sampling_of(args)
-    rates, toks = timed_generations(r.generate, prompts, sampling, args.repeats)
+
+    def seeded(ps, s):  # as a run's sampler calls it
+        return r.generate(ps, s, run_seeds(len(ps)))
+
+    rates, toks = timed_generations(seeded, prompts, sampling, args.repeats)
     row = {
         "side": f"ours_vllm_{lora_mode}",
         "tokens_per_s": round(median(rates), 1),
@@ -212,13 +230,15 @@ def ours_rate(path: str, prompts: list[list[int]], args) -> dict:
 def diagnose(r, prompts: list[list[int]], sampling, args) -> dict:
     """Tokens/s of our engine (adapter loaded) driven directly: which part of our path costs what."""
 
-    def direct(**extra):
-        return plain_generate(r.llm, r._lora_request, **extra)
+    def direct(seeded: bool = False, **extra):
+        return plain_generate(r.llm, r._lora_request, seeded, **extra)
 
     variants = {
-        "ours": r.generate,
+        "ours": lambda ps, s: r.generate(ps, s, run_seeds(len(ps))),
+        "ours_unseeded": r.generate,
         "engine_detokenize_dict_logprobs": direct(logprobs=0),  # vLLM detokenises and builds per-token logprob dicts
         "no_logprobs": direct(),  # raw vLLM's SamplingParams, on our engine and adapter
+        "no_logprobs_seeded": direct(seeded=True),
         "no_logprobs_no_detokenize": direct(detokenize=False),
     }
     rates: dict[str, list[float]] = {name: [] for name in variants}
