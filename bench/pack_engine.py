@@ -1,7 +1,7 @@
 """A sweep pack's rollout engine on its own: where the pack's rollout time goes, and which engine setting moves it.
 
 python -m bench.pack_engine --device cuda [--jobs 8] [--prompts 32] [--n 16] [--max-tokens 32] [--repeats 3]
-    [--sides solo,solo_native,pack,pack_tokens,pack_graphs]
+    [--sides solo,solo_native,pack,pack_tokens,pack_graphs,pack_unseeded]
 
 The workload is one step of the GPU demo (+experiment=gpu_smollm2_chain_sum: 32 prompts x 16 samples, 32 new tokens,
 chain_sum-like prompts, a seed per prompt, the sampled tokens' logprobs), each job with its own random rank-16
@@ -12,7 +12,9 @@ adapter. Sides, each in a fresh process (an engine per side):
 - `pack`: every job's batch in one engine call, each request through its job's adapter (rl/runtime/packed.py
   PackedRole.generate_jobs, the pack's own path), with the pack's engine limits (rl/rollout/vllm.py pack_batch_limits);
 - `pack_tokens`: as `pack` with the step's token budget (`max_num_batched_tokens`) times the jobs;
-- `pack_graphs`: as `pack` with CUDA graphs (`cluster.enforce_eager=false`).
+- `pack_graphs`: as `pack` with CUDA graphs (`cluster.enforce_eager=false`);
+- `pack_unseeded`: as `pack` without the per-prompt seeds every other side sends as a run does (vLLM draws each
+  seeded request's noise with its own generator, one request at a time: 4,096 a decode step in a pack of 8).
 Each side: one full-size warm-up call, then `--repeats` timed calls; the median seconds of a call and its spread,
 samples/s, and per side the ratio of its seconds per sample to `solo`'s (1.0: a pack's rollout costs what the jobs'
 solo rollouts cost one after another; below: it gains). Prints JSON lines and a markdown table; appends its result to
@@ -27,7 +29,7 @@ import sys
 
 from bench.common import append_result, demo_prompts, median, run_side_process, show_spread, spread
 
-SIDES = ("solo", "solo_native", "pack", "pack_tokens", "pack_graphs")
+SIDES = ("solo", "solo_native", "pack", "pack_tokens", "pack_graphs", "pack_unseeded")
 
 
 def engine_keys(side: str, device: str) -> list[str]:
@@ -108,7 +110,7 @@ def run_side(side: str, args) -> dict:
         calls = []
         for j in range(jobs):
             mine = prompts[j * args.prompts : (j + 1) * args.prompts]
-            seeds = [prompt_seed(j, i, "train", k) for i in range(len(mine))]
+            seeds = None if side == "pack_unseeded" else [prompt_seed(j, i, "train", k) for i in range(len(mine))]
             calls.append((j, (mine, sampling, seeds)))
         t = time.perf_counter()
         out = role.generate_jobs(calls)
