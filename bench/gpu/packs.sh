@@ -9,7 +9,8 @@
 # (/tmp/bench-packs), cut by SIGINT at $BUDGET_S (530) seconds from the call's start, and prints the table of the
 # parts there. With $OUT set (the lent machine), the new part's folder comes back as $OUT/packs/PART.tar.gz (its
 # result.json, console.log, each job's summary.json, metrics.jsonl and .hydra/; no adapters, checkpoints or rollout
-# dumps; a cut part as PART-cut.tar.gz, never unpacked again) with the table in $OUT/packs/report.txt. Put the
+# dumps; a cut part as PART-cut.tar.gz, never unpacked again, its folder moved to $RUNS-cut/) with the table in
+# $OUT/packs/report.txt. Put the
 # tarballs in .packs-carry/ on the CPU machine and name .packs-carry in the next call's `carry`. COMMIT=<hash> names
 # the commit the call runs (the machine's git names another: its copy sits in a checkout of the last landed commit).
 # The result line is appended by `report` on the CPU machine once every side is whole (there: PY=.venv/bin/python bash
@@ -63,6 +64,8 @@ save() {  # the folders this call made, each as one tarball under $OUT/packs, an
     (cd "$runs" && find "$name" -type f \( -name result.json -o -name console.log -o -name summary.json \
       -o -name metrics.jsonl -o -path '*/.hydra/*.yaml' \) -print0 |
       tar -czf "$OUT/packs/$name$suffix.tar.gz" --null -T -)
+    # a cut part's folder goes aside: left in $runs it would refuse the next call's part of the same side there
+    if [[ -n $suffix ]]; then mkdir -p "$runs-cut" && mv "$dir" "$runs-cut/$name-$(date +%s)"; fi
   done
   [[ -f $runs.report.txt ]] && cp "$runs.report.txt" "$OUT/packs/report.txt"
   return 0
