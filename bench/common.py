@@ -205,11 +205,9 @@ def append_result(
 STEP_PARTS = ("step", "rollout", "reward", "learn", "sync", "probe", "probe_samples", "probe_score", "prepare")
 
 
-def step_part_medians(run_dir: Path) -> tuple[dict[str, float], int]:
-    """The median over a run's steps 2..N (step 1 compiles) of each part of a step its metrics.jsonl logs
+def step_part_medians(rows: list[dict]) -> tuple[dict[str, float], int]:
+    """The median over a run's steps 2..N (step 1 compiles) of each part of a step its metrics rows log
     (`time/rollout_s` as "rollout", ...; STEP_PARTS), and how many steps that is."""
-    metrics = Path(run_dir) / "metrics.jsonl"
-    rows = read_metrics(metrics) if metrics.is_file() else []
     steps = [r for r in rows if "time/step_s" in r and r.get("step", 0) >= 2]
     medians = {}
     for part in STEP_PARTS:
@@ -222,9 +220,9 @@ def step_part_medians(run_dir: Path) -> tuple[dict[str, float], int]:
 def run_result(run_dir: Path) -> dict:
     """A train.py run's result: its summary.json, and the median over steps 2..N of each part of a step
     (`median_time/rollout_s`, ...: step_part_medians)."""
-    summary = Path(run_dir) / "summary.json"
+    summary, metrics = Path(run_dir) / "summary.json", Path(run_dir) / "metrics.jsonl"
     result = json.loads(summary.read_text()) if summary.is_file() else {}
-    medians, timed = step_part_medians(run_dir)
+    medians, timed = step_part_medians(read_metrics(metrics) if metrics.is_file() else [])
     return result | {f"median_time/{part}_s": v for part, v in medians.items()} | {"steps_timed": timed}
 
 

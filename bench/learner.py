@@ -89,10 +89,10 @@ def ours_args(args, path: str, *, share_prompt_prefix: bool, packed: bool = Fals
     from rl.app import learner_args
 
     # peft: the raw side's library (`auto` would take Unsloth on a GPU that has it); unsloth: the GPU demo's learner
-    backend = ["model.learner_backend=unsloth", "model.load_in_4bit=true"] if args.backend == "unsloth" else []
+    unsloth = ["model.learner_backend=unsloth", "model.load_in_4bit=true"]
     cfg = learner_config(
         path,
-        *(backend or ["model.learner_backend=peft"]),
+        *(unsloth if args.backend == "unsloth" else ["model.learner_backend=peft"]),
         f"learner.micro_batch_size={args.micro_batch_size}",
         f"learner.micro_batch_tokens={args.micro_batch_tokens if packed else 0}",
         f"learner.packed_attention={args.packed_attention}",

@@ -191,7 +191,7 @@ def read_job(job_dir: Path) -> dict:
         "samples": sum(r["train/samples"] for r in steps),
         "accuracy_before": summary.get("eval/accuracy_before"),
         "accuracy_after": summary.get("eval/accuracy_after"),
-        "step_parts": step_part_medians(job_dir)[0],
+        "step_parts": step_part_medians(rows)[0],
     }
 
 

@@ -8,20 +8,21 @@ CUDA (random Qwen2.5-0.5B shape, no hub needed):  python -m bench.rollout --devi
 Ours: one `generate` call with the whole step's prompts (the driver passes all prompts of a step at once; vLLM
 batches them continuously), each prompt with its own seed as a run's sampler sends it (rl/seeds.py), with a rank-16
 adapter loaded the way the framework loads it (`--lora-mode auto` picks what `cluster.lora_mode=auto` does),
-sampled-token logprobs returned, as training needs them. Raw vLLM: `LLM` with
-the same engine settings and `SamplingParams` without logprobs, on the base weights (what a merged adapter costs);
-`raw_same`: the same with our actor's SamplingParams (sampled-token logprobs, no detokenisation); `raw_engine`: that,
-on an engine built with our actor's own engine arguments (rl/rollout/vllm.py `engine_kwargs`: processed logprobs,
-the worker extension), so that raw_same -> raw_engine is what our engine settings cost and raw_engine -> ours what
-VLLMRollout adds around the engine.
+sampled-token logprobs returned, as training needs them. Raw vLLM: `LLM` with the same engine settings and
+`SamplingParams` without logprobs, on the base weights (what a merged adapter costs); `raw_same`: the same with our
+actor's SamplingParams (sampled-token logprobs, no detokenisation); `raw_engine`: that, on an engine built with our
+actor's own engine arguments (rl/rollout/vllm.py `engine_kwargs`: processed logprobs, the worker extension), so that
+raw_same -> raw_engine is what our engine settings cost and raw_engine -> ours what VLLMRollout adds around the
+engine.
 HF: `model.generate` on all prompts x n in one left-padded batch (the strongest plain-HF setting; rows that
 finish early still ride along until the longest finishes), on the base weights. Same temperature 1 sampling,
 top_p 1, no top-k, max_tokens. Tokens/s counts generated tokens up to and including EOS on every side.
 `--diagnose` adds timings on our engine driven with other SamplingParams (vLLM's own detokenisation and per-token
 logprob dicts; no logprobs; no seeds: vLLM draws each seeded request's noise with its own generator, a request at a
-time, so `ours_unseeded` and `no_logprobs_seeded` show what the seeds cost), to split our overhead over raw vLLM. Every number is a median of `--repeats` timed
-calls (x `--rounds` fresh processes per side) shown with its min-max spread; a ratio of medians comes with the
-range the two spreads allow (one run's ratio has moved 0.77x -> 0.87x between runs on the H200).
+time, so `ours_unseeded` and `no_logprobs_seeded` show what the seeds cost), to split our overhead over raw vLLM.
+Every number is a median of `--repeats` timed calls (x `--rounds` fresh processes per side) shown with its min-max
+spread; a ratio of medians comes with the range the two spreads allow (one run's ratio has moved 0.77x -> 0.87x between
+runs on the H200).
 Prints JSON lines and a markdown row.
 """
 
@@ -117,6 +118,11 @@ def run_seeds(n: int) -> list[int]:
     return [prompt_seed(0, i, "train", 1) for i in range(n)]
 
 
+def seeded_generate(rollout):
+    """Our actor's generate(prompts, Sampling) as a run's sampler calls it: each prompt with its run_seeds seed."""
+    return lambda ps, s: rollout.generate(ps, s, run_seeds(len(ps)))
+
+
 def plain_generate(llm, lora_request=None, seeded: bool = False, **extra):
     """A generate(prompts, Sampling) function that drives a vLLM `LLM` directly with `SamplingParams(**extra)` (with
     `seeded`, one per prompt with its run_seeds seed), its outputs shaped for `timed_generation` (`.completions` with
@@ -208,11 +214,7 @@ def ours_rate(path: str, prompts: list[list[int]], args) -> dict:
         adapter.version = v
         load_s.append(r.load_adapter(adapter)["seconds"])
     sampling = sampling_of(args)
-
-    def seeded(ps, s):  # as a run's sampler calls it
-        return r.generate(ps, s, run_seeds(len(ps)))
-
-    rates, toks = timed_generations(seeded, prompts, sampling, args.repeats)
+    rates, toks = timed_generations(seeded_generate(r), prompts, sampling, args.repeats)
     row = {
         "side": f"ours_vllm_{lora_mode}",
         "tokens_per_s": round(median(rates), 1),
@@ -234,7 +236,7 @@ def diagnose(r, prompts: list[list[int]], sampling, args) -> dict:
         return plain_generate(r.llm, r._lora_request, seeded, **extra)
 
     variants = {
-        "ours": lambda ps, s: r.generate(ps, s, run_seeds(len(ps))),
+        "ours": seeded_generate(r),
         "ours_unseeded": r.generate,
         "engine_detokenize_dict_logprobs": direct(logprobs=0),  # vLLM detokenises and builds per-token logprob dicts
         "no_logprobs": direct(),  # raw vLLM's SamplingParams, on our engine and adapter

@@ -10,9 +10,9 @@
 # parts there. With $OUT set (the lent machine), the new part's folder comes back as $OUT/packs/PART.tar.gz (its
 # result.json, console.log, each job's summary.json, metrics.jsonl and .hydra/; no adapters, checkpoints or rollout
 # dumps; a cut part as PART-cut.tar.gz, never unpacked again, its folder moved to $RUNS-cut/) with the table in
-# $OUT/packs/report.txt. Put the
-# tarballs in .packs-carry/ on the CPU machine and name .packs-carry in the next call's `carry`. COMMIT=<hash> names
-# the commit the call runs (the machine's git names another: its copy sits in a checkout of the last landed commit).
+# $OUT/packs/report.txt. Put the tarballs in .packs-carry/ on the CPU machine and name .packs-carry in the next call's
+# `carry`. COMMIT=<hash> names the commit the call runs (the machine's git names another: its copy sits in a checkout
+# of the last landed commit).
 # The result line is appended by `report` on the CPU machine once every side is whole (there: PY=.venv/bin/python bash
 # bench/gpu/packs.sh report).
 set -euo pipefail
