@@ -265,6 +265,23 @@ def profiled_step(step, rows: int) -> str:
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
+def python_profile(call, rows: int) -> str:
+    """One `call()` under cProfile (this thread's Python, the calls it makes into C included): the top `rows` functions
+    by their own time, then by cumulative time. A rollout engine that runs in this process (vLLM's in-process engine
+    core) shows there how its time splits between scheduling, the model's forward and output handling."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.runcall(call)
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(rows)
+    stats.sort_stats("cumulative").print_stats(rows)
+    return out.getvalue()
+
+
 def peak_gib(step_metrics: list[dict]) -> float:
     """A side's peak GPU memory: the largest of our learner's per-step `memory/learner_peak_gb` (it resets CUDA's
     counter after every step, so the process-wide counter holds only what came after the last step), else the

@@ -15,7 +15,9 @@ adapter. Sides, each in a fresh process (an engine per side):
 - `pack_graphs`: as `pack` with CUDA graphs (`cluster.enforce_eager=false`);
 - `pack_unseeded`: as `pack` without the per-prompt seeds every other side sends as a run does (vLLM draws each
   seeded request's noise with its own generator, one request at a time: 4,096 a decode step in a pack of 8).
-Each side: one full-size warm-up call, then `--repeats` timed calls; the median seconds of a call and its spread,
+Each side: one full-size warm-up call, then `--repeats` timed calls (`--profile N`: then one more under cProfile,
+its top N functions printed, with vLLM's engine core in this process as on the GPU machine
+(VLLM_ENABLE_V1_MULTIPROCESSING=0): the scheduler, the model runner and the output handling); the median seconds of a call and its spread,
 samples/s, and per side the ratio of its seconds per sample to `solo`'s (1.0: a pack's rollout costs what the jobs'
 solo rollouts cost one after another; below: it gains). Prints JSON lines and a markdown table; appends its result to
 bench/results.jsonl (claim "pack-engine").
@@ -25,9 +27,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-from bench.common import append_result, demo_prompts, median, run_side_process, show_spread, spread
+from bench.common import (
+    append_result,
+    demo_prompts,
+    median,
+    python_profile,
+    run_side_process,
+    show_spread,
+    spread,
+)
 
 SIDES = ("solo", "solo_native", "pack", "pack_tokens", "pack_graphs", "pack_unseeded")
 
@@ -77,6 +88,8 @@ def run_side(side: str, args) -> dict:
     from rl.seeds import prompt_seed
     from rl.types import Sampling
 
+    if args.profile:  # the engine core in this process, so that its work shows in the profile
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     path = resolve_model_path(args.model)
     jobs = args.jobs if side.startswith("pack") else 1
     if side == "pack_tokens":
@@ -119,6 +132,7 @@ def run_side(side: str, args) -> dict:
 
     call(0)  # warm-up: the full batch's kernels and allocations
     times, tokens = zip(*(call(k + 1) for k in range(args.repeats)))
+    profile = python_profile(lambda: call(args.repeats + 1), args.profile) if args.profile else None
     role.close()
     samples = jobs * args.prompts * args.n
     return {
@@ -136,6 +150,7 @@ def run_side(side: str, args) -> dict:
             ).items()
             if k.startswith(("max_num", "enforce", "max_lora", "enable_lora"))
         },
+        **({"profile": profile} if profile else {}),
     }
 
 
@@ -166,6 +181,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument("--profile", type=int, default=0, help="also profile one call per side: the top N functions")
     ap.add_argument("--side", default=None, help=argparse.SUPPRESS)  # one side, in this process
     args = ap.parse_args()
     if args.side:
@@ -174,7 +190,10 @@ def main() -> None:
     rows = {}
     for side in args.sides.split(","):
         rows[side] = run_side_process("bench.pack_engine", side, sys.argv[1:])
+        profile = rows[side].pop("profile", None)
         print(json.dumps(rows[side]), flush=True)
+        if profile:
+            print(f"profile of one {side} call (cProfile, the engine's own thread):\n{profile}", flush=True)
     print(table(rows))
     append_result("pack-engine", {"sides": rows, "args": {k: v for k, v in vars(args).items() if k != "side"}})
 
