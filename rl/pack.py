@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,43 @@ def learner_steps_apart(cfg: TrainConfig, grouped_learner: bool | str = "auto") 
     return grouped_refusal(model, cfg.learner, cfg.cluster.num_learners)
 
 
+def phase_count(cfg: TrainConfig, jobs: int, phases: int | str = "auto", merged: bool = True) -> int:
+    """How many phases a pack of `jobs` jobs like `cfg` steps in (`phases`: hydra.launcher.phases, a number or auto;
+    `merged`: whether its calls are merged at all, the engine's or the learner's). A phase is a group of the jobs
+    whose calls are merged among themselves only, so that the phases run out of step: while one phase's rollouts
+    decode on the engine another's grouped step trains on the learner, where one phase alternates the two roles, each
+    idle half the time. auto: 2 on a GPU with at least 4 jobs (each phase still merges 2 or more), 1 otherwise (on a
+    CPU the roles' cores are split already and a pack's calls are not merged by default)."""
+    if not merged or jobs < 2:
+        return 1
+    if phases == "auto":
+        return 2 if cfg.cluster.use_gpu and jobs >= 4 else 1
+    return min(int(phases), jobs)
+
+
+@dataclass
+class Phase:
+    """Some of a pack's jobs (`slots`) whose calls are merged among themselves: their generate calls on the engine,
+    their learner steps and their sync probes' scoring (None: that kind is not merged). The Gathers of one phase
+    share its jobs (rl/runtime/packed.py `beside`); another phase's jobs are never waited for."""
+
+    slots: list[int]
+    generate: Gather | None = None
+    train: Gather | None = None
+    probe: Gather | None = None
+
+    def gathers(self, role: str) -> list[Gather]:
+        """The Gathers of this phase's calls on `role` ("actors" or "learners")."""
+        found = [self.generate] if role == "actors" else [self.train, self.probe]
+        return [g for g in found if g is not None]
+
+    def leave(self, slot: int) -> None:
+        """The job in `slot` ended: its phase mates' calls no longer wait for it (the Gathers share one board)."""
+        gather = self.generate or self.train
+        if gather is not None:
+            gather.leave(slot)
+
+
 def split(cfgs: list[TrainConfig], max_jobs: int) -> tuple[list[list[int]], list[str]]:
     """The jobs (indices into `cfgs`) grouped into packs of at most `max_jobs` whose shared values agree, in job
     order; and one line per group of jobs that had to leave the first one's pack, naming the first differing key."""
@@ -136,8 +174,10 @@ class Pack:
     waits; the launcher calls `start` once every job has joined or ended (`settled`), then `close` once every job's
     thread has ended (`wait_ended`)."""
 
-    def __init__(self, jobs: list[int], log_dir: Path, grouped_learner: bool | str = "auto"):
-        self.jobs, self.log_dir, self.grouped_learner = jobs, log_dir, grouped_learner
+    def __init__(
+        self, jobs: list[int], log_dir: Path, grouped_learner: bool | str = "auto", phases: int | str = "auto"
+    ):
+        self.jobs, self.log_dir, self.grouped_learner, self.phase_setting = jobs, log_dir, grouped_learner, phases
         self.cond = threading.Condition()
         self.cfgs: dict[int, TrainConfig] = {}
         self.settled: set[int] = set()
@@ -147,9 +187,9 @@ class Pack:
         self.error: BaseException | None = None
         self.stop = threading.Event()  # set: every job stops at its next call (rl/runtime/packed.py JobGroup)
         self.slots: dict[int, int] = {}  # job -> its slot in the shared roles
-        self.gather: Gather | None = None  # the jobs' generate calls merged, on a vLLM engine
-        self.train_gather: Gather | None = None  # the jobs' learner steps merged (rl/learner/grouped.py)
-        self.probe_gather: Gather | None = None  # and their sync probes' scoring, beside the steps
+        # the jobs' merged calls, per phase: generate calls on a vLLM engine, learner steps (rl/learner/grouped.py)
+        # and, beside them, the sync probes' scoring
+        self.phases: list[Phase] = []
         self._teardown: Callable[[], None] | None = None
         self._log: logging.Handler | None = None
 
@@ -175,10 +215,11 @@ class Pack:
 
     def ended(self, job: int) -> None:
         """The last thing job `job`'s thread does."""
-        # its pack mates' generate calls and learner steps no longer wait for it
-        gather = self.gather or self.train_gather
-        if gather is not None and job in self.slots:
-            gather.leave(self.slots[job])
+        # its phase mates' generate calls and learner steps no longer wait for it
+        slot = self.slots.get(job)
+        for phase in self.phases:
+            if slot in phase.slots:
+                phase.leave(slot)
         with self.cond:
             self.settled.add(job)
             self.ended_jobs.add(job)
@@ -215,22 +256,17 @@ class Pack:
             except RoleStartFailed as e:
                 raise StartupError(explain(e.role, e.cause, first)) from e
             self.slots = {job: slot for slot, job in enumerate(jobs)}
-            c = first.cluster
-            slots = list(self.slots.values())
-            if c.rollout_backend == RolloutBackend.vllm and c.lora_mode == LoraMode.native:
-                self.gather = Gather(shared.actors, slots)
-            why = learner_steps_apart(first, self.grouped_learner)
-            if why is None:
-                self.train_gather = Gather(shared.learners, slots, TRAIN, beside=self.gather)
-                self.probe_gather = Gather(shared.learners, slots, LOGPROBS, beside=self.train_gather)
-            else:
-                print(f"pack: the learner steps the jobs one after another ({why})", flush=True)
+            self.phases = self._phases(first, shared, jobs)
             runtimes = {}
             busy = BusyClock(shared.actors), BusyClock(shared.learners)
             for slot, (job, cfg) in enumerate(zip(jobs, cfgs)):
-                actors: JobGroup[RolloutActor] = JobGroup(shared.actors, slot, self.stop, self.gather or (), busy[0])
-                merged = [g for g in (self.train_gather, self.probe_gather) if g is not None]
-                learners: JobGroup[Learner] = JobGroup(shared.learners, slot, self.stop, merged, busy[1])
+                phase = next(p for p in self.phases if slot in p.slots)
+                actors: JobGroup[RolloutActor] = JobGroup(
+                    shared.actors, slot, self.stop, phase.gathers("actors"), busy[0]
+                )
+                learners: JobGroup[Learner] = JobGroup(
+                    shared.learners, slot, self.stop, phase.gathers("learners"), busy[1]
+                )
                 episodes = cfg.episodes is not None
                 runtimes[job] = Runtime(actors, learners, cfg.cluster, None, episodes=episodes)
         except BaseException as e:
@@ -241,6 +277,32 @@ class Pack:
         with self.cond:
             self.runtimes = runtimes
             self.cond.notify_all()
+
+    def _phases(self, first: TrainConfig, shared: Any, jobs: list[int]) -> list[Phase]:
+        """The jobs' slots dealt into phases (`phase_count`), each with its Gathers of the calls the pack merges:
+        the engine's generate calls where it has a LoRA slot per job, the learner's steps and probe scoring where
+        it groups them (`learner_steps_apart`, said in one line where not)."""
+        c = first.cluster
+        engine = c.rollout_backend == RolloutBackend.vllm and c.lora_mode == LoraMode.native
+        why = learner_steps_apart(first, self.grouped_learner)
+        if why is not None:
+            print(f"pack: the learner steps the jobs one after another ({why})", flush=True)
+        n = phase_count(first, len(jobs), self.phase_setting, merged=engine or why is None)
+        phases = []
+        for k in range(n):
+            slots = list(range(k, len(jobs), n))
+            generate = Gather(shared.actors, slots) if engine else None
+            train = Gather(shared.learners, slots, TRAIN, beside=generate) if why is None else None
+            probe = Gather(shared.learners, slots, LOGPROBS, beside=train) if train is not None else None
+            phases.append(Phase(slots, generate, train, probe))
+        if n > 1:
+            groups = " | ".join(", ".join(f"#{jobs[s]}" for s in p.slots) for p in phases)
+            print(
+                f"pack: the jobs step in {n} phases ({groups}; hydra.launcher.phases): one phase's rollouts decode "
+                "while another's learner step trains",
+                flush=True,
+            )
+        return phases
 
     def interrupt(self) -> None:
         """Stop every job at its next call on the roles (each ends as an interrupted run, its checkpoint kept)."""

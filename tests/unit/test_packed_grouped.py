@@ -344,7 +344,7 @@ def test_a_pack_groups_its_learner_steps_where_its_learner_can_and_says_so_where
     p.start()
     p.close()
     said = [x for x in capsys.readouterr().out.splitlines() if "one after another" in x]
-    assert (p.train_gather is not None) == grouped
+    assert (p.phases[0].train is not None) == grouped
     assert len(said) == (line is not None)
     assert line is None or said[0].startswith("pack: the learner steps the jobs one after another " + line)
 
@@ -400,3 +400,63 @@ def test_a_job_that_leaves_releases_its_mates_waiting_steps():
     assert learner.role.grouped_calls == []
     train.leave(2)  # job 2 ended (finished, failed or stopped): its mates' steps no longer wait for it
     assert learner.role.grouped_calls == [2] and [views[j].result(h) for j, h in zip((0, 1), waiting)] == [1, 1]
+
+
+# ------------------------------------------------------------------------------------------------------ phases
+
+
+@pytest.mark.parametrize(
+    ("gpu", "jobs", "setting", "merged", "expected"),
+    [
+        (True, 8, "auto", True, 2),
+        (True, 4, "auto", True, 2),
+        (True, 3, "auto", True, 1),
+        (False, 8, "auto", True, 1),
+        (False, 8, 4, True, 4),
+        (True, 2, 3, True, 2),
+        (True, 8, 2, False, 1),
+    ],
+    ids=["gpu8", "gpu4", "gpu3", "cpu", "set", "capped", "unmerged"],
+)
+def test_a_pack_steps_in_the_phases_its_setting_and_device_give(gpu, jobs, setting, merged, expected):
+    """`hydra.launcher.phases`: a number (at most one job a phase), or auto: 2 on a GPU from 4 jobs; one phase where
+    nothing of the pack is merged."""
+    cfg = typed_config(**{"cluster.use_gpu": gpu})
+    assert pack.phase_count(cfg, jobs, setting, merged=merged) == expected
+
+
+def test_each_phase_merges_its_own_jobs_calls_and_never_waits_for_another_phase(monkeypatch, tmp_path, capsys):
+    """Four jobs in two phases (slots 0, 2 and 1, 3): the k-th generate calls and learner steps of a phase's jobs go
+    to the role as one call, as soon as that phase's jobs have them; a job of the other phase is not waited for."""
+
+    def build_runtime(cfg, pack=None, log_dir=None):
+        role = PackedRole(FakeMergingEngine, [{"seed": c.run.seed} for c in pack])
+        return SimpleNamespace(actors=LocalGroup([role]), learners=LocalGroup([role])), lambda: None
+
+    monkeypatch.setattr("rl.app.build_runtime", build_runtime)
+    monkeypatch.setattr(pack, "TRAIN", TRAIN)  # FakeMergingEngine's step is `train`
+    p = pack.Pack([10, 11, 12, 13], tmp_path, grouped_learner=True, phases=2)
+    for job in p.jobs:
+        p.cfgs[job] = typed_config(**{"run.seed": job, "cluster.lora_mode": "native"})
+    p.start()
+    try:
+        assert [ph.slots for ph in p.phases] == [[0, 2], [1, 3]]
+        assert "pack: the jobs step in 2 phases (#10, #12 | #11, #13; hydra.launcher.phases)" in capsys.readouterr().out
+        assert p.runtimes is not None
+        engine = p.runtimes[10].actors.inner.members[0].role
+        views = {job: p.runtimes[job].actors for job in p.jobs}
+        first = views[10].submit(0, RolloutActor.generate, [1], None)
+        assert engine.engine_calls == []  # job 12, its phase mate, has not called yet
+        other = views[11].submit(0, RolloutActor.generate, [2], None)
+        assert engine.engine_calls == []  # job 13 neither: job 11's phase waits for it, not for job 10's
+        mate = views[12].submit(0, RolloutActor.generate, [3], None)
+        assert engine.engine_calls == [2]  # jobs 10 and 12 as one call, without jobs 11 and 13
+        assert views[10].result(first) == [(1, 0)] and views[12].result(mate) == [(3, 0)]
+        p.ended(13)  # job 13 ends: its phase mate's call goes alone
+        assert engine.engine_calls == [2, 1] and views[11].result(other) == [(2, 0)]
+        learners = {job: p.runtimes[job].learners for job in (10, 12)}
+        steps = [learners[j].submit(0, FakeMergingEngine.train, 1.0) for j in (10, 12)]
+        assert [learners[j].result(h) for j, h in zip((10, 12), steps)] == [1, 1]
+        assert engine.grouped_calls == [2]
+    finally:
+        p.close()
