@@ -8,9 +8,10 @@ Each side is one `python train.py -m <workload> <sweep>` in a fresh process: `se
 (each job starts its own roles, trains, and stops them before the next job starts), `pack<k>` with hydra/launcher=pack
 hydra.launcher.max_jobs=k (the sweep as packs of at most k jobs, one pack after another; rl/pack.py), `pack<k>-each` and
 `pack<k>-grouped` the same with hydra.launcher.grouped_learner=false or true (the pack's learner steps its jobs one
-after another, or in one grouped step even on a CPU, where auto steps them apart: what the grouped step gains). Its
-wall time is
-the whole process's, start-ups included: what a user waits for. Samples/s is the samples every job trained (the sum
+after another, or in one grouped step even on a CPU, where auto steps them apart: what the grouped step gains), and
+any of these with `-p<n>`: hydra.launcher.phases=n (`pack8-p1`: the 8 jobs in one phase, `pack8-p2` in two that step
+out of phase; plain: the launcher's auto). Its wall time is the whole process's, start-ups included: what a user
+waits for. Samples/s is the samples every job trained (the sum
 of their `train/samples`) over that wall time. The sides rotate between repeats, so a machine's drift falls on all of
 them; the speed-up of a side is the sequential side's wall time over its own within a repeat, its median and range
 over the repeats. The held-out accuracy before and after of each job comes from the job's summary.json, each side in a
@@ -55,7 +56,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import REPO, append_result, median, results_path, show_spread, spread, step_part_medians
+from bench.common import REPO, append_result, results_path, spread, step_part_medians
 from bench.packs_parts import (
     FOLDER,
     Incomplete,
@@ -72,17 +73,17 @@ from bench.packs_parts import (
     parse_part,
     provenance,
     restore_side,
-    step_parts_table,
     where_run,
 )
+from bench.packs_report import SEQUENTIAL, report, seed_spread, speedups
 from rl.run_files import read_metrics
 from tests.helpers import repo_env
 
-SEQUENTIAL = "sequential"
 # pack<k>-each, pack<k>-grouped: a pack whose learner steps the jobs one after another, or together even on a CPU
-# (hydra.launcher.grouped_learner false, true; plain pack<k> leaves it at auto: together on a GPU)
+# (hydra.launcher.grouped_learner false, true; plain pack<k> leaves it at auto: together on a GPU); a -p<n> suffix
+# sets hydra.launcher.phases=n (plain: auto)
 LEARNER_SIDES = {"-each": "false", "-grouped": "true"}
-PACK_SIDE = re.compile(r"pack(\d+)(-each|-grouped)?")
+PACK_SIDE = re.compile(r"pack(\d+)(-each|-grouped)?(?:-p(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -139,10 +140,13 @@ def sides(args: argparse.Namespace, n_jobs: int) -> list[str]:
     --sides as given."""
     if args.sides:
         named = args.sides.split(",")
-        wrong = [s for s in named if s != SEQUENTIAL and not ((m := PACK_SIDE.fullmatch(s)) and int(m[1]))]
+        wrong = [
+            s for s in named if s != SEQUENTIAL and not ((m := PACK_SIDE.fullmatch(s)) and int(m[1]) and int(m[3] or 1))
+        ]
         if wrong:
             raise SystemExit(
-                f"--sides {args.sides}: {', '.join(wrong)} is not sequential, pack<k>, pack<k>-each or pack<k>-grouped (k >= 1)"
+                f"--sides {args.sides}: {', '.join(wrong)} is not sequential, pack<k>, pack<k>-each or pack<k>-grouped, "
+                "with an optional -p<n> (k, n >= 1)"
             )
         return named
     sizes = args.packs.split(",")
@@ -172,6 +176,8 @@ def train_args(side: str, sweep_dir: Path, args: argparse.Namespace, swept: list
     launcher = [] if side == SEQUENTIAL else ["hydra/launcher=pack", f"hydra.launcher.max_jobs={pack_size(side)}"]
     if (m := PACK_SIDE.fullmatch(side)) and m[2]:
         launcher.append(f"hydra.launcher.grouped_learner={LEARNER_SIDES[m[2]]}")
+    if m and m[3]:
+        launcher.append(f"hydra.launcher.phases={m[3]}")
     return ["-m", *workload(args), *(swept or sweep(args)), *launcher, f"hydra.sweep.dir={sweep_dir}"]
 
 
@@ -326,69 +332,6 @@ def collect(
     if results:
         one_device([(label(r), r.get("device")) for r in results])
     return results, gaps
-
-
-def speedups(results: list[dict], side: str) -> list[float]:
-    """The sequential side's wall time over `side`'s, per repeat that ran both."""
-    by = {(r["side"], r["repeat"]): r["wall_s"] for r in results}
-    return [by[SEQUENTIAL, k] / by[side, k] for s, k in by if s == side and (SEQUENTIAL, k) in by]
-
-
-def seed_spread(runs: list[dict]) -> float | None:
-    """The largest max-min of held-out accuracy after over the seeds of one setting (jobs whose labels differ only
-    in run.seed) and the repeats of `runs`: how far two runs of one setting fall apart by chance."""
-    by_setting: dict[str, list[float]] = {}
-    for run in runs:
-        for j in run["jobs"]:
-            setting = " ".join(o for o in j["label"].split() if not o.startswith("run.seed="))
-            if j["accuracy_after"] is not None:
-                by_setting.setdefault(setting, []).append(j["accuracy_after"])
-    gaps = [max(v) - min(v) for v in by_setting.values() if len(v) > 1]
-    return max(gaps) if gaps else None
-
-
-def accuracy(runs: list[dict], job: int, key: str) -> float | None:
-    values = [r["jobs"][job][key] for r in runs if r["jobs"][job][key] is not None]
-    return median(values) if values else None
-
-
-def report(results: list[dict], order: list[str], names: list[str]) -> str:
-    """The sides' wall time, samples/s and speed-up; each job's held-out accuracy per side (median over the repeats);
-    the seed spread and each pack side's largest distance from the sequential side."""
-    by = {s: [r for r in results if r["side"] == s] for s in order if any(r["side"] == s for r in results)}
-    lines = ["| side | wall s | samples/s | speed-up vs sequential |", "|---|---|---|---|"]
-    for side, runs in by.items():
-        ups = speedups(results, side)
-        up = show_spread(spread(ups), "x", 2) if ups and side != SEQUENTIAL else "-"
-        wall = show_spread(spread([r["wall_s"] for r in runs]), digits=1)
-        lines.append(
-            f"| {side} | {wall} | {show_spread(spread([r['samples_per_s'] for r in runs]), digits=3)} | {up} |"
-        )
-
-    def cell(v: float | None) -> str:
-        return "-" if v is None else f"{v:.3f}"
-
-    first = next(iter(by.values()))
-    lines += ["", "| job | held-out before | " + " | ".join(f"after, {s}" for s in by) + " |"]
-    lines.append("|---|---|" + "---|" * len(by))
-    for i, name in enumerate(names):
-        after = " | ".join(cell(accuracy(runs, i, "accuracy_after")) for runs in by.values())
-        lines.append(f"| #{i} {name} | {cell(accuracy(first, i, 'accuracy_before'))} | {after} |")
-    lines += step_parts_table(by)
-    if SEQUENTIAL in by:
-        base = by[SEQUENTIAL]
-        lines.append("")
-        lines.append(f"seed spread (sequential, held-out after): {cell(seed_spread(base))}")
-        for side, runs in by.items():
-            gaps = [
-                abs(a - b)
-                for i in range(len(names))
-                if (a := accuracy(runs, i, "accuracy_after")) is not None
-                and (b := accuracy(base, i, "accuracy_after")) is not None
-            ]
-            if side != SEQUENTIAL and gaps:
-                lines.append(f"{side}: largest |after - sequential's after| over the jobs: {max(gaps):.3f}")
-    return "\n".join(lines)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -3,7 +3,7 @@ demo, against a lent machine's 10-minute calls) runs as parts, each a `train.py 
 every part is there. Here: what a part is and its folder's name, how the sweep is cut (the first swept key's values),
 the check that a pack side's part holds packs that the launcher forms for the whole sweep, where a part ran (the
 device, the machine, the compilation caches it found), the sum of the parts, and a side's parts written back from
-its result line (--restore), and the report's lines on where the parts ran and where a side's step goes.
+its result line (--restore), and the report's lines on where the parts ran.
 bench/packs.py runs the parts and reads them back; this module keeps that one under 500 lines.
 """
 
@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import REPO, STEP_PARTS, machine, median
+from bench.common import REPO, machine
 
-FOLDER = re.compile(r"(?P<side>[^-]+)-(?P<repeat>\d+)(?:-part(?P<k>\d+)of(?P<m>\d+))?")  # Part.folder's names
+FOLDER = re.compile(r"(?P<side>.+?)-(?P<repeat>\d+)(?:-part(?P<k>\d+)of(?P<m>\d+))?")  # Part.folder's names
 COMMIT_ENV = "RLFT_COMMIT"  # the commit a part ran at, where the machine's git does not know it (the lent GPU machine)
 
 
@@ -288,19 +288,3 @@ def restore_side(
             folder.mkdir(parents=True)
             (folder / "result.json").write_text(json.dumps(result))
         print(f"{side} repeat {run['repeat']}: restored under {out} from {where}", flush=True)
-
-
-def step_parts_table(by: dict[str, list[dict]]) -> list[str]:
-    """Where a step goes, per side (its runs by side): the median over its jobs of each job's median seconds of a
-    step's part (bench.common.STEP_PARTS; "-" for a part no job logged, as in runs older than its metric); no table
-    where no run recorded any."""
-    rows = []
-    for side, runs in by.items():
-        jobs = [j["step_parts"] for r in runs for j in r["jobs"] if j.get("step_parts")]
-        if jobs:
-            cells = [median(v) if (v := [j[p] for j in jobs if p in j]) else None for p in STEP_PARTS]
-            rows.append(f"| {side} | " + " | ".join("-" if c is None else f"{c:.2f}" for c in cells) + " |")
-    if not rows:
-        return []
-    head = ["", "step parts, s (medians over steps 2-N and the jobs):", "| side | " + " | ".join(STEP_PARTS) + " |"]
-    return head + ["|---|" + "---|" * len(STEP_PARTS)] + rows

@@ -14,7 +14,7 @@ import tarfile
 import pytest
 
 from bench import packs
-from bench.packs_parts import Incomplete, Part, check_device_here, check_whole_packs
+from bench.packs_parts import FOLDER, Incomplete, Part, check_device_here, check_whole_packs
 from tests.helpers import REPO, repo_env
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
@@ -292,3 +292,20 @@ def test_a_jobs_step_parts_are_its_medians_from_step_2_and_the_report_shows_each
     table = packs.report(results, ["sequential", "pack8"], names)
     assert "| side | step | rollout | reward | learn | sync | probe | probe_samples | probe_score | prepare |" in table
     assert "| pack8 | 12.50 | - | - | 4.00 | - | - | - | - | - |" in table  # the sequential parts logged none
+
+
+def test_a_pack_side_with_p_n_sets_its_phases(gpu, tmp_path):
+    """`pack<k>-p<n>` (also after -each or -grouped) is the pack of k with hydra.launcher.phases=n; its folder's name
+    reads back as that side; -p0 is refused."""
+    args, listed, _ = gpu
+    picked = packs.parser().parse_args(["--preset", "gpu", "--sides", "pack8-p1,pack8-p2,pack8-each-p2"])
+    assert packs.sides(picked, len(listed)) == ["pack8-p1", "pack8-p2", "pack8-each-p2"]
+    two = packs.train_args("pack8-p2", tmp_path, args)
+    assert "hydra.launcher.max_jobs=8" in two and "hydra.launcher.phases=2" in two
+    each = packs.train_args("pack8-each-p2", tmp_path, args)
+    assert "hydra.launcher.grouped_learner=false" in each and "hydra.launcher.phases=2" in each
+    assert not any("phases" in a for a in packs.train_args("pack8", tmp_path, args))
+    assert FOLDER.fullmatch("pack8-p2-0")["side"] == "pack8-p2"
+    assert FOLDER.fullmatch("pack8-each-p2-1-part1of2")["side"] == "pack8-each-p2"
+    with pytest.raises(SystemExit, match="pack8-p0 is not sequential"):
+        packs.sides(packs.parser().parse_args(["--sides", "pack8-p0"]), len(listed))

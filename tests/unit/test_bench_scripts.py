@@ -14,7 +14,12 @@ import pytest
 
 from tests.helpers import REPO, repo_env, run_train
 
-LIBRARIES = ("__init__", "common", "packs_parts")  # modules the bench scripts import, no scripts of their own
+LIBRARIES = (
+    "__init__",
+    "common",
+    "packs_parts",
+    "packs_report",
+)  # modules the bench scripts import, no scripts of their own
 BENCHES = sorted(p.stem for p in (REPO / "bench").glob("*.py") if p.stem not in LIBRARIES)
 # SmolLM2-135M-Instruct's config.json fields that size it (the embedded model; no conversion needed to plan it)
 SMOLLM2 = {
