@@ -11,7 +11,7 @@ command resumed. The interrupted one repeats the first pack's steps (less the fa
 not depend on the pack it ran in. A pack of two with `cluster.lora_mode=merged` (each job's adapter merged into the
 weights in its turn). A sweep split into two packs by model.lora_rank runs in process (cluster=local, HF
 generation) to keep it short. About 6 minutes on 2 shared CPU cores: the pack of four 80 s, the merged pack 60 s,
-the split 30 s, and (tier 2: vLLM runs repeated and resumed bit for bit) the interrupted and resumed sweeps 3
+the split 30 s, a pack of three in two phases 80 s, and (tier 2: vLLM runs repeated and resumed bit for bit) the interrupted and resumed sweeps 3
 minutes."""
 
 from __future__ import annotations
@@ -176,6 +176,26 @@ def test_a_pack_with_bounded_staleness_keeps_each_jobs_own_bound_and_splits_the_
     share = max(1, (os.cpu_count() or 1) // 2)
     recorded = (dirs["length"] / ".hydra" / "config.yaml").read_text()
     assert f"actor_threads: {share}" in recorded and f"learner_threads: {share}" in recorded
+
+
+def test_a_pack_in_two_phases_merges_each_phases_calls_and_trains_every_job(tiny_model, conf, tmp_path):
+    """hydra.launcher.phases=2 with three jobs: phases #0, #2 and #1, whose calls merge among their own jobs only
+    (the learner's steps grouped per phase: 2 jobs, and 1 for the job alone); every job trains whole, the constant
+    job's adapter stays at LoRA's initial B = 0 while its mates' move."""
+    sweep = tmp_path / "sweep"
+    jobs = ["length", "constant", "length_fast"]
+    extra = ("run.steps=2", "hydra.launcher.grouped_learner=true", "hydra.launcher.phases=2")
+    proc = run_train(sweep_args(tiny_model, conf, sweep, jobs, *extra), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "pack: the jobs step in 2 phases (#0, #2 | #1; hydra.launcher.phases)" in proc.stdout
+    dirs = job_dirs(sweep, jobs)
+    for name, grouped in (("length", 2), ("length_fast", 2), ("constant", 1)):
+        steps = [r for r in metric_rows(dirs[name], timings=True) if "train/loss" in r]
+        assert [r["step"] for r in steps] == [1, 2] and [r["pack/grouped_jobs"] for r in steps] == [grouped] * 2
+    for name in LEARN:
+        check_trained(dirs[name])
+    weights = load_file(str(dirs["constant"] / "adapter" / "adapter_model.safetensors"))
+    assert all(float(t.abs().max()) == 0 for k, t in weights.items() if "lora_B" in k)
 
 
 def test_each_job_trains_on_its_own_samples_only(pack_of_four):
