@@ -10,7 +10,7 @@ hydra.launcher.max_jobs=k (the sweep as packs of at most k jobs, one pack after 
 `pack<k>-grouped` the same with hydra.launcher.grouped_learner=false or true (the pack's learner steps its jobs one
 after another, or in one grouped step even on a CPU, where auto steps them apart: what the grouped step gains), and
 any of these with `-p<n>`: hydra.launcher.phases=n (`pack8-p1`: the 8 jobs in one phase, `pack8-p2` in two that step
-out of phase; plain: the launcher's auto). Its wall time is the whole process's, start-ups included: what a user
+out of phase; plain: the launcher's default, 1). Its wall time is the whole process's, start-ups included: what a user
 waits for. Samples/s is the samples every job trained (the sum
 of their `train/samples`) over that wall time. The sides rotate between repeats, so a machine's drift falls on all of
 them; the speed-up of a side is the sequential side's wall time over its own within a repeat, its median and range
@@ -81,7 +81,7 @@ from tests.helpers import repo_env
 
 # pack<k>-each, pack<k>-grouped: a pack whose learner steps the jobs one after another, or together even on a CPU
 # (hydra.launcher.grouped_learner false, true; plain pack<k> leaves it at auto: together on a GPU); a -p<n> suffix
-# sets hydra.launcher.phases=n (plain: auto)
+# sets hydra.launcher.phases=n (plain: the launcher's default, 1)
 LEARNER_SIDES = {"-each": "false", "-grouped": "true"}
 PACK_SIDE = re.compile(r"pack(\d+)(-each|-grouped)?(?:-p(\d+))?")
 

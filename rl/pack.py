@@ -107,18 +107,16 @@ def learner_steps_apart(cfg: TrainConfig, grouped_learner: bool | str = "auto") 
     return grouped_refusal(model, cfg.learner, cfg.cluster.num_learners)
 
 
-def phase_count(cfg: TrainConfig, jobs: int, phases: int | str = "auto", merged: bool = True) -> int:
-    """How many phases a pack of `jobs` jobs like `cfg` steps in (`phases`: hydra.launcher.phases, a number or auto;
-    `merged`: whether its calls are merged at all, the engine's or the learner's). A phase is a group of the jobs
-    whose calls are merged among themselves only, so that the phases run out of step: while one phase's rollouts
-    decode on the engine another's grouped step trains on the learner, where one phase alternates the two roles, each
-    idle half the time. auto: 2 on a GPU with at least 4 jobs (each phase still merges 2 or more), 1 otherwise (on a
-    CPU the roles' cores are split already and a pack's calls are not merged by default)."""
-    if not merged or jobs < 2:
+def phase_count(jobs: int, phases: int = 1, merged: bool = True) -> int:
+    """How many phases a pack of `jobs` jobs steps in (`phases`: hydra.launcher.phases; `merged`: whether its calls
+    are merged at all, the engine's or the learner's; at most one job a phase). A phase is a group of the jobs whose
+    calls are merged among themselves only, so that the phases run out of step: while one phase's rollouts decode on
+    the engine another's grouped step trains on the learner, where one phase alternates the two roles. On one GPU
+    that both roles share, two phases measured slower than one (docs/benchmarks.md#sweep-packs): the two processes
+    take turns on the GPU, so neither role gains the time the other leaves; hence one phase unless set."""
+    if not merged:
         return 1
-    if phases == "auto":
-        return 2 if cfg.cluster.use_gpu and jobs >= 4 else 1
-    return min(int(phases), jobs)
+    return max(1, min(phases, jobs))
 
 
 @dataclass
@@ -174,9 +172,7 @@ class Pack:
     waits; the launcher calls `start` once every job has joined or ended (`settled`), then `close` once every job's
     thread has ended (`wait_ended`)."""
 
-    def __init__(
-        self, jobs: list[int], log_dir: Path, grouped_learner: bool | str = "auto", phases: int | str = "auto"
-    ):
+    def __init__(self, jobs: list[int], log_dir: Path, grouped_learner: bool | str = "auto", phases: int = 1):
         self.jobs, self.log_dir, self.grouped_learner, self.phase_setting = jobs, log_dir, grouped_learner, phases
         self.cond = threading.Condition()
         self.cfgs: dict[int, TrainConfig] = {}
@@ -287,7 +283,7 @@ class Pack:
         why = learner_steps_apart(first, self.grouped_learner)
         if why is not None:
             print(f"pack: the learner steps the jobs one after another ({why})", flush=True)
-        n = phase_count(first, len(jobs), self.phase_setting, merged=engine or why is None)
+        n = phase_count(len(jobs), self.phase_setting, merged=engine or why is None)
         phases = []
         for k in range(n):
             slots = list(range(k, len(jobs), n))

@@ -10,7 +10,8 @@
 # parts there. With $OUT set (the lent machine), the new part's folder comes back as $OUT/packs/PART.tar.gz (its
 # result.json, console.log, each job's summary.json, metrics.jsonl and .hydra/; no adapters, checkpoints or rollout
 # dumps; a cut part as PART-cut.tar.gz, never unpacked again, its folder moved to $RUNS-cut/) with the table in
-# $OUT/packs/report.txt. Put the tarballs in .packs-carry/ on the CPU machine and name .packs-carry in the next call's
+# $OUT/packs/report.txt. Ray processes left from an earlier call's cut part are stopped before the part runs and after
+# it, and the GPU's processes and the load average before it are printed. Put the tarballs in .packs-carry/ on the CPU machine and name .packs-carry in the next call's
 # `carry`. COMMIT=<hash> names the commit the call runs (the machine's git names another: its copy sits in a checkout
 # of the last landed commit).
 # The result line is appended by `report` on the CPU machine once every side is whole (there: PY=.venv/bin/python bash
@@ -52,9 +53,20 @@ source /tmp/rlft-env.sh
 PY=${PY:-$([[ -x /opt/torch/.venv/bin/python3 ]] && echo /opt/torch/.venv/bin/python3 || echo python3)}
 unpack
 before=$(ls "$runs")
+
+stop_leftovers() {  # a part cut by SIGINT may leave its Ray roles (the engine, the learner) running on the GPU
+  "$PY" -c "import sys; from ray.scripts.scripts import main; sys.argv = ['ray', 'stop', '--force']; main()" \
+    >/dev/null 2>&1 || true
+}
+stop_leftovers
+# what else the part shares the machine with: its times compare with other parts' only where nothing else ran
+held=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>/dev/null || true)
+if [[ -n $held ]]; then echo "packs.sh: processes on the GPU before this part:"$'\n'"$held"; fi
+echo "packs.sh: load average before this part: $(cut -d' ' -f1-3 /proc/loadavg)"
 bench=("$PY" -m bench.packs --preset gpu --repeats 1 --out "$runs" --no-append)
 
 save() {  # the folders this call made, each as one tarball under $OUT/packs, and the table
+  stop_leftovers
   [[ -n "${OUT:-}" ]] || return 0
   mkdir -p "$OUT/packs"
   for dir in "$runs"/*/; do

@@ -32,7 +32,7 @@ INTERRUPTED = 130  # train.py's exit status for a stopped run
 
 
 class PackLauncher(Launcher):
-    def __init__(self, max_jobs: int = 8, grouped_learner: bool | str = "auto", phases: int | str = "auto") -> None:
+    def __init__(self, max_jobs: int = 8, grouped_learner: bool | str = "auto", phases: int = 1) -> None:
         super().__init__()
         if not isinstance(max_jobs, int) or max_jobs < 1:
             fail(f"hydra.launcher.max_jobs must be a whole number >= 1 (got {max_jobs!r}): the most jobs in one pack")
@@ -41,10 +41,10 @@ class PackLauncher(Launcher):
                 f"hydra.launcher.grouped_learner must be true, false or auto (got {grouped_learner!r}): whether the "
                 "learner steps a pack's jobs together (auto: on a GPU)"
             )
-        if phases != "auto" and (isinstance(phases, bool) or not isinstance(phases, int) or phases < 1):
+        if isinstance(phases, bool) or not isinstance(phases, int) or phases < 1:
             fail(
-                f"hydra.launcher.phases must be a whole number >= 1 or auto (got {phases!r}): in how many groups a "
-                "pack's jobs step out of phase (auto: 2 on a GPU with 4 or more jobs)"
+                f"hydra.launcher.phases must be a whole number >= 1 (got {phases!r}): in how many groups a pack's "
+                "jobs step out of phase (1: all together)"
             )
         self.max_jobs, self.grouped_learner, self.phases = max_jobs, grouped_learner, phases
         self.config: DictConfig | None = None

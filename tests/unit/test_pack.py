@@ -360,7 +360,7 @@ def test_an_interrupted_pack_stops_the_jobs_waiting_for_its_roles(tmp_path):
         ),
         (["hydra.launcher.max_jobs=0"], "hydra.launcher.max_jobs must be a whole number >= 1 (got 0)"),
         (["hydra.launcher.grouped_learner=2"], "hydra.launcher.grouped_learner must be true, false or auto (got 2)"),
-        (["hydra.launcher.phases=0"], "hydra.launcher.phases must be a whole number >= 1 or auto (got 0)"),
+        (["hydra.launcher.phases=0"], "hydra.launcher.phases must be a whole number >= 1 (got 0)"),
     ],
     ids=["refused", "max_jobs", "grouped_learner", "phases"],
 )

@@ -406,23 +406,13 @@ def test_a_job_that_leaves_releases_its_mates_waiting_steps():
 
 
 @pytest.mark.parametrize(
-    ("gpu", "jobs", "setting", "merged", "expected"),
-    [
-        (True, 8, "auto", True, 2),
-        (True, 4, "auto", True, 2),
-        (True, 3, "auto", True, 1),
-        (False, 8, "auto", True, 1),
-        (False, 8, 4, True, 4),
-        (True, 2, 3, True, 2),
-        (True, 8, 2, False, 1),
-    ],
-    ids=["gpu8", "gpu4", "gpu3", "cpu", "set", "capped", "unmerged"],
+    ("jobs", "setting", "merged", "expected"),
+    [(8, 1, True, 1), (8, 2, True, 2), (2, 3, True, 2), (8, 2, False, 1)],
+    ids=["one", "two", "capped", "unmerged"],
 )
-def test_a_pack_steps_in_the_phases_its_setting_and_device_give(gpu, jobs, setting, merged, expected):
-    """`hydra.launcher.phases`: a number (at most one job a phase), or auto: 2 on a GPU from 4 jobs; one phase where
-    nothing of the pack is merged."""
-    cfg = typed_config(**{"cluster.use_gpu": gpu})
-    assert pack.phase_count(cfg, jobs, setting, merged=merged) == expected
+def test_a_pack_steps_in_the_phases_its_setting_gives(jobs, setting, merged, expected):
+    """`hydra.launcher.phases`: at most one job a phase, and one phase where nothing of the pack is merged."""
+    assert pack.phase_count(jobs, setting, merged=merged) == expected
 
 
 def test_each_phase_merges_its_own_jobs_calls_and_never_waits_for_another_phase(monkeypatch, tmp_path, capsys):
