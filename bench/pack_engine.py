@@ -1,7 +1,7 @@
 """A sweep pack's rollout engine on its own: where the pack's rollout time goes, and which engine setting moves it.
 
 python -m bench.pack_engine --device cuda [--jobs 8] [--prompts 32] [--n 16] [--max-tokens 32] [--repeats 3]
-    [--sides solo,solo_native,pack,pack_tokens,pack_graphs,pack_unseeded]
+    [--sides solo,solo_native,pack,pack_tokens,pack_graphs,pack_unseeded,probe] [--profile N]
 
 The workload is one step of the GPU demo (+experiment=gpu_smollm2_chain_sum: 32 prompts x 16 samples, 32 new tokens,
 chain_sum-like prompts, a seed per prompt, the sampled tokens' logprobs), each job with its own random rank-16
@@ -13,8 +13,12 @@ adapter. Sides, each in a fresh process (an engine per side):
   PackedRole.generate_jobs, the pack's own path), with the pack's engine limits (rl/rollout/vllm.py pack_batch_limits);
 - `pack_tokens`: as `pack` with the step's token budget (`max_num_batched_tokens`) times the jobs;
 - `pack_graphs`: as `pack` with CUDA graphs (`cluster.enforce_eager=false`);
-- `pack_unseeded`: as `pack` without the per-prompt seeds every other side sends as a run does (vLLM draws each
-  seeded request's noise with its own generator, one request at a time: 4,096 a decode step in a pack of 8).
+- `pack_unseeded`: as `pack` without the per-prompt seeds every other side sends as a run does (vLLM's V1 model
+  runner draws each seeded request's noise with its own generator, one request at a time: 4,096 a decode step in a
+  pack of 8; its V2 runner, vLLM 0.26's default for this model on a GPU, draws every request's noise in one kernel);
+- `probe`: a pack's sync and sync probe on the engine (`probe_side`): each job's next adapter version loaded, the
+  jobs' probe calls merged, and the same call again with the adapters resident, which splits the probe's engine time
+  into vLLM's loading of the new adapters and the probe's own decoding.
 Each side: one full-size warm-up call, then `--repeats` timed calls (`--profile N`: then one more under cProfile,
 its top N functions printed, with vLLM's engine core in this process as on the GPU machine
 (VLLM_ENABLE_V1_MULTIPROCESSING=0): the scheduler, the model runner and the output handling); the median seconds of a call and its spread,
@@ -40,7 +44,7 @@ from bench.common import (
     spread,
 )
 
-SIDES = ("solo", "solo_native", "pack", "pack_tokens", "pack_graphs", "pack_unseeded")
+SIDES = ("solo", "solo_native", "pack", "pack_tokens", "pack_graphs", "pack_unseeded", "probe")
 
 
 def engine_keys(side: str, device: str) -> list[str]:
@@ -91,7 +95,7 @@ def run_side(side: str, args) -> dict:
     if args.profile:  # the engine core in this process, so that its work shows in the profile
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     path = resolve_model_path(args.model)
-    jobs = args.jobs if side.startswith("pack") else 1
+    jobs = args.jobs if side.startswith("pack") or side == "probe" else 1
     if side == "pack_tokens":
         limits = engine.pack_batch_limits
 
@@ -116,6 +120,8 @@ def run_side(side: str, args) -> dict:
     for j, adapter in enumerate(adapters):
         role.on_job(j, "load_adapter", adapter)
     tok = role.role.tokenizer
+    if side == "probe":
+        return probe_side(role, adapters, demo_prompts(tok, 2 * jobs), args) | {"engine_start_s": round(start_s, 1)}
     prompts = demo_prompts(tok, args.prompts * jobs)
     sampling = Sampling(n=args.n, temperature=1.0, max_tokens=args.max_tokens)
 
@@ -152,6 +158,59 @@ def run_side(side: str, args) -> dict:
         },
         **({"profile": profile} if profile else {}),
     }
+
+
+def probe_side(role, adapters: list, prompts: list[list[int]], args) -> dict:
+    """A pack's sync and probe on the engine, step after step: every job's next adapter version loaded
+    (`load_adapter`: its folder written, the old slot's adapter removed), then the jobs' probe calls merged as a
+    pack's are (2 prompts x 2 samples x 16 tokens each, rl/config/schema.py sampling_for("probe")), which makes vLLM
+    read each new adapter into its LoRA slot, then the same call again with the adapters resident. The first call
+    less the second is what loading the new adapters costs the probe."""
+    import dataclasses
+    import time
+
+    from rl.seeds import prompt_seed
+    from rl.types import Sampling
+
+    jobs, sampling = len(adapters), Sampling(n=2, max_tokens=16, temperature=1.0)
+
+    def probe(step: int) -> float:
+        calls = [
+            (j, (prompts[2 * j : 2 * j + 2], sampling, [prompt_seed(j, i, "probe", step) for i in (0, 1)]))
+            for j in range(jobs)
+        ]
+        t = time.perf_counter()
+        role.generate_jobs(calls)
+        return time.perf_counter() - t
+
+    load_s, first_s, again_s = [], [], []
+    for k in range(args.repeats + 1):  # the first round warms the kernels up
+        t = time.perf_counter()
+        for j, adapter in enumerate(adapters):
+            role.on_job(j, "load_adapter", dataclasses.replace(adapter, version=k + 2))
+        loads, first, again = time.perf_counter() - t, probe(k), probe(k)
+        if k:
+            load_s.append(round(loads, 3))
+            first_s.append(round(first, 3))
+            again_s.append(round(again, 3))
+    role.close()
+    return {
+        "side": "probe",
+        "jobs": jobs,
+        "samples": len(prompts) * sampling.n,
+        "call_s": first_s,
+        "median_s": median(first_s),
+        "load_s": load_s,
+        "resident_s": again_s,
+    }
+
+
+def probe_line(r: dict) -> str:
+    loads, first, again = median(r["load_s"]), r["median_s"], median(r["resident_s"])
+    return (
+        f"probe, {r['jobs']} jobs: their adapter loads {loads:.3f} s, the probe call after them {first:.3f} s, the same "
+        f"call with the adapters resident {again:.3f} s: vLLM's loading of the new adapters about {first - again:.3f} s"
+    )
 
 
 def table(rows: dict[str, dict]) -> str:
@@ -195,6 +254,8 @@ def main() -> None:
         if profile:
             print(f"profile of one {side} call (cProfile, the engine's own thread):\n{profile}", flush=True)
     print(table(rows))
+    if "probe" in rows:
+        print(probe_line(rows["probe"]))
     append_result("pack-engine", {"sides": rows, "args": {k: v for k, v in vars(args).items() if k != "side"}})
 
 

@@ -290,9 +290,11 @@ class VLLMRollout(EpisodeEngine):
         of each seeded request with a draw from that request's own `torch.Generator` (created from
         `SamplingParams.seed` when the request is added, gpu_model_runner.py); the token is a Gumbel argmax with
         that row's seed. A seeded request therefore never reads the global stream and unseeded ones in the same
-        batch do not shift it; unseeded rows take whatever the global stream gives them in that batch. The CUDA
-        build (0.26) does the same with exponential noise (`random_sample`) and leaves FlashInfer's sampler for
-        PyTorch's when a batch holds seeded requests.
+        batch do not shift it; unseeded rows take whatever the global stream gives them in that batch. On a GPU,
+        vLLM 0.26's V1 model runner does the same with exponential noise (`random_sample`, a request at a time); its
+        V2 runner, the default there for a dense decoder model (`VllmConfig.use_v2_model_runner`), draws every row's
+        Gumbel noise in one kernel from the request's seed and the token's position (vllm/v1/worker/gpu/sample/
+        gumbel.py); both leave FlashInfer's sampler when a batch holds seeded requests.
 
         The engine returns token ids and the sampled tokens' logprobs only (flat, no per-token objects) and does not
         detokenise; the texts are decoded in one batch at the end. vLLM's per-step detokenisation and per-token
