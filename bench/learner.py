@@ -9,8 +9,6 @@ CUDA, random Qwen2.5-0.5B shape:  python -m bench.learner --device cuda --shape 
     --prompt-len 128 --completion-len 20:1000 --micro-batch-tokens 16384 (add --packed-attention varlen|sdpa)
 A sweep pack's learner, grouped vs job after job:  python -m bench.learner --threads 1 --groups 2 --jobs 4 \
     --sides ours_pack_grouped,ours_pack_each
-The same on CUDA:  python -m bench.learner --device cuda --shape qwen2.5-0.5b --groups 4 --jobs 4 \
-    --sides ours_pack_grouped,ours_pack_each
 
 Raw step: right-padded forward of prompt+completion, token-mean cross-entropy on the completion tokens (only
 their logits upcast to fp32, as ours), backward, grad-norm clip, AdamW step (a lean hand-written PEFT loop: no
@@ -27,8 +25,8 @@ completion tokens of the samples / step time, the same numerator for every side 
 Sweep-pack sides: `--jobs` N jobs as N LoRA adapters on one base (rl/runtime/packed.py PackedRole), built as
 `ours_full` (full rows, as the grouped step runs them) with run.seed=j and lr 1e-5*(j+1); a timed step is every
 job's step, each on samples of its own (the same shapes, seed j). `ours_pack_grouped` runs them as one grouped step
-(rl/learner/grouped.py: one forward and backward per micro-batch over every job's rows; the side fails, saying why,
-if the learner did not group them), `ours_pack_each` as N solo steps one after another; `pack_grouped_over_each`
+(rl/learner/grouped.py: one forward and backward per micro-batch over every job's rows, or per --pack-micro-batches
+of each job's, learner.pack_micro_batches; the side fails, saying why, if the learner did not group them), `ours_pack_each` as N solo steps one after another; `pack_grouped_over_each`
 (each's step time over grouped's) is the grouped step's gain.
 Token ids are random (speed does not depend on them); lengths default to the demo's (8 prompts x 8 completions,
 57-token prompts, 10-40 tokens).
@@ -97,6 +95,7 @@ def ours_args(args, path: str, *, share_prompt_prefix: bool, packed: bool = Fals
         f"learner.micro_batch_tokens={args.micro_batch_tokens if packed else 0}",
         f"learner.packed_attention={args.packed_attention}",
         f"learner.share_prompt_prefix={share_prompt_prefix}",
+        f"learner.pack_micro_batches={args.pack_micro_batches}",
         f"cluster.use_gpu={args.device == 'cuda'}",
         f"algorithm.kl_coef={args.kl}",
         *([f"algorithm.lr={lr}"] if lr is not None else []),
@@ -310,6 +309,7 @@ def run_side(args) -> dict:
         "device": args.device,
         "micro_batch_size": args.micro_batch_size,
         "micro_batch_tokens": args.micro_batch_tokens if args.side.startswith("ours_packed") else 0,
+        **({"pack_micro_batches": args.pack_micro_batches} if pack else {}),
         "threads": args.threads,
         "build_s": round(build_s, 1),
         "step_s": step_s,
@@ -377,6 +377,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--micro-batch-tokens", type=int, default=4096, help="packed sides: tokens per row")
     ap.add_argument("--packed-attention", default="auto", choices=["auto", "sdpa", "varlen"])
     ap.add_argument("--jobs", type=int, default=4, help="pack sides: jobs (adapters) stepped per timed step")
+    ap.add_argument(
+        "--pack-micro-batches", type=int, default=1, help="grouped side: each job's micro-batches a forward"
+    )
     ap.add_argument("--repeats", type=int, default=3, help="timed steps per side (after one warm-up)")
     ap.add_argument("--sides", default="raw,ours_full,ours_shared,ours_packed,ours_packed_shared")
     ap.add_argument("--kl", type=float, default=0.0, help="our sides' KL coefficient (>0 adds the reference forward)")

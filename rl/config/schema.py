@@ -261,10 +261,16 @@ class LearnerConfig:
     micro_batch_tokens: int | None = None  # >0: packed rows of <= N tokens; 0: padded; null: auto (PEFT packs)
     packed_attention: PackedAttention = PackedAttention.auto  # packed rows' attention: auto | sdpa | varlen (CUDA)
     share_prompt_prefix: bool = True  # learner runs each prompt once per group (packed row; padded: KV cache, CPU only)
+    pack_micro_batches: int = 1  # a sweep pack's grouped step: each job's micro-batches per forward (2: half as many)
 
     def __post_init__(self) -> None:
         check_fields_finite(self, "learner")
         check(self.micro_batch_size >= 1, f"learner.micro_batch_size must be >= 1 (got {self.micro_batch_size})")
+        check(
+            self.pack_micro_batches >= 1,
+            f"learner.pack_micro_batches must be >= 1 (got {self.pack_micro_batches}): each job's micro-batches in "
+            "one grouped forward of a sweep pack",
+        )
         check(
             self.micro_batch_tokens is None or self.micro_batch_tokens >= 0,
             "learner.micro_batch_tokens must be >= 0 (0: learner.micro_batch_size padded sequences) or null (auto); "

@@ -5,7 +5,8 @@ The pack's learner is where a pack must gain: on a GPU a small model's step cost
 whatever its size (launch-bound), so N jobs stepped one after another cost N steps. Here each job's samples are cut
 into micro-batches exactly as its solo step cuts them (the same filters, counts and per-micro-batch weights, from
 Learner.step_samples); grouped micro-batch k is the concatenation of every job's k-th micro-batch (a job with fewer
-drops out). One forward over the grouped rows runs every PEFT LoRA layer per row range (`RowAdapters`: base(x)
+drops out), or with `learner.pack_micro_batches` m of micro-batches km ... km+m-1 of every job, each job's
+consecutive (fewer forwards of more rows: each micro-batch keeps its own loss and weight). One forward over the grouped rows runs every PEFT LoRA layer per row range (`RowAdapters`: base(x)
 plus, for each job's rows, B_j A_j x * scaling with the job's own factors as leaves), the logprobs are split
 back per job, and each job's loss is its own algorithm's (loss.py micro_batch_loss: its loss, aggregation, knobs,
 entropy bonus and KL), weighted as in its solo step; one backward of the sum gives each job's factors their own
@@ -290,27 +291,25 @@ def _forward_backward(learner: Any, jobs: Sequence[JobStep]) -> list[_Plan]:
             job.leave()
     learner.model.train()
     forward = _GroupedForward(learner)
-    depth = max(len(p.batches) for p in plans)
+    groups = _forward_groups(plans, learner.learner_cfg.pack_micro_batches)
     if any(p.algorithm.loss_kl_coef > 0 for p in plans):
         # before the policies' forwards (a reference that swaps weights must not touch their graph), over the same
         # rows as theirs: where a job's adapter is the reference, its logprobs and the reference's are then equal to
         # the last bit, as in its solo step (AdamW's first update would magnify a rounding difference)
         with torch.no_grad(), learner.policy.reference() as ref_model:
-            for k in range(depth):
-                part = [p for p in plans if k < len(p.batches)]
-                if any(p.algorithm.loss_kl_coef > 0 for p in part):
-                    for p, (ref, *_) in zip(part, forward(ref_model, part, k, lambda a: "none")):
-                        if p.algorithm.loss_kl_coef > 0:
-                            p.refs[k] = ref
+            for group in groups:
+                if any(e.plan.algorithm.loss_kl_coef > 0 for e in group):
+                    for e, (ref, *_) in zip(group, forward(ref_model, group, 0, lambda a: "none")):
+                        if e.plan.algorithm.loss_kl_coef > 0:
+                            e.plan.refs[e.k] = ref
     unsloth = learner.model_cfg.learner_backend == LearnerBackend.unsloth
-    with RowAdapters(learner.model, [p.leaves for p in plans], in_input_dtype=unsloth) as adapters:
-        for k in range(depth):
-            part = [p for p in plans if k < len(p.batches)]
+    for group in groups:
+        with RowAdapters(learner.model, [e.leaves for e in group], in_input_dtype=unsloth) as adapters:
             total: torch.Tensor | float = 0.0
-            split = forward(learner.model, part, k, entropy_use, adapters, plans)
-            for p, (logp, entropy, mask, old, adv, n_positions) in zip(part, split):
-                mb, a = p.batches[k], p.algorithm
-                loss, metrics = micro_batch_loss(a, p.loss_fn, p.agg_fn, logp, entropy, p.refs.get(k), mask, old, adv)
+            split = forward(learner.model, group, 0, entropy_use, adapters, group)
+            for e, (logp, entropy, mask, old, adv, n_positions) in zip(group, split):
+                p, mb, a = e.plan, e.batches[0], e.algorithm
+                loss, metrics = micro_batch_loss(a, p.loss_fn, p.agg_fn, logp, entropy, p.refs.get(e.k), mask, old, adv)
                 weight = micro_batch_weight(mb, p.n_seq, p.n_tok, p.unit)
                 total = total + loss * weight
                 p.total_loss = p.total_loss + loss.detach() * weight
@@ -320,6 +319,28 @@ def _forward_backward(learner: Any, jobs: Sequence[JobStep]) -> list[_Plan]:
             assert isinstance(total, torch.Tensor)
             total.backward()  # each job's factors get the gradient of its own loss only
     return plans
+
+
+@dataclass(eq=False)
+class _Entry(_Rows):
+    """Micro-batch `k` of a job's step (`plan`) in one grouped forward: its rows are that micro-batch alone."""
+
+    plan: _Plan
+    k: int
+
+
+def _forward_groups(plans: list[_Plan], per_job: int) -> list[list[_Entry]]:
+    """The grouped forwards of a step, in order: forward g holds micro-batches g*per_job ... (g+1)*per_job - 1 of
+    every job that has them (learner.pack_micro_batches), a job's together and the jobs in order, so that each job's
+    rows are one span (RowAdapters). per_job 1: every job's k-th micro-batch, forward k."""
+    depth = max(len(p.batches) for p in plans)
+    groups = []
+    for start in range(0, depth, per_job):
+        ks = range(start, min(start + per_job, depth))
+        groups.append(
+            [_Entry(p.algorithm, [p.batches[k]], p.leaves, p, k) for p in plans for k in ks if k < len(p.batches)]
+        )
+    return groups
 
 
 def _alone(job: JobStep, call: Callable[[], Any]) -> Any:

@@ -112,6 +112,7 @@ def estimate_memory(
     actor_in_4bit: bool = False,
     pack_jobs: int = 1,
     grouped: bool = False,
+    pack_micro_batches: int = 1,
 ) -> dict[str, RoleMemory]:
     """Memory of one rollout actor and one learner (bytes). `actor_dtype`, `learner_dtype`: resolved (rl/resolve.py
     resolve_dtype; plan_for_config resolves a config's). `device_bytes`: one GPU's memory, or the machine's RAM
@@ -120,7 +121,7 @@ def estimate_memory(
     sweep pack sharing the roles (hydra/launcher=pack): one base, and per job an adapter and its AdamW moments on the
     learner and a LoRA slot on the engine; the gradients and activations are one job's at a time, or with `grouped`
     (the learner trains the jobs' steps together, rl/learner/grouped.py) every job's gradients and the activations of
-    a micro-batch of every job's rows."""
+    `pack_micro_batches` micro-batches of every job's rows (learner.pack_micro_batches)."""
     if load_in_4bit and full_finetune:
         raise ConfigError("model.load_in_4bit=true cannot be fully fine-tuned: set model.full_finetune=false (LoRA)")
     seq_len = max_prompt_tokens + max_new_tokens
@@ -142,15 +143,18 @@ def estimate_memory(
     learner.parts[f"AdamW moments{f' (x{pack_jobs} jobs)' if pack_jobs > 1 else ''}"] = (
         2 * pack_jobs * trainable * train_b
     )
+    rows = together * (pack_micro_batches if grouped else 1)  # micro-batches in one forward
     if micro_batch_tokens > 0:  # one packed row: the budget, or one longer sequence alone (grouped: one per job)
-        row = max(micro_batch_tokens, seq_len) * together
+        row = max(micro_batch_tokens, seq_len) * rows
         batch = dict(sequences=1, seq_len=row, completion_len=row)
         what = f"one packed row of learner.micro_batch_tokens={micro_batch_tokens} (or one {seq_len}-token sequence)"
     else:
-        batch = dict(sequences=micro_batch_size * together, seq_len=seq_len, completion_len=max_new_tokens)
+        batch = dict(sequences=micro_batch_size * rows, seq_len=seq_len, completion_len=max_new_tokens)
         what = f"learner.micro_batch_size={micro_batch_size} x {seq_len} tokens"
     if together > 1:
         what += f", x{together} jobs in one grouped step"
+    if rows > together:
+        what += f", x{rows // together} micro-batches a job (learner.pack_micro_batches)"
     learner.parts["activations"] = activation_bytes(shape, **batch, act_bytes=learner_b, checkpointing=checkpointing)
     learner.notes.append(
         f"{trainable / 1e6:.1f} M trainable ({label}); activations: {what}, gradient checkpointing "
@@ -344,6 +348,7 @@ def plan_for_config(
         actor_in_4bit=vllm and m.load_in_4bit and value(getattr(m, "actor_base", "learner")) == "quantized",
         pack_jobs=pack_jobs,
         grouped=grouped,
+        pack_micro_batches=getattr(cfg.learner, "pack_micro_batches", 1),
     )
     teachers = getattr(c, "num_teachers", 0)
     if teachers:

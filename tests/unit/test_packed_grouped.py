@@ -92,8 +92,13 @@ def batches_for(step_no: int) -> list:
     return [make_samples(groups=3 if j < 2 else 2, group_size=4, seed=10 * step_no + j) for j in range(len(JOBS))]
 
 
-def test_a_grouped_step_gives_each_job_its_solo_steps_adapter_optimizer_and_metrics(tiny_model):
-    grouped, alone = shared_learner(tiny_model, JOBS, *PADDED), shared_learner(tiny_model, JOBS, *PADDED)
+@pytest.mark.parametrize("per_forward", [1, 2, 3], ids=["one_micro_batch", "two_micro_batches", "every_micro_batch"])
+def test_a_grouped_step_gives_each_job_its_solo_steps_adapter_optimizer_and_metrics(tiny_model, per_forward):
+    """With each job's k-th micro-batch in grouped forward k, or several of each job's in one forward
+    (learner.pack_micro_batches: 2 gives jobs of 3 and 2 micro-batches forwards of 2+2+2 and 1+1 micro-batches; 3
+    gives one forward of them all): each job's step as its solo step."""
+    shared = (*PADDED, f"learner.pack_micro_batches={per_forward}")
+    grouped, alone = shared_learner(tiny_model, JOBS, *shared), shared_learner(tiny_model, JOBS, *PADDED)
     start = {n: t.clone() for n, t in grouped.states[2]["tensors"].items()}
     for step_no in range(2):
         batches = batches_for(step_no)
@@ -138,11 +143,13 @@ def test_a_grouped_step_with_prompt_sharing_on_matches_to_float_rounding(tiny_mo
         assert_same_job(grouped, alone, job, 1e-4, 3e-5)
 
 
-def test_packed_rows_are_grouped_along_the_tokens_and_match_the_solo_steps(tiny_model):
+@pytest.mark.parametrize("per_forward", [1, 2])
+def test_packed_rows_are_grouped_along_the_tokens_and_match_the_solo_steps(tiny_model, per_forward):
     """learner.micro_batch_tokens > 0 (a PEFT learner's default): each job's micro-batch packed as alone, prompts
-    shared, the jobs' rows concatenated along the tokens."""
+    shared, the jobs' rows concatenated along the tokens (with learner.pack_micro_batches=2, two of each job's)."""
     packed = ("learner.micro_batch_tokens=32",)
-    grouped, alone = shared_learner(tiny_model, JOBS, *packed), shared_learner(tiny_model, JOBS, *packed)
+    shared = (*packed, f"learner.pack_micro_batches={per_forward}")
+    grouped, alone = shared_learner(tiny_model, JOBS, *shared), shared_learner(tiny_model, JOBS, *packed)
     assert grouped.role.batcher.packed and grouped.role.batcher.share_prompt_prefix
     for step_no in range(2):
         batches = batches_for(step_no)

@@ -438,3 +438,8 @@ def test_a_pack_whose_learner_groups_its_jobs_counts_every_jobs_gradients_and_ro
     assert together.parts["gradients (x4 jobs)"] == 4 * one.parts["gradients"]
     assert together.parts["activations"] == pytest.approx(4 * one.parts["activations"])
     assert together.parts["AdamW moments (x4 jobs)"] == apart.parts["AdamW moments (x4 jobs)"]
+    # learner.pack_micro_batches=2: two micro-batches of every job's rows in one forward, the same gradients
+    two = estimate(shape, micro_batch_tokens=tokens, pack_jobs=4, grouped=True, pack_micro_batches=2)["learner"]
+    assert two.parts["activations"] == pytest.approx(8 * one.parts["activations"])
+    assert two.parts["gradients (x4 jobs)"] == together.parts["gradients (x4 jobs)"]
+    assert "x2 micro-batches a job (learner.pack_micro_batches)" in " ".join(two.notes)
