@@ -377,14 +377,15 @@ def step_syncs(model: str, kind: str, tokens: int) -> dict:
     return {"syncs": len(where), "where": where, "callers": callers, "micro_batches": metrics["train/micro_batches"]}
 
 
-def grouped_vs_alone(model: str, kind: str, samples_per_job: int = 64, steps: int = 2) -> dict:
+def grouped_vs_alone(model: str, kind: str, samples_per_job: int = 64, steps: int = 2, per_forward: int = 1) -> dict:
     """A sweep pack's learner on the GPU (rl/learner/grouped.py): three jobs (lr 1e-4, 3e-4 and 0, seeds 0-2) of
     `samples_per_job` random-token samples each (prompts of 60-100 tokens, completions of 8-32, micro-batches of 32),
     stepped `steps` times three ways on three learners of `kind` built alike: in one grouped step (`grouped`), job
     after job with the model as built (`alone`: for Unsloth its fused LoRA kernels and compiled blocks, what a pack
     that does not group runs), and job after job with the LoRA layers' own forwards (`plain`: the grouped step's
     forwards, models.plain_lora_forwards). Per job: how far its adapter moved from the start, and how far the grouped
-    one is from each solo one (mean absolute difference), its losses; the last step's seconds per way."""
+    one is from each solo one (mean absolute difference), its losses; the last step's seconds per way. `per_forward`:
+    learner.pack_micro_batches (2: both of each job's micro-batches in one grouped forward)."""
     import random
     import time
 
@@ -398,6 +399,7 @@ def grouped_vs_alone(model: str, kind: str, samples_per_job: int = 64, steps: in
 
     lrs = (1e-4, 3e-4, 0.0)
     keys = [k for k in COMMON if not k.startswith("algorithm.lr")] + LEARNER[kind] + ["learner.micro_batch_size=32"]
+    keys.append(f"learner.pack_micro_batches={per_forward}")  # the solo steps ignore it
     jobs = [
         learner_args(from_overrides(model, *keys, f"algorithm.lr={lr}", f"run.seed={j}")) for j, lr in enumerate(lrs)
     ]

@@ -292,14 +292,19 @@ def test_a_pack_of_two_with_the_peft_4bit_learner_trains_both_jobs_in_one_groupe
         assert [r["pack/grouped_jobs"] for r in train] == [2.0, 2.0]
 
 
-@pytest.mark.parametrize("kind", ["unsloth", "peft_bnb"])
-def test_a_grouped_pack_step_trains_each_job_as_its_solo_steps_do(model, kind):
+@pytest.mark.parametrize(
+    ("kind", "per_forward"),
+    [("unsloth", 1), ("peft_bnb", 1), ("unsloth", 2)],
+    ids=["unsloth", "peft_bnb", "unsloth_two"],
+)
+def test_a_grouped_pack_step_trains_each_job_as_its_solo_steps_do(model, kind, per_forward):
     """The pack's grouped learner step on the 4-bit learners (rl/learner/grouped.py; for Unsloth after its fused LoRA
     kernels and compiled blocks are switched off): three jobs with lr 1e-4, 3e-4 and 0 stepped twice in one grouped
     step and job after job. Each job's adapter ends where its solo steps put it, up to bf16 rounding: far closer to
     it than to where it started (a job trained on a mate's rows, or with a mate's factors, would be about as far from
-    it as it moved); the lr=0 job's adapter does not move."""
-    out = job("grouped_vs_alone", model=model, kind=kind)
+    it as it moved); the lr=0 job's adapter does not move. `per_forward` 2: both of each job's micro-batches in one
+    grouped forward (learner.pack_micro_batches)."""
+    out = job("grouped_vs_alone", model=model, kind=kind, per_forward=per_forward)
     print(f"{kind} grouped pack step: {json.dumps(out)}")
     assert out["grouped_jobs"] == [3.0, 3.0, 3.0]
     for j in out["jobs"]:
