@@ -142,12 +142,25 @@ def git(*args: str) -> str:
         return ""
 
 
+def cpu_model() -> str:
+    """The host CPU's model name (Linux's /proc/cpuinfo; else what platform says): two lent machines with the same
+    GPU may have different host CPUs, and a small model's engine and learner are bound by their host's Python."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> dict:
-    """Where and when: host, cores, load averages (the machine may be shared), date, git commit."""
+    """Where and when: host, cores and their model, load averages (the machine may be shared), date, git commit."""
     commit = git("rev-parse", "--short", "HEAD")
     info = {
         "host": platform.node(),
         "cpus": os.cpu_count(),
+        "cpu": cpu_model(),
         "load_avg": [round(x, 2) for x in os.getloadavg()],
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": commit,
@@ -189,7 +202,7 @@ def append_result(
         "date": info["date"],
         "commit": info["commit"],
         "dirty": bool(changed),
-        "machine": {k: info[k] for k in ("host", "cpus", "gpu", "load_avg") if k in info},
+        "machine": {k: info[k] for k in ("host", "cpus", "cpu", "gpu", "load_avg") if k in info},
         "command": command or shlex.join(["python", "-m", f"bench.{bench}", *argv]),
         "arguments": argv,
         "result": result,

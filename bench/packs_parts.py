@@ -195,13 +195,16 @@ def assemble(parts: list[dict], n_jobs: int) -> dict:
 
 
 def provenance(results: list[dict]) -> str:
-    """Where the sides ran: the device, the commits where they differ, and per side its parts (wall times added),
-    each part's start before its first job and the compilation caches it found."""
+    """Where the sides ran: the device, the commits where they differ, the host CPUs, and per side its parts (wall
+    times added), each part's start before its first job and the compilation caches it found."""
     lines = [f"device: {results[0].get('device')}"]
     runs = [p for r in results for p in r.get("parts", [r])]
     commits = sorted({p["machine"].get("commit") or "unknown" for p in runs if "machine" in p})
     if len(commits) > 1:
         lines.append(f"commits the sides and parts ran at: {', '.join(commits)}")
+    cpus = sorted({p["machine"]["cpu"] for p in runs if "cpu" in p.get("machine", {})})
+    if cpus:  # one GPU kind may sit beside several host CPUs, and a small model's roles are bound by their Python
+        lines.append(f"host CPUs the sides and parts ran on: {'; '.join(cpus)}")
     for r in results:
         parts = r.get("parts", [r])
         starts = [p["startup_s"] for p in parts if p.get("startup_s") is not None]

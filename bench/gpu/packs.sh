@@ -62,7 +62,8 @@ stop_leftovers
 # what else the part shares the machine with: its times compare with other parts' only where nothing else ran
 held=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>/dev/null || true)
 if [[ -n $held ]]; then echo "packs.sh: processes on the GPU before this part:"$'\n'"$held"; fi
-echo "packs.sh: load average before this part: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "packs.sh: load average before this part: $(cut -d' ' -f1-3 /proc/loadavg); host CPU:" \
+  "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs)"
 bench=("$PY" -m bench.packs --preset gpu --repeats 1 --out "$runs" --no-append)
 
 save() {  # the folders this call made, each as one tarball under $OUT/packs, and the table
