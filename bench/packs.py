@@ -10,7 +10,8 @@ hydra.launcher.max_jobs=k (the sweep as packs of at most k jobs, one pack after 
 `pack<k>-grouped` the same with hydra.launcher.grouped_learner=false or true (the pack's learner steps its jobs one
 after another, or in one grouped step even on a CPU, where auto steps them apart: what the grouped step gains), and
 any of these with `-p<n>`: hydra.launcher.phases=n (`pack8-p1`: the 8 jobs in one phase, `pack8-p2` in two that step
-out of phase; plain: the launcher's default, 1). Its wall time is the whole process's, start-ups included: what a user
+out of phase; plain: the launcher's default, 1) and `-m<n>`: learner.pack_micro_batches=n (`pack8-m2`: two of each
+job's micro-batches in one grouped forward; solo runs ignore the key, so the sequential side is the same). Its wall time is the whole process's, start-ups included: what a user
 waits for. Samples/s is the samples every job trained (the sum
 of their `train/samples`) over that wall time. The sides rotate between repeats, so a machine's drift falls on all of
 them; the speed-up of a side is the sequential side's wall time over its own within a repeat, its median and range
@@ -81,9 +82,10 @@ from tests.helpers import repo_env
 
 # pack<k>-each, pack<k>-grouped: a pack whose learner steps the jobs one after another, or together even on a CPU
 # (hydra.launcher.grouped_learner false, true; plain pack<k> leaves it at auto: together on a GPU); a -p<n> suffix
-# sets hydra.launcher.phases=n (plain: the launcher's default, 1)
+# sets hydra.launcher.phases=n (plain: the launcher's default, 1), a -m<n> suffix learner.pack_micro_batches=n (each
+# job's micro-batches in one grouped forward; a solo run ignores the key, so the sequential side stays the same)
 LEARNER_SIDES = {"-each": "false", "-grouped": "true"}
-PACK_SIDE = re.compile(r"pack(\d+)(-each|-grouped)?(?:-p(\d+))?")
+PACK_SIDE = re.compile(r"pack(\d+)(-each|-grouped)?(?:-p(\d+))?(?:-m(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -141,12 +143,15 @@ def sides(args: argparse.Namespace, n_jobs: int) -> list[str]:
     if args.sides:
         named = args.sides.split(",")
         wrong = [
-            s for s in named if s != SEQUENTIAL and not ((m := PACK_SIDE.fullmatch(s)) and int(m[1]) and int(m[3] or 1))
+            s
+            for s in named
+            if s != SEQUENTIAL
+            and not ((m := PACK_SIDE.fullmatch(s)) and int(m[1]) and int(m[3] or 1) and int(m[4] or 1))
         ]
         if wrong:
             raise SystemExit(
                 f"--sides {args.sides}: {', '.join(wrong)} is not sequential, pack<k>, pack<k>-each or pack<k>-grouped, "
-                "with an optional -p<n> (k, n >= 1)"
+                "with an optional -p<n> and -m<n> (k, n >= 1)"
             )
         return named
     sizes = args.packs.split(",")
@@ -178,6 +183,8 @@ def train_args(side: str, sweep_dir: Path, args: argparse.Namespace, swept: list
         launcher.append(f"hydra.launcher.grouped_learner={LEARNER_SIDES[m[2]]}")
     if m and m[3]:
         launcher.append(f"hydra.launcher.phases={m[3]}")
+    if m and m[4]:
+        launcher.append(f"learner.pack_micro_batches={m[4]}")
     return ["-m", *workload(args), *(swept or sweep(args)), *launcher, f"hydra.sweep.dir={sweep_dir}"]
 
 

@@ -295,8 +295,8 @@ def test_a_jobs_step_parts_are_its_medians_from_step_2_and_the_report_shows_each
 
 
 def test_a_pack_side_with_p_n_sets_its_phases(gpu, tmp_path):
-    """`pack<k>-p<n>` (also after -each or -grouped) is the pack of k with hydra.launcher.phases=n; its folder's name
-    reads back as that side; -p0 is refused."""
+    """`pack<k>-p<n>` (also after -each or -grouped) is the pack of k with hydra.launcher.phases=n, `-m<n>` with
+    learner.pack_micro_batches=n; its folder's name reads back as that side; -p0 is refused."""
     args, listed, _ = gpu
     picked = packs.parser().parse_args(["--preset", "gpu", "--sides", "pack8-p1,pack8-p2,pack8-each-p2"])
     assert packs.sides(picked, len(listed)) == ["pack8-p1", "pack8-p2", "pack8-each-p2"]
@@ -305,6 +305,8 @@ def test_a_pack_side_with_p_n_sets_its_phases(gpu, tmp_path):
     each = packs.train_args("pack8-each-p2", tmp_path, args)
     assert "hydra.launcher.grouped_learner=false" in each and "hydra.launcher.phases=2" in each
     assert not any("phases" in a for a in packs.train_args("pack8", tmp_path, args))
+    assert "learner.pack_micro_batches=2" in packs.train_args("pack8-m2", tmp_path, args)
+    assert "hydra.launcher.phases=2" in packs.train_args("pack8-p2-m2", tmp_path, args)
     assert FOLDER.fullmatch("pack8-p2-0")["side"] == "pack8-p2"
     assert FOLDER.fullmatch("pack8-each-p2-1-part1of2")["side"] == "pack8-each-p2"
     with pytest.raises(SystemExit, match="pack8-p0 is not sequential"):
