@@ -304,9 +304,11 @@ def _forward_backward(learner: Any, jobs: Sequence[JobStep]) -> list[_Plan]:
                             e.plan.refs[e.k] = ref
     unsloth = learner.model_cfg.learner_backend == LearnerBackend.unsloth
     for group in groups:
-        with RowAdapters(learner.model, [e.leaves for e in group], in_input_dtype=unsloth) as adapters:
+        # one adapter span per job: a job's micro-batches in the forward are consecutive rows through its factors once
+        owners = [p for p in plans if any(e.plan is p for e in group)]
+        with RowAdapters(learner.model, [p.leaves for p in owners], in_input_dtype=unsloth) as adapters:
             total: torch.Tensor | float = 0.0
-            split = forward(learner.model, group, 0, entropy_use, adapters, group)
+            split = forward(learner.model, group, 0, entropy_use, adapters, owners)
             for e, (logp, entropy, mask, old, adv, n_positions) in zip(group, split):
                 p, mb, a = e.plan, e.batches[0], e.algorithm
                 loss, metrics = micro_batch_loss(a, p.loss_fn, p.agg_fn, logp, entropy, p.refs.get(e.k), mask, old, adv)
@@ -463,5 +465,10 @@ class _GroupedForward:
 
 
 def _spans(plans: Sequence[_Rows], part: Sequence[_Rows], spans: list[int]) -> list[int]:
-    size = {id(p): n for p, n in zip(part, spans)}
+    """Each of `plans`' rows in the forward: the spans of its items of `part` (itself, or its micro-batches' entries,
+    which are consecutive), 0 where it has none."""
+    size: dict[int, int] = {}
+    for p, n in zip(part, spans):
+        key = id(p.plan if isinstance(p, _Entry) else p)
+        size[key] = size.get(key, 0) + n
     return [size.get(id(p), 0) for p in plans]
