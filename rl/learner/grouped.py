@@ -7,7 +7,8 @@ into micro-batches exactly as its solo step cuts them (the same filters, counts 
 Learner.step_samples); grouped micro-batch k is the concatenation of every job's k-th micro-batch (a job with fewer
 drops out), or with `learner.pack_micro_batches` m of micro-batches km ... km+m-1 of every job, each job's
 consecutive (fewer forwards of more rows: each micro-batch keeps its own loss and weight). One forward over the grouped rows runs every PEFT LoRA layer per row range (`RowAdapters`: base(x)
-plus, for each job's rows, B_j A_j x * scaling with the job's own factors as leaves), the logprobs are split
+plus, for each job's rows, B_j A_j x * scaling with the job's own factors, stacked per layer as leaves:
+`StackedFactors`), the logprobs are split
 back per job, and each job's loss is its own algorithm's (loss.py micro_batch_loss: its loss, aggregation, knobs,
 entropy bonus and KL), weighted as in its solo step; one backward of the sum gives each job's factors their own
 gradients. Then each job in turn is swapped into the learner for its clipping, non-finite skip, optimizer step,
@@ -122,62 +123,95 @@ def _lora_layers(model: Any) -> list[tuple[str, Any, str]]:
     ]
 
 
+class StackedFactors:
+    """Every PEFT LoRA layer's A and B of several jobs (`factors`: one {parameter name: tensor} per job), stacked
+    along a new first dimension, job j at index j. With `grad` the stacks are leaves: one gradient tensor per layer
+    factor for all the jobs, job j's at index j (`grads`), each job's own since only its rows meet its slice. One
+    leaf per layer rather than one per job and layer: on a GPU the grouped step is bound by its host's work per op,
+    and per-job leaves cost a stack in every forward and an unbind and an accumulation per job in every backward."""
+
+    def __init__(self, model: Any, factors: list[dict[str, torch.Tensor]], grad: bool = False):
+        self.layers: list[tuple[Any, str, str, torch.Tensor, torch.Tensor]] = []
+        for name, module, adapter in _lora_layers(model):
+            names = f"{name}.lora_A.{adapter}.weight", f"{name}.lora_B.{adapter}.weight"
+            a, b = (torch.stack([f[n].detach() for f in factors]) for n in names)
+            if grad:
+                a, b = a.requires_grad_(), b.requires_grad_()
+            self.layers.append((module, *names, a, b))
+
+    def grads(self, job: int) -> dict[str, torch.Tensor | None]:
+        """Job `job`'s gradient of each factor, by parameter name (None: no forward reached it)."""
+        out: dict[str, torch.Tensor | None] = {}
+        for _, name_a, name_b, a, b in self.layers:
+            out[name_a] = None if a.grad is None else a.grad[job]
+            out[name_b] = None if b.grad is None else b.grad[job]
+        return out
+
+
 class RowAdapters:
     """Every PEFT LoRA layer of `model` (Linear and the bnb 4-bit Linear) computing base(x) plus, for each job's
-    rows of x, lora_B_j(lora_A_j(x_j)) * scaling with job j's factors from `factors` (one {parameter name: tensor}
-    per job) instead of the layer's own parameters. `rows(sizes, dim)`: in the next forward job j has sizes[j]
-    consecutive rows along `dim` (0: the samples of padded micro-batches; 1: the tokens of a packed row; 0: none).
-    A context manager: the layers' own forward is back on exit, also on error. Keep it entered
-    through the backward: a checkpointed model runs the forward again there."""
+    rows of x, lora_B_j(lora_A_j(x_j)) * scaling with job j's factors from `stack` (StackedFactors) instead of the
+    layer's own parameters. `rows(sizes, dim)`: in the next forward job j has sizes[j] consecutive rows along `dim`
+    (0: the samples of padded micro-batches; 1: the tokens of a packed row; 0: none). A context manager: the
+    layers' own forward is back on exit, also on error. Keep it entered through the backward: a checkpointed model
+    runs the forward again there."""
 
-    def __init__(self, model: Any, factors: list[dict[str, torch.Tensor]], in_input_dtype: bool = False):
+    def __init__(self, stack: StackedFactors, in_input_dtype: bool = False):
         # the LoRA matmuls in the factors' dtype, the input cast to it, as PEFT's layers compute; in_input_dtype
         # (Unsloth): in the input's (bf16), the factors cast to it and B scaled before the matmul, as Unsloth's
         # fused LoRA kernels compute (tensor-core matmuls: fp32 ones cost most of a grouped step on a GPU)
         self.in_input_dtype = in_input_dtype
-        self.layers = [
-            (module, [(f[f"{name}.lora_A.{adapter}.weight"], f[f"{name}.lora_B.{adapter}.weight"]) for f in factors])
-            for name, module, adapter in _lora_layers(model)
-        ]
-        self.scaling = [module.scaling[module.active_adapters[0]] for module, _ in self.layers]
+        self.layers = [(module, a, b) for module, _, _, a, b in stack.layers]
+        self.scaling = [module.scaling[module.active_adapters[0]] for module, _, _ in self.layers]
         self.sizes: list[int] = []
+        self.live: list[int] = []
+        self.index: torch.Tensor | None = None
         self.dim = 0
 
     def rows(self, sizes: list[int], dim: int = 0) -> None:
         self.sizes, self.dim = list(sizes), dim
+        self.live = [j for j, n in enumerate(sizes) if n]
+        # the live jobs' slices of each stack, picked once a forward (None: every job is live, the stack itself)
+        device = self.layers[0][1].device if self.layers else None
+        whole = len(self.live) == len(sizes)
+        self.index = None if whole else torch.tensor(self.live, dtype=torch.long, device=device)
 
     def __enter__(self) -> RowAdapters:
-        for (module, pairs), scaling in zip(self.layers, self.scaling):
-            module.forward = functools.partial(self._forward, module, pairs, scaling)
+        for (module, a, b), scaling in zip(self.layers, self.scaling):
+            module.forward = functools.partial(self._forward, module, a, b, scaling)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for module, _ in self.layers:
+        for module, _, _ in self.layers:
             module.__dict__.pop("forward", None)
 
-    def _forward(self, module: Any, pairs: list, scaling: float, x: torch.Tensor, *args: Any, **kwargs: Any):
-        result = module.base_layer(x, *args, **kwargs)
+    def _live(self, stack: torch.Tensor) -> torch.Tensor:
+        return stack if self.index is None else stack.index_select(0, self.index)
+
+    def _equal_spans(self) -> bool:
+        return self.dim == 0 and len({self.sizes[j] for j in self.live}) == 1
+
+    def _forward(self, module: Any, a: torch.Tensor, b: torch.Tensor, scaling: float, x: torch.Tensor, *args, **kw):
+        result = module.base_layer(x, *args, **kw)
         if module.disable_adapters:
             return result
         if sum(self.sizes) != x.shape[self.dim]:
             raise RuntimeError(f"grouped LoRA forward: {x.shape[self.dim]} rows in, the jobs have {self.sizes}")
         if self.in_input_dtype:
-            return self._in_input_dtype(result, x, pairs, scaling)
+            return self._in_input_dtype(result, x, a, b, scaling)
         if not torch.is_autocast_enabled():  # as the LoRA layers cast: the input in the factors' dtype
-            x = x.to(pairs[0][0].dtype)
-        live = [(pair, n) for pair, n in zip(pairs, self.sizes) if n]
-        if self.dim == 0 and len(live) > 1 and len({n for _, n in live}) == 1:
-            # every job the same number of samples (a sweep's usual micro-batch): the jobs' factors stacked, two
-            # batched matmuls for all of them instead of two per job (a GPU step is bound by its kernel launches)
-            a = torch.stack([pair[0] for pair, _ in live]).transpose(1, 2)  # [jobs, in, r]
-            b = torch.stack([pair[1] for pair, _ in live]).transpose(1, 2)  # [jobs, r, out]
-            rows = x.reshape(len(live), -1, x.shape[-1])
-            delta = (torch.bmm(torch.bmm(rows, a), b) * scaling).reshape(*x.shape[:-1], b.shape[-1])
+            x = x.to(a.dtype)
+        if len(self.live) > 1 and self._equal_spans():
+            # every job the same number of samples (a sweep's usual micro-batch): two batched matmuls for all the
+            # jobs instead of two per job (a GPU step is bound by its kernel launches)
+            a_t, b_t = self._live(a).transpose(1, 2), self._live(b).transpose(1, 2)  # [jobs, in, r], [jobs, r, out]
+            rows = x.reshape(len(self.live), -1, x.shape[-1])
+            delta = (torch.bmm(torch.bmm(rows, a_t), b_t) * scaling).reshape(*x.shape[:-1], b_t.shape[-1])
         else:
             parts, start = [], 0
-            for (a, b), n in zip(pairs, self.sizes):
+            for j, n in enumerate(self.sizes):
                 if n:
-                    parts.append(F.linear(F.linear(x.narrow(self.dim, start, n), a), b) * scaling)
+                    parts.append(F.linear(F.linear(x.narrow(self.dim, start, n), a[j]), b[j]) * scaling)
                 start += n
             delta = torch.cat(parts, dim=self.dim)
         # a new tensor (no in-place write into the base layer's output, which autograd may hold), rounded as the
@@ -186,22 +220,23 @@ class RowAdapters:
             return result + delta.to(result.dtype)
         return (result + delta).to(result.dtype)
 
-    def _in_input_dtype(self, result: torch.Tensor, x: torch.Tensor, pairs: list, scaling: float) -> torch.Tensor:
+    def _in_input_dtype(
+        self, result: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float
+    ) -> torch.Tensor:
         """result + each job's x_j A_j^T (B_j^T * scaling), all in x's dtype, added to the output in one batched
         matmul where the jobs have equal spans of rows."""
         dtype = x.dtype
-        live = [(pair, n) for pair, n in zip(pairs, self.sizes) if n]
-        if self.dim == 0 and len({n for _, n in live}) == 1:
-            a = torch.stack([pair[0] for pair, _ in live]).to(dtype).transpose(1, 2)  # [jobs, in, r]
-            b = (torch.stack([pair[1] for pair, _ in live]) * scaling).to(dtype).transpose(1, 2)  # [jobs, r, out]
-            rows = x.reshape(len(live), -1, x.shape[-1])
-            out = torch.baddbmm(result.to(dtype).reshape(len(live), -1, b.shape[-1]), torch.bmm(rows, a), b)
+        if self._equal_spans():
+            a_t = self._live(a).to(dtype).transpose(1, 2)  # [jobs, in, r]
+            b_t = (self._live(b) * scaling).to(dtype).transpose(1, 2)  # [jobs, r, out]
+            rows = x.reshape(len(self.live), -1, x.shape[-1])
+            out = torch.baddbmm(result.to(dtype).reshape(len(self.live), -1, b_t.shape[-1]), torch.bmm(rows, a_t), b_t)
             return out.reshape(result.shape).to(result.dtype)
         parts, start = [], 0
-        for (a, b), n in zip(pairs, self.sizes):
+        for j, n in enumerate(self.sizes):
             if n:
-                xa = F.linear(x.narrow(self.dim, start, n), a.to(dtype))
-                parts.append(F.linear(xa, (b * scaling).to(dtype)))
+                xa = F.linear(x.narrow(self.dim, start, n), a[j].to(dtype))
+                parts.append(F.linear(xa, (b[j] * scaling).to(dtype)))
             start += n
         return (result.to(dtype) + torch.cat(parts, dim=self.dim)).to(result.dtype)
 
@@ -213,7 +248,7 @@ class _Rows:
 
     algorithm: AlgorithmConfig
     batches: list[list[TrainSample]]
-    leaves: dict[str, torch.Tensor]
+    factors: dict[str, torch.Tensor]  # the job's LoRA factors by parameter name (its own storage)
 
 
 @dataclass(eq=False)
@@ -241,19 +276,21 @@ def train_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[dict[str, float
         return [_step_alone(learner, job) for job in jobs]
     t0 = time.perf_counter()
     try:
-        plans = _forward_backward(learner, jobs)
+        plans, stack = _forward_backward(learner, jobs)
     except Exception as e:
         # no job's state has changed yet (its adapter, optimizer and version change in finish_step): each job's
         # step alone instead, so that a job whose samples or loss raise fails alone and its pack mates go on
         log.warning("the grouped learner step failed (%s); this step runs its jobs one after another", e)
         return [_step_alone(learner, job) for job in jobs]
     out: list[dict[str, float] | JobError] = []
-    for job, p in zip(jobs, plans):
+    for j, (job, p) in enumerate(zip(jobs, plans)):
         job.enter()
         try:
             params = learner.pack_tensors()
-            for n, leaf in p.leaves.items():  # the job's own Parameters now hold its storage: its optimizer's keys
-                params[n].grad = leaf.grad
+            # the job's own Parameters now hold its storage (its optimizer's keys); a job without rows has no
+            # gradient, as alone, where its slice of the stacks' gradients would be zeros
+            for n, grad in stack.grads(j).items():
+                params[n].grad = grad if p.batches else None
             # time/learn_s (and the tokens/s over it): the grouped step's time up to this job's optimizer step
             metrics = learner.finish_step(p.total_loss, p.sums, p.n_signal, len(p.batches), p.tokens, t0)
         except Exception as e:  # this job's own step (its clipping, optimizer, metrics): it fails alone
@@ -265,20 +302,20 @@ def train_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[dict[str, float
     return out
 
 
-def _forward_backward(learner: Any, jobs: Sequence[JobStep]) -> list[_Plan]:
-    """Every job's plan (samples, micro-batches, factors as leaves) and the grouped forwards and backwards, which
-    leave each job's gradients on its leaves; nothing of a job's own state changes."""
+def _forward_backward(learner: Any, jobs: Sequence[JobStep]) -> tuple[list[_Plan], StackedFactors]:
+    """Every job's plan (samples, micro-batches, factors) and the grouped forwards and backwards, which leave each
+    job's gradients in its slices of the stacked factors' (returned); nothing of a job's own state changes."""
     plans = []
     for job in jobs:
         job.enter()
         try:
             samples, n_seq, n_tok, n_signal = learner.step_samples(job.samples)
-            leaves = {n: p.data.detach().requires_grad_() for n, p in learner.pack_tensors().items()}
+            factors = {n: p.data for n, p in learner.pack_tensors().items()}
             plans.append(
                 _Plan(
                     learner.algorithm,
                     learner._micro_batches(samples),
-                    leaves,
+                    factors,
                     learner.loss_fn,
                     learner.agg_fn,
                     learner.agg_unit,
@@ -303,12 +340,12 @@ def _forward_backward(learner: Any, jobs: Sequence[JobStep]) -> list[_Plan]:
                         if e.plan.algorithm.loss_kl_coef > 0:
                             e.plan.refs[e.k] = ref
     unsloth = learner.model_cfg.learner_backend == LearnerBackend.unsloth
+    stack = StackedFactors(learner.model, [p.factors for p in plans], grad=True)
     for group in groups:
-        # one adapter span per job: a job's micro-batches in the forward are consecutive rows through its factors once
-        owners = [p for p in plans if any(e.plan is p for e in group)]
-        with RowAdapters(learner.model, [p.leaves for p in owners], in_input_dtype=unsloth) as adapters:
+        # one span per job: a job's micro-batches in the forward are consecutive rows through its factors once
+        with RowAdapters(stack, in_input_dtype=unsloth) as adapters:
             total: torch.Tensor | float = 0.0
-            split = forward(learner.model, group, 0, entropy_use, adapters, owners)
+            split = forward(learner.model, group, 0, entropy_use, adapters, plans)
             for e, (logp, entropy, mask, old, adv, n_positions) in zip(group, split):
                 p, mb, a = e.plan, e.batches[0], e.algorithm
                 loss, metrics = micro_batch_loss(a, p.loss_fn, p.agg_fn, logp, entropy, p.refs.get(e.k), mask, old, adv)
@@ -320,7 +357,7 @@ def _forward_backward(learner: Any, jobs: Sequence[JobStep]) -> list[_Plan]:
                 p.tokens += n_positions  # the forward's positions in the job's rows
             assert isinstance(total, torch.Tensor)
             total.backward()  # each job's factors get the gradient of its own loss only
-    return plans
+    return plans, stack
 
 
 @dataclass(eq=False)
@@ -340,7 +377,7 @@ def _forward_groups(plans: list[_Plan], per_job: int) -> list[list[_Entry]]:
     for start in range(0, depth, per_job):
         ks = range(start, min(start + per_job, depth))
         groups.append(
-            [_Entry(p.algorithm, [p.batches[k]], p.leaves, p, k) for p in plans for k in ks if k < len(p.batches)]
+            [_Entry(p.algorithm, [p.batches[k]], p.factors, p, k) for p in plans for k in ks if k < len(p.batches)]
         )
     return groups
 
@@ -388,7 +425,8 @@ def logprobs_grouped(learner: Any, jobs: Sequence[JobStep]) -> list[list[list[fl
     unsloth = learner.model_cfg.learner_backend == LearnerBackend.unsloth
     learner.model.eval()
     try:
-        with torch.no_grad(), RowAdapters(learner.model, [r.leaves for r in rows], in_input_dtype=unsloth) as adapters:
+        stack = StackedFactors(learner.model, [r.factors for r in rows])
+        with torch.no_grad(), RowAdapters(stack, in_input_dtype=unsloth) as adapters:
             for k in range(max(len(r.batches) for r in rows)):
                 part = [j for j, r in enumerate(rows) if k < len(r.batches)]
                 split = forward(learner.model, [rows[j] for j in part], k, lambda a: "none", adapters, rows)

@@ -292,8 +292,9 @@ def test_the_pack_sends_its_jobs_probe_scoring_to_the_learner_as_one_call(tiny_m
 def test_lora_in_the_inputs_dtype_gives_each_row_its_own_jobs_adapter(tiny_model, sizes):
     """RowAdapters(in_input_dtype=True), the Unsloth learner's grouped forward: each job's rows come out as the model
     with that job's adapter in place gives them, to bf16 rounding (the batched matmuls where the jobs have equal
-    spans, one pair per job otherwise); every job in the forward gets a gradient, an absent one none."""
-    from rl.learner.grouped import RowAdapters
+    spans, one pair per job otherwise); every job in the forward gets a gradient in its slice of the stacked
+    factors', an absent one zeros."""
+    from rl.learner.grouped import RowAdapters, StackedFactors
 
     role = shared_learner(tiny_model, JOBS, "model.learner_dtype=bfloat16")
     model = role.role.model
@@ -306,8 +307,8 @@ def test_lora_in_the_inputs_dtype_gives_each_row_its_own_jobs_adapter(tiny_model
         start = sum(sizes[:job])
         with torch.no_grad():
             want.append(model(input_ids=ids[start : start + n]).logits.float())
-    leaves = [{n: t.detach().clone().requires_grad_() for n, t in state["tensors"].items()} for state in role.states]
-    with RowAdapters(model, leaves, in_input_dtype=True) as adapters:
+    stack = StackedFactors(model, [state["tensors"] for state in role.states], grad=True)
+    with RowAdapters(stack, in_input_dtype=True) as adapters:
         adapters.rows(sizes)
         logits = model(input_ids=ids).logits.float()
         logits.logsumexp(-1).sum().backward()
@@ -315,8 +316,9 @@ def test_lora_in_the_inputs_dtype_gives_each_row_its_own_jobs_adapter(tiny_model
     scale = float(torch.cat(want).abs().max())
     assert float((got - torch.cat(want)).abs().max()) <= 0.02 * scale
     for job, n in enumerate(sizes):
-        grads = [t.grad for name, t in leaves[job].items() if "lora_A" in name]
-        assert all(g is not None and bool(g.abs().sum() > 0) for g in grads) if n else all(g is None for g in grads)
+        grads = [g for name, g in stack.grads(job).items() if "lora_A" in name]
+        assert all(g is not None for g in grads)
+        assert all(bool(g.abs().sum() > 0) for g in grads) if n else all(bool(g.abs().sum() == 0) for g in grads)
 
 
 # ------------------------------------------------------------------------------------------------ the pack's choice
