@@ -278,6 +278,25 @@ def profiled_step(step, rows: int) -> str:
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
+def dispatched_ops(call) -> int:
+    """The torch ops one `call()` dispatches (aten ops under a TorchDispatchMode, views and metadata ops included):
+    a GPU step bound by its host's work per op costs about that count times a host's time per op, whatever its
+    rows, so the count, taken on a CPU, says what a change saves there without a GPU. On a CPU the backward runs in
+    this thread and is counted; on CUDA it runs in autograd's device thread and is not."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count() as counter:
+        call()
+    return counter.n
+
+
 def python_profile(call, rows: int) -> str:
     """One `call()` under cProfile (this thread's Python, the calls it makes into C included): the top `rows` functions
     by their own time, then by cumulative time. A rollout engine that runs in this process (vLLM's in-process engine

@@ -20,14 +20,15 @@ padding, rl/learner/packing.py; the second with each prompt once per row), `ours
 metric costs), `ours_shared_sdpa` (ours_shared with SDPA everywhere instead of the CPU learner's eager attention
 for short sequences, rl/learner/attention.py). kl_coef=0 on our sides unless `--kl` (the demo's GRPO, 0.01, adds a
 no-grad reference forward; that is more work, not overhead). `--profile N` adds one profiled step per side and
-prints its top N ops by self time (CUDA time on a GPU), to see where a slow side's time goes. Tokens/s = prompt +
-completion tokens of the samples / step time, the same numerator for every side (a pack side: all N jobs' samples).
+prints its top N ops by self time (CUDA time on a GPU); `--ops` counts the torch ops one step dispatches
+(bench.common.dispatched_ops; on a CPU, what a launch-bound GPU step pays per op). Tokens/s = prompt + completion
+tokens of the samples / step time, the same numerator for every side (a pack side: all N jobs' samples).
 Sweep-pack sides: `--jobs` N jobs as N LoRA adapters on one base (rl/runtime/packed.py PackedRole), built as
 `ours_full` (full rows, as the grouped step runs them) with run.seed=j and lr 1e-5*(j+1); a timed step is every
 job's step, each on samples of its own (the same shapes, seed j). `ours_pack_grouped` runs them as one grouped step
-(rl/learner/grouped.py: one forward and backward per micro-batch over every job's rows, or per --pack-micro-batches
-of each job's, learner.pack_micro_batches; the side fails, saying why, if the learner did not group them), `ours_pack_each` as N solo steps one after another; `pack_grouped_over_each`
-(each's step time over grouped's) is the grouped step's gain.
+(rl/learner/grouped.py: a forward and backward per micro-batch over every job's rows, or per --pack-micro-batches of
+each job's; the side fails, saying why, if the learner did not group them), `ours_pack_each` as N solo steps one
+after another; `pack_grouped_over_each` (each's step time over grouped's) is the grouped step's gain.
 Token ids are random (speed does not depend on them); lengths default to the demo's (8 prompts x 8 completions,
 57-token prompts, 10-40 tokens).
 
@@ -36,6 +37,9 @@ sides only), e.g. a pack's grouped step as the demo runs it: python -m bench.lea
 --groups 32 --group-size 16 --micro-batch-size 64 --jobs 8 --sides ours_pack_grouped,ours_pack_each --profile 25.
 The GPU backends (Unsloth 4-bit, PEFT + bitsandbytes 4-bit, PEFT bf16) against each library's own step are
 bench/learner_backends.py (measured on the H200, README).
+
+Past 400 lines because every side's learner (ours, the raw PEFT step, a pack's two ways) is built here, beside the one
+timing, profiling and op count that must treat them alike.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from bench.common import (
     LORA_TARGETS,
     add_model_args,
     append_result,
+    dispatched_ops,
     learner_config,
     machine,
     machine_label,
@@ -290,6 +295,7 @@ def run_side(args) -> dict:
         step_s.append(round(time.perf_counter() - t0, 3))
     metrics = steps[-1]
     table = profiled_step(lambda: learner.train_step(work), args.profile) if args.profile else None
+    ops = dispatched_ops(lambda: learner.train_step(work)) if args.ops else None
     info = machine()
     info["load_avg_before"] = before["load_avg"]
     if args.device == "cuda":
@@ -317,6 +323,7 @@ def run_side(args) -> dict:
         **({"grouped_jobs": metrics["pack/grouped_jobs"]} if pack else {}),
         "machine": info,
         **({"profile": table} if table else {}),
+        **({"ops": ops} if ops is not None else {}),
     }
 
 
@@ -385,6 +392,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kl", type=float, default=0.0, help="our sides' KL coefficient (>0 adds the reference forward)")
     ap.add_argument("--probe-entropy", action="store_true", help="also time ours_full without the entropy metric")
     ap.add_argument("--profile", type=int, default=0, help="also profile one step per side: the top N ops by self time")
+    ap.add_argument(
+        "--ops", action="store_true", help="also count the torch ops one step dispatches (CPU: all of them)"
+    )
     ap.add_argument("--side", choices=SIDES, default=None, help="run one side in this process")
     return ap
 
