@@ -294,7 +294,7 @@ def test_lora_in_the_inputs_dtype_gives_each_row_its_own_jobs_adapter(tiny_model
     with that job's adapter in place gives them, to bf16 rounding (the batched matmuls where the jobs have equal
     spans, one pair per job otherwise); every job in the forward gets a gradient in its slice of the stacked
     factors', an absent one zeros."""
-    from rl.learner.grouped import RowAdapters, StackedFactors
+    from rl.learner.row_lora import RowAdapters, StackedFactors
 
     role = shared_learner(tiny_model, JOBS, "model.learner_dtype=bfloat16")
     model = role.role.model
