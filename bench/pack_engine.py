@@ -19,12 +19,12 @@ adapter. Sides, each in a fresh process (an engine per side):
 - `probe`: a pack's sync and sync probe on the engine (`probe_side`): each job's next adapter version loaded, the
   jobs' probe calls merged, and the same call again with the adapters resident, which splits the probe's engine time
   into vLLM's loading of the new adapters and the probe's own decoding.
-Each side: one full-size warm-up call, then `--repeats` timed calls (`--profile N`: then one more under cProfile,
-its top N functions printed, with vLLM's engine core in this process as on the GPU machine
-(VLLM_ENABLE_V1_MULTIPROCESSING=0): the scheduler, the model runner and the output handling); the median seconds of a call and its spread,
-samples/s, and per side the ratio of its seconds per sample to `solo`'s (1.0: a pack's rollout costs what the jobs'
-solo rollouts cost one after another; below: it gains). Prints JSON lines and a markdown table; appends its result to
-bench/results.jsonl (claim "pack-engine").
+Each side: one full-size warm-up call, then `--repeats` timed calls (`--profile N`: then one more under cProfile, its
+top N functions printed, with vLLM's engine core in this process as on the GPU machine
+(VLLM_ENABLE_V1_MULTIPROCESSING=0): the scheduler, the model runner and the output handling); the median seconds of a
+call and its spread, samples/s, and per side the ratio of its seconds per sample to `solo`'s (1.0: a pack's rollout
+costs what the jobs' solo rollouts cost one after another; below: it gains). Prints JSON lines and a markdown table;
+appends its result to bench/results.jsonl (claim "pack-engine").
 """
 
 from __future__ import annotations
@@ -121,7 +121,8 @@ def run_side(side: str, args) -> dict:
         role.on_job(j, "load_adapter", adapter)
     tok = role.role.tokenizer
     if side == "probe":
-        return probe_side(role, adapters, demo_prompts(tok, 2 * jobs), args) | {"engine_start_s": round(start_s, 1)}
+        probes = probe_side(role, adapters, demo_prompts(tok, 2 * jobs), cfg.sampling_for("probe"), args.repeats)
+        return probes | {"engine_start_s": round(start_s, 1)}
     prompts = demo_prompts(tok, args.prompts * jobs)
     sampling = Sampling(n=args.n, temperature=1.0, max_tokens=args.max_tokens)
 
@@ -160,19 +161,18 @@ def run_side(side: str, args) -> dict:
     }
 
 
-def probe_side(role, adapters: list, prompts: list[list[int]], args) -> dict:
+def probe_side(role, adapters: list, prompts: list[list[int]], sampling, repeats: int) -> dict:
     """A pack's sync and probe on the engine, step after step: every job's next adapter version loaded
     (`load_adapter`: its folder written, the old slot's adapter removed), then the jobs' probe calls merged as a
-    pack's are (2 prompts x 2 samples x 16 tokens each, rl/config/schema.py sampling_for("probe")), which makes vLLM
+    pack's are (2 prompts each, with the run's probe `sampling`: TrainConfig.sampling_for("probe")), which makes vLLM
     read each new adapter into its LoRA slot, then the same call again with the adapters resident. The first call
     less the second is what loading the new adapters costs the probe."""
     import dataclasses
     import time
 
     from rl.seeds import prompt_seed
-    from rl.types import Sampling
 
-    jobs, sampling = len(adapters), Sampling(n=2, max_tokens=16, temperature=1.0)
+    jobs = len(adapters)
 
     def probe(step: int) -> float:
         calls = [
@@ -184,7 +184,7 @@ def probe_side(role, adapters: list, prompts: list[list[int]], args) -> dict:
         return time.perf_counter() - t
 
     load_s, first_s, again_s = [], [], []
-    for k in range(args.repeats + 1):  # the first round warms the kernels up
+    for k in range(repeats + 1):  # the first round warms the kernels up
         t = time.perf_counter()
         for j, adapter in enumerate(adapters):
             role.on_job(j, "load_adapter", dataclasses.replace(adapter, version=k + 2))

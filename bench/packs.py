@@ -8,11 +8,11 @@ Each side is one `python train.py -m <workload> <sweep>` in a fresh process: `se
 (each job starts its own roles, trains, and stops them before the next job starts), `pack<k>` with hydra/launcher=pack
 hydra.launcher.max_jobs=k (the sweep as packs of at most k jobs, one pack after another; rl/pack.py), `pack<k>-each` and
 `pack<k>-grouped` the same with hydra.launcher.grouped_learner=false or true (the pack's learner steps its jobs one
-after another, or in one grouped step even on a CPU, where auto steps them apart: what the grouped step gains), and
-any of these with `-p<n>`: hydra.launcher.phases=n (`pack8-p1`: the 8 jobs in one phase, `pack8-p2` in two that step
-out of phase; plain: the launcher's default, 1) and `-m<n>`: learner.pack_micro_batches=n (`pack8-m2`: two of each
-job's micro-batches in one grouped forward; solo runs ignore the key, so the sequential side is the same). Its wall time is the whole process's, start-ups included: what a user
-waits for. Samples/s is the samples every job trained (the sum
+after another, or in one grouped step even on a CPU, where auto steps them apart: what the grouped step gains), and any
+of these with `-p<n>`: hydra.launcher.phases=n (`pack8-p1`: the 8 jobs in one phase, `pack8-p2` in two that step out of
+phase; plain: the launcher's default, 1) and `-m<n>`: learner.pack_micro_batches=n (`pack8-m2`: two of each job's
+micro-batches in one grouped forward; solo runs ignore the key, so the sequential side is the same). Its wall time is
+the whole process's, start-ups included: what a user waits for. Samples/s is the samples every job trained (the sum
 of their `train/samples`) over that wall time. The sides rotate between repeats, so a machine's drift falls on all of
 them; the speed-up of a side is the sequential side's wall time over its own within a repeat, its median and range
 over the repeats. The held-out accuracy before and after of each job comes from the job's summary.json, each side in a

@@ -11,9 +11,9 @@
 # result.json, console.log, each job's summary.json, metrics.jsonl and .hydra/; no adapters, checkpoints or rollout
 # dumps; a cut part as PART-cut.tar.gz, never unpacked again, its folder moved to $RUNS-cut/) with the table in
 # $OUT/packs/report.txt. Ray processes left from an earlier call's cut part are stopped before the part runs and after
-# it, and the GPU's processes and the load average before it are printed. Put the tarballs in .packs-carry/ on the CPU machine and name .packs-carry in the next call's
-# `carry`. COMMIT=<hash> names the commit the call runs (the machine's git names another: its copy sits in a checkout
-# of the last landed commit).
+# it, and the GPU's processes, the load average and the host CPU before it are printed. Put the tarballs in
+# .packs-carry/ on the CPU machine and name .packs-carry in the next call's `carry`. COMMIT=<hash> names the commit the
+# call runs (the machine's git names another: its copy sits in a checkout of the last landed commit).
 # The result line is appended by `report` on the CPU machine once every side is whole (there: PY=.venv/bin/python bash
 # bench/gpu/packs.sh report).
 set -euo pipefail

@@ -6,11 +6,11 @@ whatever its size (launch-bound), so N jobs stepped one after another cost N ste
 into micro-batches exactly as its solo step cuts them (the same filters, counts and per-micro-batch weights, from
 Learner.step_samples); grouped micro-batch k is the concatenation of every job's k-th micro-batch (a job with fewer
 drops out), or with `learner.pack_micro_batches` m of micro-batches km ... km+m-1 of every job, each job's
-consecutive (fewer forwards of more rows: each micro-batch keeps its own loss and weight). One forward over the grouped rows runs every PEFT LoRA layer per row range (`RowAdapters`: base(x)
-plus, for each job's rows, B_j A_j x * scaling with the job's own factors, stacked per layer as leaves:
-`StackedFactors`), the logprobs are split
-back per job, and each job's loss is its own algorithm's (loss.py micro_batch_loss: its loss, aggregation, knobs,
-entropy bonus and KL), weighted as in its solo step; one backward of the sum gives each job's factors their own
+consecutive (fewer forwards of more rows: each micro-batch keeps its own loss and weight). One forward over the
+grouped rows runs every PEFT LoRA layer per row range (`RowAdapters`: base(x) plus, for each job's rows, B_j A_j x *
+scaling with the job's own factors, stacked per layer as leaves: `StackedFactors`), the logprobs are split back per
+job, and each job's loss is its own algorithm's (loss.py micro_batch_loss: its loss, aggregation, knobs, entropy
+bonus and KL), weighted as in its solo step; one backward of the sum gives each job's factors their own
 gradients. Then each job in turn is swapped into the learner for its clipping, non-finite skip, optimizer step,
 version and metrics (Learner.finish_step).
 
@@ -210,9 +210,9 @@ def _forward_backward(learner: Any, jobs: Sequence[JobStep]) -> tuple[list[_Plan
                             e.plan.refs[e.k] = ref
     unsloth = learner.model_cfg.learner_backend == LearnerBackend.unsloth
     stack = StackedFactors(learner.model, [p.factors for p in plans], grad=True)
-    for group in groups:
-        # one span per job: a job's micro-batches in the forward are consecutive rows through its factors once
-        with RowAdapters(stack, in_input_dtype=unsloth) as adapters:
+    with RowAdapters(stack, in_input_dtype=unsloth) as adapters:
+        for group in groups:
+            # one span per job: a job's micro-batches in the forward are consecutive rows through its factors once
             total: torch.Tensor | float = 0.0
             split = forward(learner.model, group, 0, entropy_use, adapters, plans)
             for e, (logp, entropy, mask, old, adv, n_positions) in zip(group, split):
