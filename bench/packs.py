@@ -30,8 +30,9 @@ one card kind only).
 
 A side too long for one sitting (the GPU sweep job after job: 8 runs of the GPU demo) runs in parts: `--part K/M`
 runs part K of M, the first swept key's values cut into M runs of equal length in their order, each with every value
-of the other keys (lr=a,b,c,d x seed=0,1, M=2: lr=a,b x seed=0,1, then lr=c,d x seed=0,1), as one `train.py -m` of
-its sub-sweep with the side's own launcher; its jobs keep the whole sweep's numbers and labels. A pack side is cut only
+of the other keys (lr=a,b,c,d x seed=0,1, M=2: lr=a,b x seed=0,1, then lr=c,d x seed=0,1), or, for M a multiple
+of the first key's values, each value's jobs cut by the next key (M=8: one job a part), as one `train.py -m` of its
+sub-sweep with the side's own launcher; its jobs keep the whole sweep's numbers and labels. A pack side is cut only
 where each part holds whole packs that the launcher forms for the whole sweep (rl/pack.py split; pack4 of 8 jobs: 2
 parts of one pack each): its packs are then the whole side's, run in separate processes. Once all parts of a side are
 under --out, the side is their sum: wall time and samples added, jobs in the sweep's order. Each part starts a

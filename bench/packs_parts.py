@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import REPO, machine
+from bench.host_speed import host_speed
 
 FOLDER = re.compile(r"(?P<side>.+?)-(?P<repeat>\d+)(?:-part(?P<k>\d+)of(?P<m>\d+))?")  # Part.folder's names
 COMMIT_ENV = "RLFT_COMMIT"  # the commit a part ran at, where the machine's git does not know it (the lent GPU machine)
@@ -47,29 +48,60 @@ def parse_part(text: str) -> Part:
 def cut_sweep(
     swept: list[str], listed: list[list[str]], part: Part, list_jobs: Callable[[list[str]], list[list[str]] | None]
 ) -> tuple[list[str], list[int]]:
-    """Part k of m of the sweep `swept` (whose jobs are `listed`): its sweep overrides, the first swept key's values
-    cut into m runs of equal length in their order, each with every value of the other keys; and the whole sweep's
-    numbers of its jobs, in the order `list_jobs` (Hydra's listing of a sweep) gives them. Hydra lists the first key
-    slowest, so a part's jobs are consecutive jobs of the whole sweep, and its labels the whole sweep's."""
+    """Part k of m of the sweep `swept` (whose jobs are `listed`): its sweep overrides and the whole sweep's numbers of
+    its jobs, in the order `list_jobs` (Hydra's listing of a sweep) gives them. The first swept key's values are cut
+    into m runs of equal length in their order, each with every value of the other keys; where m is a multiple of
+    that key's values instead, each value's jobs are cut so by the next key (m = 8 over 4 learning rates x 2 seeds:
+    one job a part, which a slow machine's 10-minute call can hold where two solo runs may not). Hydra lists the
+    first key slowest, so a part's jobs are consecutive jobs of the whole sweep, and its labels the whole sweep's."""
     if part.m == 1:
         return swept, list(range(len(listed)))
-    key = swept[0].split("=", 1)[0]
-    values = list(dict.fromkeys(o.split("=", 1)[1] for job in listed for o in job if o.split("=", 1)[0] == key))
-    if len(values) % part.m:
-        fits = ", ".join(str(d) for d in range(1, len(values) + 1) if len(values) % d == 0)
-        raise SystemExit(
-            f"--part {part}: the first swept key {key} has {len(values)} values, which {part.m} parts cannot share "
-            f"evenly; give M in {fits}, or sweep another key first"
-        )
-    per = len(values) // part.m
-    chunk = values[(part.k - 1) * per : part.k * per]
-    sub = [f"{key}={','.join(chunk)}", *swept[1:]]
+    sub, chosen = _cut(swept, listed, part.k - 1, part.m, part)
     number = {tuple(job): i for i, job in enumerate(listed)}
     numbers = [number.get(tuple(job), -1) for job in list_jobs(sub) or []]
-    mine = {f"{key}={v}" for v in chunk}
-    if numbers != [i for i, job in enumerate(listed) if mine & set(job)]:
+    mine = [i for i, job in enumerate(listed) if all({f"{k}={v}" for v in vs} & set(job) for k, vs in chosen.items())]
+    if numbers != mine:
         raise SystemExit(f"--part {part}: the sub-sweep {' '.join(sub)} lists other jobs than the whole sweep's")
     return sub, numbers
+
+
+def _values(key: str, listed: list[list[str]]) -> list[str]:
+    return list(dict.fromkeys(o.split("=", 1)[1] for job in listed for o in job if o.split("=", 1)[0] == key))
+
+
+def _counts(swept: list[str], listed: list[list[str]]) -> list[int]:
+    """Every number of parts `_cut` can cut the sweep `swept` into."""
+    if not swept:
+        return [1]
+    key = swept[0].split("=", 1)[0]
+    values = _values(key, listed)
+    mates = [job for job in listed if f"{key}={values[0]}" in job]
+    return sorted(
+        {d for d in range(1, len(values) + 1) if len(values) % d == 0}
+        | {len(values) * q for q in _counts(swept[1:], mates)}
+    )
+
+
+def _cut(
+    swept: list[str], listed: list[list[str]], index: int, m: int, part: Part
+) -> tuple[list[str], dict[str, list[str]]]:
+    """Part `index` (from 0) of m of `swept`: its overrides and, per key it cuts, the values the part keeps."""
+    key = swept[0].split("=", 1)[0]
+    values = _values(key, listed)
+    if len(values) % m == 0:
+        per = len(values) // m
+        chunk = values[index * per : (index + 1) * per]
+        return [f"{key}={','.join(chunk)}", *swept[1:]], {key: chunk}
+    if m % len(values) == 0 and m // len(values) in _counts(swept[1:], listed):
+        q = m // len(values)
+        value = values[index // q]
+        sub, chosen = _cut(swept[1:], [job for job in listed if f"{key}={value}" in job], index % q, q, part)
+        return [f"{key}={value}", *sub], {key: [value], **chosen}
+    fits = ", ".join(str(d) for d in _counts(swept, listed))
+    raise SystemExit(
+        f"--part {part}: the swept key {key} has {len(values)} values, which {m} parts cannot share evenly; give M "
+        f"in {fits}, or sweep another key first"
+    )
 
 
 def check_whole_packs(listed: list[list[str]], side: str, max_jobs: int, numbers: list[int]) -> None:
@@ -98,10 +130,12 @@ def device_of(info: dict) -> str:
 
 
 def where_run() -> dict:
-    """This machine (bench.common machine()), its commit $RLFT_COMMIT where that is set: the lent GPU machine's copy
-    of the working tree may sit in a git checkout of another commit (there, the last landed one), not what ran."""
+    """This machine (bench.common machine()) and its speed (host_speed), its commit $RLFT_COMMIT where that is set:
+    the lent GPU machine's copy of the working tree may sit in a git checkout of another commit (there, the last
+    landed one), not what ran."""
     info = machine()
     info["commit"] = os.environ.get(COMMIT_ENV) or info["commit"]
+    info["speed"] = host_speed(cuda="gpu" in info)
     return info
 
 
@@ -205,6 +239,7 @@ def provenance(results: list[dict]) -> str:
     cpus = sorted({p["machine"]["cpu"] for p in runs if "cpu" in p.get("machine", {})})
     if cpus:  # one GPU kind may sit beside several host CPUs, and a small model's roles are bound by their Python
         lines.append(f"host CPUs the sides and parts ran on: {'; '.join(cpus)}")
+    lines += speed_lines(results)
     for r in results:
         parts = r.get("parts", [r])
         starts = [p["startup_s"] for p in parts if p.get("startup_s") is not None]
@@ -221,6 +256,44 @@ def provenance(results: list[dict]) -> str:
             f"compilation caches at start: {caches}"
         )
     return "\n".join(lines)
+
+
+SPEED_APART = 1.15  # parts whose machines' Python speeds differ more than this make a speed-up across them unsure
+
+
+def speed_lines(results: list[dict]) -> list[str]:
+    """Each part's machine speed (bench/host_speed.py, where it was measured) and, where the parts of the sides
+    compared ran on machines more than SPEED_APART apart in Python speed, one line saying that their speed-up mixes
+    the machines' speeds with the packs' gain."""
+    measured = [
+        (label_part(r, p), p["machine"]["speed"])
+        for r in results
+        for p in r.get("parts", [r])
+        if (p.get("machine") or {}).get("speed")
+    ]
+    if not measured:
+        return []
+
+    def show(speed: dict) -> str:
+        launch = f", launch {speed['launch_us']:.1f} us" if "launch_us" in speed else ""
+        return f"python {speed['python_ms']:.0f} ms{launch}"
+
+    lines = [
+        "machine speed per part (a fixed Python loop; a tiny CUDA kernel's launch): "
+        + "; ".join(f"{where} {show(speed)}" for where, speed in measured)
+    ]
+    loops = [speed["python_ms"] for _, speed in measured]
+    if max(loops) > SPEED_APART * min(loops):
+        lines.append(
+            f"the parts ran on machines {max(loops) / min(loops):.2f}x apart in Python speed "
+            f"({min(loops):.0f}-{max(loops):.0f} ms): a speed-up across them mixes the machines' speeds with the packs' gain"
+        )
+    return lines
+
+
+def label_part(result: dict, part: dict) -> str:
+    """A part's name in the report: its side and repeat, and its part where the side ran in several."""
+    return label({**result, "part": part.get("part", result.get("part", "1/1"))})
 
 
 def recorded_side(lines: list[str], side: str, same: Callable[[dict], bool]) -> tuple[int, dict] | None:

@@ -7,6 +7,7 @@ test_bench_smoke.py."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -42,6 +43,8 @@ def write_part(out, gpu, side, part, wall_s, device=H100, after=0.5, **changed):
         for i, n in enumerate(numbers)
     ]
     info = {"host": "gpu", "cpus": 16, "gpu": device, "load_avg": [0.1], "date": changed.get("date", "2026-12-07")}
+    if "speed" in changed:
+        info["speed"] = changed["speed"]
     result = {
         **{"bench": "packs", "side": side, "repeat": 0, "part": str(part), "wall_s": wall_s, "startup_s": 8.0},
         **{"samples": 512 * len(jobs), "samples_per_s": 512 * len(jobs) / wall_s, "jobs": jobs, "device": device},
@@ -53,17 +56,20 @@ def write_part(out, gpu, side, part, wall_s, device=H100, after=0.5, **changed):
     return folder
 
 
-def write_sequential(out, gpu, walls=(400.0, 410.0, 420.0, 430.0), skip=()):
+def write_sequential(out, gpu, walls=(400.0, 410.0, 420.0, 430.0), skip=(), speeds=None):
     for k, wall in enumerate(walls, start=1):
         if k not in skip:
-            write_part(out, gpu, "sequential", Part(k, len(walls)), wall)
+            speed = {} if speeds is None else {"speed": speeds[k - 1]}
+            write_part(out, gpu, "sequential", Part(k, len(walls)), wall, **speed)
 
 
 def test_part_cuts_the_first_swept_key_and_keeps_the_sweeps_job_numbers(gpu):
     args, listed, names = gpu
     assert packs.part_sweep(args, listed, Part(2, 4)) == (["algorithm.lr=0.0001", "run.seed=0,1"], [2, 3])
     assert packs.part_sweep(args, listed, Part(2, 2)) == (["algorithm.lr=0.0002,0.0004", "run.seed=0,1"], [4, 5, 6, 7])
-    for m in (1, 2, 4):
+    # more parts than learning rates: each rate's jobs cut by the next key, one job a part
+    assert packs.part_sweep(args, listed, Part(4, 8)) == (["algorithm.lr=0.0001", "run.seed=1"], [3])
+    for m in (1, 2, 4, 8):
         numbers = [n for k in range(1, m + 1) for n in packs.part_sweep(args, listed, Part(k, m))[1]]
         assert numbers == list(range(8))
     assert [names[n] for n in packs.part_sweep(args, listed, Part(4, 4))[1]] == [
@@ -73,7 +79,7 @@ def test_part_cuts_the_first_swept_key_and_keeps_the_sweeps_job_numbers(gpu):
     with pytest.raises(SystemExit) as refused:
         packs.part_sweep(args, listed, Part(1, 3))
     message = str(refused.value)
-    assert "algorithm.lr has 4 values, which 3 parts cannot share evenly; give M in 1, 2, 4" in message
+    assert "swept key algorithm.lr has 4 values, which 3 parts cannot share evenly; give M in 1, 2, 4, 8" in message
     assert "\n" not in message
     with pytest.raises(SystemExit, match="--part 2of4: give K/M"):
         packs.parse_part("2of4")
@@ -108,6 +114,33 @@ def test_a_side_is_the_sum_of_its_parts_and_reports_beside_a_whole_one(gpu, tmp_
     assert where[1] == (
         "sequential repeat 0: 4 parts, 400.0 + 410.0 + 420.0 + 430.0 s; start to first job 8.0-8.0 s; each job's own "
         "s 200+201 | 202+203 | 204+205 | 206+207; compilation caches at start: none | vllm | vllm | vllm"
+    )
+
+
+def test_the_report_shows_each_parts_machine_speed_and_says_when_the_machines_differ(gpu, tmp_path):
+    """Two lent machines with the same GPU can run one part 1.8 times apart: the report shows each part's host_speed
+    and says in one line when a comparison spans machines further apart than SPEED_APART."""
+    args, listed, names = gpu
+    fast, slow = {"python_ms": 50.0, "launch_us": 5.0}, {"python_ms": 90.0, "launch_us": 9.1}
+    write_sequential(tmp_path, gpu, speeds=[fast, fast, fast, slow])
+    write_part(tmp_path, gpu, "pack8", Part(), 415.0, speed=fast)
+    results, _ = packs.collect(["sequential", "pack8"], [0], tmp_path, args, listed, names)
+    where = packs.provenance(results).splitlines()
+    speeds = next(line for line in where if line.startswith("machine speed per part"))
+    assert "sequential repeat 0 part 4/4 python 90 ms, launch 9.1 us" in speeds
+    assert "pack8 repeat 0 python 50 ms, launch 5.0 us" in speeds
+    assert any(line.startswith("the parts ran on machines 1.80x apart in Python speed (50-90 ms)") for line in where)
+    for side in ("sequential", "pack8"):  # one machine speed: no warning; parts that did not measure it: no line
+        for folder in tmp_path.glob(f"{side}-*"):
+            shutil.rmtree(folder)
+    write_sequential(tmp_path, gpu, speeds=[fast, fast, fast, {"python_ms": 54.0}])
+    write_part(tmp_path, gpu, "pack8", Part(), 415.0)
+    results, _ = packs.collect(["sequential", "pack8"], [0], tmp_path, args, listed, names)
+    where = packs.provenance(results)
+    assert (
+        "machine speed per part" in where
+        and "apart in Python speed" not in where
+        and "pack8 repeat 0 python" not in where
     )
 
 
@@ -269,7 +302,8 @@ def test_a_part_records_the_commit_it_was_told_over_the_machines_git(monkeypatch
     from bench.packs_parts import COMMIT_ENV, where_run
 
     monkeypatch.delenv(COMMIT_ENV, raising=False)
-    assert where_run()["commit"] == machine()["commit"]
+    here = where_run()
+    assert here["commit"] == machine()["commit"] and here["speed"]["python_ms"] > 0  # measured, in its own process
     monkeypatch.setenv(COMMIT_ENV, "abc1234")
     assert where_run()["commit"] == "abc1234"
 

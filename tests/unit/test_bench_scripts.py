@@ -17,6 +17,7 @@ from tests.helpers import REPO, repo_env, run_train
 LIBRARIES = (
     "__init__",
     "common",
+    "host_speed",
     "packs_parts",
     "packs_report",
 )  # modules the bench scripts import, no scripts of their own
