@@ -115,23 +115,36 @@ def learner_config(path: str, *overrides: str, rank: int = 16, dtype: str = "flo
     return from_overrides(path, *keys, *overrides)
 
 
-def random_adapter(path: str, rank: int = 16, *, dtype: str = "float32", seed: int = 0, threads: int | None = None):
-    """A PEFT adapter (rl.types.Adapter) on all 7 projections with small random non-zero B (a trained-looking
-    adapter: merging or applying it costs what a real one does)."""
+def random_adapters(
+    path: str,
+    jobs: int = 1,
+    rank: int = 16,
+    *,
+    dtype: str = "float32",
+    seed: int = 0,
+    threads: int | None = None,
+    for_sync: bool = False,
+) -> list:
+    """`jobs` PEFT adapters (rl.types.Adapter) on all 7 projections, each with its own small random non-zero B
+    (drawn from seed + its number: a trained-looking adapter, which costs to merge or apply what a real one does),
+    from one learner; `for_sync`: in the precision the actors load them at (Learner.get_adapter)."""
     import torch
 
     from rl.app import learner_args
     from rl.learner import Learner
 
     learner = Learner(**learner_args(learner_config(path, rank=rank, dtype=dtype, seed=seed, threads=threads)))
-    with torch.no_grad():
-        for name, p in learner.model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 1e-3)
-    learner.version = 1
-    adapter = learner.get_adapter()
+    out = []
+    for j in range(jobs):
+        g = torch.Generator().manual_seed(seed + j)
+        with torch.no_grad():
+            for name, p in learner.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 1e-3)
+        learner.version = 1
+        out.append(learner.get_adapter(for_sync=for_sync))
     del learner
-    return adapter
+    return out
 
 
 def git(*args: str) -> str:

@@ -39,6 +39,7 @@ from bench.common import (
     demo_prompts,
     median,
     python_profile,
+    random_adapters,
     run_side_process,
     show_spread,
     spread,
@@ -57,28 +58,6 @@ def engine_keys(side: str, device: str) -> list[str]:
     if side == "pack_graphs":
         keys.append("cluster.enforce_eager=false")
     return keys
-
-
-def job_adapters(path: str, jobs: int) -> list:
-    """One rank-16 adapter per job on all 7 projections, each with its own small random B (bench.common.random_adapter,
-    one learner for all)."""
-    import torch
-
-    from bench.common import learner_config
-    from rl.app import learner_args
-    from rl.learner import Learner
-
-    learner = Learner(**learner_args(learner_config(path, rank=16, dtype="bfloat16")))
-    out = []
-    for j in range(jobs):
-        g = torch.Generator().manual_seed(j)
-        with torch.no_grad():
-            for name, p in learner.model.named_parameters():
-                if "lora_B" in name:
-                    p.copy_(torch.randn(p.shape, generator=g) * 1e-3)
-        learner.version = 1
-        out.append(learner.get_adapter(for_sync=True))
-    return out
 
 
 def run_side(side: str, args) -> dict:
@@ -112,7 +91,7 @@ def run_side(side: str, args) -> dict:
 
         engine.pack_batch_limits = scaled
     cfg = from_overrides(path, *engine_keys(side, args.device), f"model.max_new_tokens={args.max_tokens}")
-    adapters = job_adapters(path, jobs)
+    adapters = random_adapters(path, jobs, dtype="bfloat16", for_sync=True)
     kwargs = rollout_args(cfg) | ({"lora_slots": jobs} if jobs > 1 else {})
     t0 = time.perf_counter()
     role = PackedRole(engine.VLLMRollout, [kwargs] * jobs)

@@ -42,7 +42,7 @@ from bench.common import (
     machine_label,
     median,
     model_path,
-    random_adapter,
+    random_adapters,
     run_side_process,
     set_threads,
     show_spread,
@@ -205,7 +205,7 @@ def ours_rate(path: str, prompts: list[list[int]], args) -> dict:
 
     cfg = our_config(path, prompts, args)
     lora_mode = cfg.cluster.lora_mode.value
-    adapter = random_adapter(path, 16, threads=args.threads)
+    adapter = random_adapters(path, threads=args.threads)[0]
     t0 = time.perf_counter()
     r = VLLMRollout(**rollout_args(cfg))
     start_s = time.perf_counter() - t0

@@ -13,7 +13,7 @@ import argparse
 import json
 import os
 
-from bench.common import append_result, random_adapter, timed_generations
+from bench.common import append_result, random_adapters, timed_generations
 
 
 def run_mode(mode: str, path: str, prompts: list[list[int]], adapter, args) -> dict:
@@ -60,7 +60,7 @@ def main() -> None:
         )["input_ids"]
         for i in range(args.prompts)
     ]
-    adapter = random_adapter(path, threads=1)
+    adapter = random_adapters(path, threads=1)[0]
     rows = {}
     for mode in ("base", "native", "merged"):
         rows[mode] = run_mode(mode, path, prompts, adapter, args)
