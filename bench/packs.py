@@ -253,6 +253,8 @@ def run_part(
         check_whole_packs(listed, side, pack_size(side), numbers)
     folder.mkdir(parents=True)
     caches, info = caches_here(), where_run()
+    # shown at the start too: a part cut by its call's limit leaves no result.json to read it from
+    print(f"{side} part {part} (repeat {repeat}): machine speed {json.dumps(info['speed'])}", flush=True)
     epoch, t0 = time.time(), time.perf_counter()
     with (folder / "console.log").open("w") as console:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=console, stderr=subprocess.STDOUT, env=repo_env())
