@@ -357,9 +357,6 @@ def show_spread(s: dict, unit: str = "", digits: int = 0) -> str:
 
 def run_side_process(module: str, side: str, argv: list[str], flag: str = "--sides") -> dict:
     """Run `python -m module <argv without flag> --side side` in a fresh process; its last JSON line."""
-    import json
-    import sys
-
     forward, skip = [], False
     for a in argv:  # the command line without `flag` and its value
         if not skip and not a.startswith(flag):
