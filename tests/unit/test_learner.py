@@ -329,3 +329,36 @@ def test_a_learner_started_from_an_adapter_trains_it_and_keeps_it_as_the_kl_refe
     learner.train_step(samples)
     assert learner.sequence_logprobs(prompts, completions) != start  # the step trained the starting adapter
     assert learner.sequence_logprobs(prompts, completions, reference=True) == start
+
+
+def test_the_reference_switches_the_adapter_off_as_peft_does_without_walking_the_model(tiny_model):
+    """The KL reference (adapter off) is the base model, as PEFT's `disable_adapter()` gives it; leaving it turns
+    the adapter back on, also after an error inside, and leaves the adapter trainable. It flips the adapter layers'
+    switches without walking the model's modules each time (PEFT's context walks every layer's parameters: tens of
+    milliseconds a micro-batch at SmolLM2's size)."""
+    learner = make_learner(tiny_model)
+    samples = make_samples(groups=1, group_size=2)
+    prompts, completions = [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
+    policy = learner.sequence_logprobs(prompts, completions)
+    ours = learner.sequence_logprobs(prompts, completions, reference=True)
+    with learner.model.disable_adapter():
+        peft = learner.sequence_logprobs(prompts, completions)
+    assert ours == peft != policy
+    walks = 0
+    named_modules = torch.nn.Module.named_modules
+
+    def counted(self, *args, **kwargs):
+        nonlocal walks
+        walks += 1
+        return named_modules(self, *args, **kwargs)
+
+    torch.nn.Module.named_modules = counted
+    try:
+        with pytest.raises(ValueError), learner.policy.reference():
+            raise ValueError("inside the reference")
+    finally:
+        torch.nn.Module.named_modules = named_modules
+    assert walks == 0
+    assert learner.sequence_logprobs(prompts, completions) == policy
+    lora = [p for n, p in learner.model.named_parameters() if "lora_" in n]
+    assert lora and all(p.requires_grad for p in lora)
