@@ -17,8 +17,10 @@ Our sides: `ours_full` (padded micro-batches of --micro-batch-size, full forward
 overhead), `ours_shared` (padded, each group's prompt run once through the KV cache: today's default),
 `ours_packed` and `ours_packed_shared` (`learner.micro_batch_tokens`: rows of up to --micro-batch-tokens tokens without
 padding, rl/learner/packing.py; the second with each prompt once per row), `ours_full_no_entropy` (what the entropy
-metric costs), `ours_shared_sdpa` (ours_shared with SDPA everywhere instead of the CPU learner's eager attention
-for short sequences, rl/learner/attention.py). kl_coef=0 on our sides unless `--kl` (the demo's GRPO, 0.01, adds a
+metric costs), `ours_full_peft_switch` (ours_full with its KL reference's adapter switched off by PEFT's
+`disable_adapter()`, which walks every LoRA layer's parameters, instead of the layers' own switches),
+`ours_shared_sdpa` (ours_shared with SDPA everywhere instead of the CPU learner's eager attention for short
+sequences, rl/learner/attention.py). kl_coef=0 on our sides unless `--kl` (the demo's GRPO, 0.01, adds a
 no-grad reference forward; that is more work, not overhead). `--profile N` adds one profiled step per side and
 prints its top N ops by self time (CUDA time on a GPU); `--ops` counts the torch ops one step dispatches
 (bench.common.dispatched_ops; on a CPU, what a launch-bound GPU step pays per op). Tokens/s = prompt + completion
@@ -125,6 +127,22 @@ def without_entropy_metric(learner):
 
     t = learner.algorithm.temperature
     learner._logprobs = lambda logits, targets: (token_logprobs(logits, targets, t), None)
+    return learner
+
+
+def with_peft_reference_switch(learner):
+    """Our learner with its KL reference's adapter switched off by PEFT's `model.disable_adapter()` instead of the
+    layers' own switches (rl/learner/models.py `_adapter_off`), to time what the direct switch saves a step."""
+    import contextlib
+
+    model = learner.model
+
+    @contextlib.contextmanager
+    def peft_switch():
+        with model.disable_adapter():
+            yield model
+
+    learner.policy.reference = peft_switch
     return learner
 
 
@@ -245,6 +263,7 @@ SIDES = [
     "ours_packed",
     "ours_packed_shared",
     "ours_full_no_entropy",
+    "ours_full_peft_switch",
     "ours_shared_sdpa",
     *PACK_SIDES,
 ]
@@ -258,6 +277,8 @@ def build_side(side: str, args, path: str):
         return PackSteps(jobs, grouped=side == "ours_pack_grouped")
     packed = side.startswith("ours_packed")
     learner = build_ours(args, path, share_prompt_prefix="shared" in side, packed=packed)
+    if side == "ours_full_peft_switch":
+        return with_peft_reference_switch(learner)
     if side == "ours_shared_sdpa":  # the CPU learner's short-sequence eager attention off (rl/learner/attention.py)
         learner.model.get_base_model().set_attn_implementation("sdpa")
     # where the overhead goes: the policy/entropy metric's extra pass
@@ -349,6 +370,7 @@ def compare(args) -> None:
         "packed_shared_over_padded_shared": ("ours_packed_shared", "ours_shared"),
         "packed_shared_over_packed": ("ours_packed_shared", "ours_packed"),
         "no_entropy_over_full": ("ours_full_no_entropy", "ours_full"),
+        "direct_switch_over_peft_switch": ("ours_full", "ours_full_peft_switch"),
         "short_eager_over_sdpa": ("ours_shared", "ours_shared_sdpa"),
         "pack_grouped_over_each": ("ours_pack_grouped", "ours_pack_each"),  # the same tokens: each's s / grouped's
     }

@@ -1,6 +1,7 @@
 """bench/learner.py's sweep-pack sides on the tiny model, in this process: both step every job on its own samples
 (the tokens/s numerator is all jobs' tokens), the grouped side in one forward per micro-batch over the jobs' rows,
-and a pack whose learner refuses to group its jobs fails the grouped side with the learner's reason."""
+and a pack whose learner refuses to group its jobs fails the grouped side with the learner's reason; the side
+that switches the KL reference with PEFT's `disable_adapter()` differs from ours_full in nothing else."""
 
 from __future__ import annotations
 
@@ -53,3 +54,30 @@ def test_the_unsloth_backend_builds_the_demos_4bit_learner_and_refuses_the_raw_s
     assert kwargs["model"].learner_backend.value == "unsloth" and kwargs["model"].load_in_4bit
     with pytest.raises(SystemExit, match="drop `raw` from --sides"):
         bench_learner.compare(bench_learner.parser().parse_args([*SMALL, "--backend", "unsloth", "--sides", "raw"]))
+
+
+def test_the_peft_switch_side_differs_from_ours_full_only_in_how_the_reference_is_switched(tiny_model, monkeypatch):
+    """`ours_full_peft_switch` times PEFT's `disable_adapter()` for the KL reference: it is entered once per
+    micro-batch, and the step's loss and metrics equal ours_full's (the same reference, reached another way)."""
+    args = bench_learner.parser().parse_args([*SMALL, "--model", str(tiny_model), "--kl", "0.1"])
+    args.vocab = min(AutoConfig.from_pretrained(tiny_model).vocab_size, 32000)
+    samples = bench_learner.make_samples(args)
+    ours = bench_learner.build_side("ours_full", args, str(tiny_model))
+    peft = bench_learner.build_side("ours_full_peft_switch", args, str(tiny_model))
+    entered = 0
+    disable_adapter = type(peft.model).disable_adapter
+
+    def counted(self):
+        nonlocal entered
+        entered += 1
+        return disable_adapter(self)
+
+    monkeypatch.setattr(type(peft.model), "disable_adapter", counted)
+    a = ours.train_step(samples)
+    assert entered == 0
+    b = peft.train_step(samples)
+    assert entered == 2  # 4 samples in micro-batches of 2
+    drop = ("time/", "memory/", "perf/")
+    assert {k: v for k, v in a.items() if not k.startswith(drop)} == {
+        k: v for k, v in b.items() if not k.startswith(drop)
+    }
