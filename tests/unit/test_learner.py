@@ -331,7 +331,7 @@ def test_a_learner_started_from_an_adapter_trains_it_and_keeps_it_as_the_kl_refe
     assert learner.sequence_logprobs(prompts, completions, reference=True) == start
 
 
-def test_the_reference_switches_the_adapter_off_as_peft_does_without_walking_the_model(tiny_model):
+def test_the_reference_switches_the_adapter_off_as_peft_does_without_walking_the_model(tiny_model, monkeypatch):
     """The KL reference (adapter off) is the base model, as PEFT's `disable_adapter()` gives it; leaving it turns
     the adapter back on, also after an error inside, and leaves the adapter trainable. It flips the adapter layers'
     switches without walking the model's modules each time (PEFT's context walks every layer's parameters: tens of
@@ -352,12 +352,10 @@ def test_the_reference_switches_the_adapter_off_as_peft_does_without_walking_the
         walks += 1
         return named_modules(self, *args, **kwargs)
 
-    torch.nn.Module.named_modules = counted
-    try:
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.nn.Module, "named_modules", counted)
         with pytest.raises(ValueError), learner.policy.reference():
             raise ValueError("inside the reference")
-    finally:
-        torch.nn.Module.named_modules = named_modules
     assert walks == 0
     assert learner.sequence_logprobs(prompts, completions) == policy
     lora = [p for n, p in learner.model.named_parameters() if "lora_" in n]
