@@ -23,7 +23,11 @@ time, so `ours_unseeded` and `no_logprobs_seeded` show what the seeds cost), to 
 Every number is a median of `--repeats` timed calls (x `--rounds` fresh processes per side) shown with its min-max
 spread; a ratio of medians comes with the range the two spreads allow (one run's ratio has moved 0.77x -> 0.87x between
 runs on the H200).
-Prints JSON lines and a markdown row.
+Prints JSON lines and a markdown row; `--rows FILE` summarises the rows a run printed (a GPU call's run cut by its
+time limit keeps the processes it finished).
+
+Past 400 lines because it is one tool a GPU call runs whole: the five sides' timed engines, the `--diagnose`
+variants, and the comparison that pools each side's processes.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from bench.common import (
     add_model_args,
@@ -300,22 +305,48 @@ def compare(args) -> None:
     (hf, raw, ours, hf, ...) so that a change in the machine's load hits every side alike; every side's timed
     calls pooled into a median and a spread; ratios of the medians with the range the spreads allow, and the same
     ratio within each round (each side's median in that round's process): on the H200 two processes of one side have
-    differed by more than the sides do, which the pooled ratio alone hides."""
+    differed by more than the sides do, which the pooled ratio alone hides. With `--rows FILE`, no process runs: the
+    rows a run printed (one cut by its call's time limit included) are summarised as that run would have."""
     sides = args.sides.split(",")
     for side in sides:
         if side not in SIDES:
             raise SystemExit(f"--sides: unknown side {side!r} (choose from {', '.join(SIDES)})")
-    rows: dict[str, dict] = {}
-    process_medians: dict[str, list[float]] = {side: [] for side in sides}
+    if args.rows:
+        return summarize(printed_rows(args.rows), args)
+    ran = []
     for _ in range(args.rounds):
         for side in sides:
             row = run_side_process("bench.rollout", side, sys.argv[1:])
             print(json.dumps(row), flush=True)
-            process_medians[side].append(median(row["rates"]))
-            if side in rows:
-                rows[side]["rates"] += row["rates"]
-            else:
-                rows[side] = row
+            ran.append((side, row))
+    summarize(ran, args)
+
+
+def printed_rows(path: str) -> list[tuple[str, dict]]:
+    """The per-process rows a run of this bench printed to `path` (its output, other lines skipped), each with the
+    side it ran, in the order they ran."""
+    named = {row_side: side for side, row_side in SIDES.items()}
+    ran = []
+    for line in Path(path).read_text().splitlines():
+        row = json.loads(line) if line.startswith('{"bench": "rollout"') else {}
+        if "rates" in row:
+            ran.append((named.get(row["side"], "ours" if row["side"].startswith("ours") else row["side"]), row))
+    if not ran:
+        raise SystemExit(f"--rows {path}: no row of bench.rollout's sides in it")
+    return ran
+
+
+def summarize(ran: list[tuple[str, dict]], args) -> None:
+    """Pool each side's processes (`ran`: side and row, in the order they ran), print the ratios and the markdown
+    row, and append the result; a round cut short gives the sides it holds no per-round ratio."""
+    rows: dict[str, dict] = {}
+    process_medians: dict[str, list[float]] = {}
+    for side, row in ran:
+        process_medians.setdefault(side, []).append(median(row["rates"]))
+        if side in rows:
+            rows[side]["rates"] = rows[side]["rates"] + row["rates"]
+        else:
+            rows[side] = dict(row)
     for row in rows.values():
         row["spread"] = spread(row["rates"])
         row["tokens_per_s"] = round(row["spread"]["median"], 1)
@@ -340,7 +371,9 @@ def compare(args) -> None:
         flush=True,
     )
     first = next(iter(rows.values()))
+    processes = "/".join(str(len(process_medians[side])) for side in rows)
     summary = {"tokens_per_s": rate, "ratios": ratios, "ratio_bounds": bounds, "ratio_per_round": per_round}
+    summary["processes"] = {side: len(medians) for side, medians in process_medians.items()}
     append_result("rollout", summary | {"sides": rows}, info=first["machine"])
     names = {
         "hf": "HF generate",
@@ -353,12 +386,12 @@ def compare(args) -> None:
     cells = [f"{names[side]} {show_spread(sp[side], ' tok/s')}" for side in rows]
     shown = ", ".join(
         f"{k} {v:.2f}x ({bounds[k][0]:.2f}-{bounds[k][1]:.2f}"
-        + (f"; per round {', '.join(f'{x:.2f}' for x in per_round[k])})" if args.rounds > 1 else ")")
+        + (f"; per round {', '.join(f'{x:.2f}' for x in per_round[k])})" if len(per_round[k]) > 1 else ")")
         for k, v in ratios.items()
     )
     print(
         f"| rollout: {first['model']}, {args.prompts} prompts x {args.n}, {args.max_tokens} new tokens, {args.dtype}; "
-        f"median (min-max) of {args.repeats} calls x {args.rounds} process(es) per side "
+        f"median (min-max) of {args.repeats} calls x {processes} process(es) per side "
         f"| {'; '.join(cells)} | {f'**{shown}**' if shown else 'one side: no ratio'} | "
         f"{machine_label(first['machine'])} |"
     )
@@ -378,6 +411,7 @@ def main() -> None:
     ap.add_argument("--sides", default="hf,raw,ours", help="which sides to run, each in a fresh process")
     ap.add_argument("--side", choices=list(SIDES), default=None, help="run one side in this process")
     ap.add_argument("--diagnose", action="store_true", help="ours: also time plain SamplingParams on our engine")
+    ap.add_argument("--rows", default=None, help="summarise the rows a run printed to this file (none is run)")
     args = ap.parse_args()
     if args.side is None:
         return compare(args)

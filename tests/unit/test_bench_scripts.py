@@ -334,6 +334,39 @@ def test_sampling_budget_compares_runs_at_the_smallest_token_total(tmp_path, mon
     assert line["result"]["runs"][str(tmp_path / "b")]["accuracy_at_budget"] == 0.5
 
 
+def test_rollout_summarises_the_rows_a_cut_run_printed(tmp_path, monkeypatch, capsys):
+    """A GPU call's time limit can cut bench.rollout between its processes: `--rows` pools what it printed as the
+    whole run would (each side's calls over its processes; per-round ratios only where both sides ran that round)."""
+    from bench import rollout
+
+    machine = {"gpu": "GPU", "date": "2026-12-08 01:24 UTC", "load_avg": [1.0, 1.0, 1.0], "commit": "abc1234"}
+
+    def row(side: str, rates: list[float]) -> str:
+        return json.dumps(
+            {"bench": "rollout", "model": "qwen2.5-0.5b", "side": side, "rates": rates, "machine": machine}
+        )
+
+    printed = [row("raw_vllm", [100.0, 110.0]), "INFO engine log line", row("ours_vllm_merged", [90.0, 99.0])]
+    printed += [row("raw_vllm", [120.0, 130.0]), "Traceback (most recent call last):"]  # cut in round 2
+    (tmp_path / "run.log").write_text("\n".join(printed) + "\n")
+    argv = ["bench.rollout", "--sides", "raw,ours", "--rounds", "2", "--rows", str(tmp_path / "run.log")]
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setenv("RLFT_BENCH_RESULTS", str(tmp_path / "results.jsonl"))
+    rollout.main()
+    assert "of 3 calls x 2/1 process(es) per side" in capsys.readouterr().out
+    (line,) = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    result = line["result"]
+    assert result["tokens_per_s"] == {"raw": 115.0, "ours": 94.5}  # raw: the median of its 4 calls
+    assert result["ratios"]["ours_over_raw"] == round(94.5 / 115.0, 2)
+    assert result["ratio_per_round"]["ours_over_raw"] == [round(94.5 / 105.0, 2)]  # round 1 only
+    assert result["processes"] == {"raw": 2, "ours": 1}
+    assert (line["commit"], line["date"], line["machine"]["gpu"]) == ("abc1234", "2026-12-08 01:24 UTC", "GPU")
+    (tmp_path / "empty.log").write_text("nothing\n")
+    monkeypatch.setattr(sys, "argv", ["bench.rollout", "--rows", str(tmp_path / "empty.log")])
+    with pytest.raises(SystemExit, match="no row of bench.rollout"):
+        rollout.main()
+
+
 def test_sync_merge_arithmetic_runs_on_a_real_checkpoint(tiny_model):
     """`bench.sync --micro-only`'s measurement: the fp32 merge forms agree bit for bit on the model's projections."""
     from bench import sync
