@@ -325,12 +325,12 @@ def compare(args) -> None:
 def printed_rows(path: str) -> list[tuple[str, dict]]:
     """The per-process rows a run of this bench printed to `path` (its output, other lines skipped), each with the
     side it ran, in the order they ran."""
-    named = {row_side: side for side, row_side in SIDES.items()}
+    named = {row_side: side for side, row_side in SIDES.items()}  # ours' rows name their LoRA mode: ours_vllm_<mode>
     ran = []
     for line in Path(path).read_text().splitlines():
         row = json.loads(line) if line.startswith('{"bench": "rollout"') else {}
         if "rates" in row:
-            ran.append((named.get(row["side"], "ours" if row["side"].startswith("ours") else row["side"]), row))
+            ran.append(("ours" if row["side"].startswith("ours") else named[row["side"]], row))
     if not ran:
         raise SystemExit(f"--rows {path}: no row of bench.rollout's sides in it")
     return ran
@@ -371,9 +371,9 @@ def summarize(ran: list[tuple[str, dict]], args) -> None:
         flush=True,
     )
     first = next(iter(rows.values()))
-    processes = "/".join(str(len(process_medians[side])) for side in rows)
+    counts = {side: len(medians) for side, medians in process_medians.items()}
     summary = {"tokens_per_s": rate, "ratios": ratios, "ratio_bounds": bounds, "ratio_per_round": per_round}
-    summary["processes"] = {side: len(medians) for side, medians in process_medians.items()}
+    summary["processes"] = counts
     append_result("rollout", summary | {"sides": rows}, info=first["machine"])
     names = {
         "hf": "HF generate",
@@ -391,7 +391,7 @@ def summarize(ran: list[tuple[str, dict]], args) -> None:
     )
     print(
         f"| rollout: {first['model']}, {args.prompts} prompts x {args.n}, {args.max_tokens} new tokens, {args.dtype}; "
-        f"median (min-max) of {args.repeats} calls x {processes} process(es) per side "
+        f"median (min-max) of {args.repeats} calls x {'/'.join(map(str, counts.values()))} process(es) per side "
         f"| {'; '.join(cells)} | {f'**{shown}**' if shown else 'one side: no ratio'} | "
         f"{machine_label(first['machine'])} |"
     )
